@@ -1,0 +1,51 @@
+"""Shared test fixtures.
+
+Golden data and photo sequences are read in place from the ``shared/`` folder that lies
+beside the repository (``../shared``); ``MAPSTREAM_SHARED`` overrides the location.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("MAPSTREAM_SHARED", REPO.parent / "shared")).resolve()
+GOLDEN = SHARED / "golden"
+DATA = SHARED / "data"
+
+
+def golden_case(name: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """Load ``<name>.safetensors`` and its ``<name>.json`` sidecar from the golden folder."""
+    from safetensors.torch import load_file
+
+    path = GOLDEN / f"{name}.safetensors"
+    if not path.exists():
+        pytest.skip(f"golden case {name} not found under {GOLDEN}")
+    meta_path = GOLDEN / f"{name}.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return load_file(str(path)), meta
+
+
+def golden_images(tensors: dict[str, torch.Tensor], key: str = "images_u8") -> torch.Tensor:
+    """The model input of a golden case: ``uint8 / 255`` (lossless), shape [S, 3, H, W]."""
+    return tensors[key].to(torch.float32) / 255
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_threads():
+    # The golden data was produced with 2 threads; keep CPU runs comparable and repeatable.
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip_cuda)
