@@ -1,0 +1,205 @@
+"""One interface for every input: ``FrameSource`` yields ``(name, tensor [3, H, W])`` pairs.
+
+    source = open_source("frames/")            # folder of images
+    source = open_source("clip.mp4", fps=10)   # video file (PyAV)
+    source = open_source("shots/*.jpg")        # glob
+    source = open_source(0)                    # webcam 0 (OpenCV)
+    source = open_source("rtsp://host/stream") # stream URL (OpenCV)
+    for name, frame in source: ...
+
+Frames are preprocessed one at a time with :func:`preprocess_image`, so a folder whose images
+have different shapes yields tensors of different shapes (use :func:`load_images` for a
+batch padded to one shape).
+"""
+from __future__ import annotations
+
+import glob as globlib
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from mapstream.io.images import Mode, list_images, natural_sort_key, open_image, preprocess_image
+from mapstream.io.video import VIDEO_EXTENSIONS, iter_video_frames
+
+logger = logging.getLogger(__name__)
+
+NamedImages = Callable[[], Iterator[tuple[str, Image.Image]]]
+
+
+class FrameSource:
+    """Iterable of ``(name, frame)``; ``frame`` is ``[3, H, W]`` float32 in [0, 1].
+
+    ``length`` is the frame count when known in advance (files), else None (video, webcam);
+    ``len()`` raises TypeError when it is None.  Iterating again restarts from the first frame
+    (a webcam restarts capturing).
+    """
+
+    def __init__(
+        self,
+        frames: NamedImages,
+        *,
+        length: int | None,
+        description: str,
+        mode: Mode = "crop",
+        image_size: int = 518,
+        patch_size: int = 14,
+    ) -> None:
+        self._frames = frames
+        self.length = length
+        self.description = description
+        self.mode, self.image_size, self.patch_size = mode, image_size, patch_size
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, image in self._frames():
+            yield name, preprocess_image(image, self.mode, self.image_size, self.patch_size)
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError(f"the length of {self.description} is not known in advance")
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"FrameSource({self.description}, length={self.length})"
+
+    # -- constructors ---------------------------------------------------------------------
+
+    @classmethod
+    def from_paths(
+        cls, paths: Sequence[str | os.PathLike], *, first_k: int | None = None, stride: int = 1,
+        **preprocess: Any,
+    ) -> FrameSource:
+        """Image files in the given order (stride, then first_k)."""
+        if stride < 1:
+            raise ValueError(f"stride must be >= 1, got {stride}")
+        if first_k is not None and first_k < 1:
+            raise ValueError(f"first_k must be >= 1 or None, got {first_k}")
+        files = [Path(p) for p in paths][::stride][:first_k]
+        if not files:
+            raise ValueError("no image paths given")
+
+        def frames() -> Iterator[tuple[str, Image.Image]]:
+            for f in files:
+                yield f.name, open_image(f)
+
+        return cls(frames, length=len(files), description=f"{len(files)} image files", **preprocess)
+
+    @classmethod
+    def from_folder(
+        cls, folder: str | os.PathLike, *, first_k: int | None = None, stride: int = 1,
+        **preprocess: Any,
+    ) -> FrameSource:
+        """The images of a folder, see :func:`list_images` (stride first, then first_k)."""
+        source = cls.from_paths(list_images(folder, first_k=first_k, stride=stride), **preprocess)
+        source.description = f"folder {folder}"
+        return source
+
+    @classmethod
+    def from_glob(
+        cls, pattern: str, *, first_k: int | None = None, stride: int = 1, **preprocess: Any
+    ) -> FrameSource:
+        """Files matching a glob pattern, natural-sorted by path (stride, then first_k)."""
+        files = sorted(globlib.glob(pattern, recursive=True), key=natural_sort_key)
+        files = [f for f in files if os.path.isfile(f)]
+        if not files:
+            raise FileNotFoundError(f"no files match {pattern!r}")
+        source = cls.from_paths(files, first_k=first_k, stride=stride, **preprocess)
+        source.description = f"glob {pattern}"
+        return source
+
+    @classmethod
+    def from_video(
+        cls, path: str | os.PathLike, *, fps: float | None = 10.0, stride: int = 1,
+        first_k: int | None = None, **preprocess: Any,
+    ) -> FrameSource:
+        """Frames of a video file, see :func:`iter_video_frames`; names ``<stem>_<index>``."""
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"video file not found: {path}")
+        stem = Path(path).stem
+
+        def frames() -> Iterator[tuple[str, Image.Image]]:
+            for f in iter_video_frames(path, fps=fps, stride=stride, first_k=first_k):
+                yield f"{stem}_{f.index:06d}", f.image
+
+        return cls(frames, length=None, description=f"video {path}", **preprocess)
+
+    @classmethod
+    def from_capture(
+        cls, device: int | str, *, first_k: int | None = None, stride: int = 1,
+        **preprocess: Any,
+    ) -> FrameSource:
+        """A webcam index or a stream URL read with OpenCV; runs until the stream ends,
+        or for ``first_k`` frames.  Names ``frame_<n>``."""
+        cv2 = _import_cv2()
+
+        def frames() -> Iterator[tuple[str, Image.Image]]:
+            cap = cv2.VideoCapture(device)
+            if not cap.isOpened():
+                raise ValueError(
+                    f"cannot open capture device {device!r}: check the webcam index / URL and "
+                    "that no other program is using it"
+                )
+            try:
+                index = kept = 0
+                while first_k is None or kept < first_k:
+                    ok, bgr = cap.read()
+                    if not ok:
+                        break
+                    if index % stride == 0:
+                        yield f"frame_{index:06d}", Image.fromarray(bgr[:, :, ::-1].copy())
+                        kept += 1
+                    index += 1
+            finally:
+                cap.release()
+
+        return cls(frames, length=None, description=f"capture {device!r}", **preprocess)
+
+
+def _import_cv2() -> Any:
+    try:
+        import cv2
+    except ImportError as exc:
+        raise ImportError(
+            "webcam / stream input needs OpenCV: pip install opencv-python-headless"
+        ) from exc
+    return cv2
+
+
+def _is_int(text: str) -> bool:
+    return text.strip().isdigit()
+
+
+def open_source(
+    spec: int | str | os.PathLike | Iterable[str | os.PathLike], **kwargs: Any
+) -> FrameSource:
+    """Pick the right :class:`FrameSource` for ``spec``.
+
+    int or digit string (not an existing path) -> webcam; ``scheme://`` -> stream URL;
+    folder -> images; file with a video extension -> video; other file -> one image; text
+    with ``* ? [`` -> glob; list -> those files.  ``kwargs`` go to the constructor
+    (fps, stride, first_k, mode, image_size, patch_size); ``fps`` is used by video only.
+    """
+    fps = kwargs.pop("fps", 10.0)
+    digits = isinstance(spec, str) and _is_int(spec) and not Path(spec).exists()
+    if isinstance(spec, int) or digits:
+        return FrameSource.from_capture(int(spec), **kwargs)
+    if isinstance(spec, (str, os.PathLike)):
+        text = os.fspath(spec)
+        if "://" in text:
+            return FrameSource.from_capture(text, **kwargs)
+        path = Path(text)
+        if path.is_dir():
+            return FrameSource.from_folder(path, **kwargs)
+        if path.is_file() and path.suffix.lower() in VIDEO_EXTENSIONS:
+            return FrameSource.from_video(path, fps=fps, **kwargs)
+        if path.is_file():
+            return FrameSource.from_paths([path], **kwargs)
+        if any(c in text for c in "*?["):
+            return FrameSource.from_glob(text, **kwargs)
+        raise FileNotFoundError(f"input not found: {text} (expected a folder, file, glob, "
+                                "webcam index or stream URL)")
+    return FrameSource.from_paths(list(spec), **kwargs)

@@ -1,0 +1,191 @@
+"""Video files -> frames, decoded one at a time with PyAV (``pip install av``).
+
+Sampling follows the reference demo (APP.md 2): ``interval = max(1, round(src_fps / fps))``
+(``src_fps`` = 30 when the file does not say) and every decoded frame whose index is a
+multiple of ``interval`` is kept.  Unlike the reference, frames are never written to disk and
+never JPEG-compressed: a kept frame goes straight through :func:`preprocess_image`.
+Nothing but the current frame is held in memory.  Frames are turned upright from the
+container's display-matrix rotation (phone videos), as OpenCV does by default; flips in the
+display matrix are ignored.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from PIL import Image
+
+from mapstream.io.images import Mode, preprocess_image
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SRC_FPS = 30.0
+VIDEO_EXTENSIONS: tuple[str, ...] = (
+    ".mp4", ".mov", ".avi", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts",
+)
+
+
+class VideoFrame(NamedTuple):
+    """One kept frame: decode ``index`` (0-based), presentation ``time`` in s (None if
+    unknown) and the RGB ``image``."""
+
+    index: int
+    time: float | None
+    image: Image.Image
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the container says about its first video stream (``frames`` may be None)."""
+
+    path: Path
+    src_fps: float | None
+    frames: int | None
+    width: int
+    height: int
+    codec: str
+
+
+def _import_av() -> Any:
+    try:
+        import av
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "reading video needs PyAV: pip install av  (or pip install 'mapstream[video]')"
+        ) from exc
+    return av
+
+
+def _open(path: str | os.PathLike) -> tuple[Any, Any]:
+    """Open ``path`` and return ``(container, first video stream)`` with clear errors."""
+    av = _import_av()
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"video file not found: {p}")
+    try:
+        container = av.open(str(p))
+    except av.error.FFmpegError as exc:
+        raise ValueError(
+            f"cannot open video {p}: {exc}. It is not a video FFmpeg can read; convert it, "
+            "e.g. ffmpeg -i INPUT -c:v libx264 out.mp4"
+        ) from exc
+    if not container.streams.video:
+        container.close()
+        raise ValueError(f"{p} has no video stream (audio-only or not a video file)")
+    return container, container.streams.video[0]
+
+
+def _stream_fps(stream: Any) -> float | None:
+    rate = stream.guessed_rate or stream.average_rate
+    return float(rate) if rate else None
+
+
+def probe_video(path: str | os.PathLike) -> VideoInfo:
+    """Read the header of ``path`` (no decoding)."""
+    container, stream = _open(path)
+    try:
+        ctx = stream.codec_context
+        return VideoInfo(
+            path=Path(path), src_fps=_stream_fps(stream), frames=stream.frames or None,
+            width=ctx.width, height=ctx.height, codec=ctx.name,
+        )
+    finally:
+        container.close()
+
+
+def upright(image: Image.Image, rotation: float) -> Image.Image:
+    """Rotate ``image`` counter-clockwise by ``rotation`` degrees (rounded to a multiple of
+    90), the display-matrix convention of :attr:`av.VideoFrame.rotation`; lossless."""
+    quarter_turns = round(rotation / 90) % 4
+    if quarter_turns == 0:
+        return image
+    ops = (None, Image.Transpose.ROTATE_90, Image.Transpose.ROTATE_180, Image.Transpose.ROTATE_270)
+    return image.transpose(ops[quarter_turns])
+
+
+def sample_interval(src_fps: float | None, fps: float | None) -> int:
+    """Keep every n-th decoded frame: ``max(1, round(src_fps / fps))``; ``fps=None`` -> 1.
+
+    ``src_fps`` None or 0 means unknown and counts as 30.
+    """
+    if fps is None:
+        return 1
+    if fps <= 0:
+        raise ValueError(f"fps must be > 0 (or None for every frame), got {fps}")
+    return max(1, round((src_fps or DEFAULT_SRC_FPS) / fps))
+
+
+def iter_video_frames(
+    path: str | os.PathLike,
+    *,
+    fps: float | None = 10.0,
+    stride: int = 1,
+    first_k: int | None = None,
+    autorotate: bool = True,
+) -> Iterator[VideoFrame]:
+    """Decode ``path`` lazily and yield the sampled frames as RGB PIL images.
+
+    Limits apply in this order: fps sampling (every ``interval``-th decoded frame), then
+    ``stride`` over the kept frames, then ``first_k`` (stop after that many; decoding stops
+    too).  ``fps=None`` keeps every frame.  ``autorotate`` applies the display rotation.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a decodable video, or a decoding error (names file and frame).
+    """
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
+    if first_k is not None and first_k < 1:
+        raise ValueError(f"first_k must be >= 1 or None, got {first_k}")
+    av = _import_av()
+    container, stream = _open(path)
+    with container:
+        src_fps = _stream_fps(stream)
+        if src_fps is None:
+            logger.info("%s: frame rate unknown, assuming %g fps", path, DEFAULT_SRC_FPS)
+        step = sample_interval(src_fps, fps) * stride
+        logger.info("%s: %s fps source, keeping every %d-th frame", path, src_fps, step)
+        stream.thread_type = "AUTO"
+        kept = 0
+        index = -1
+        try:
+            for frame in container.decode(stream):
+                index += 1
+                if index % step:
+                    continue
+                image = frame.to_image()
+                if autorotate:
+                    image = upright(image, getattr(frame, "rotation", 0))  # PyAV >= 14
+                yield VideoFrame(index, frame.time, image)
+                kept += 1
+                if first_k is not None and kept >= first_k:
+                    return
+        except av.error.FFmpegError as exc:
+            raise ValueError(
+                f"error decoding {path} after frame {index}: {exc}. The file is damaged or "
+                "uses an unsupported codec; re-encode it, e.g. ffmpeg -i INPUT -c:v libx264 out.mp4"
+            ) from exc
+    if kept == 0:
+        raise ValueError(f"no frames could be decoded from {path}")
+
+
+def iter_video_tensors(
+    path: str | os.PathLike,
+    *,
+    fps: float | None = 10.0,
+    stride: int = 1,
+    first_k: int | None = None,
+    mode: Mode = "crop",
+    image_size: int = 518,
+    patch_size: int = 14,
+    autorotate: bool = True,
+) -> Iterator[torch.Tensor]:
+    """As :func:`iter_video_frames`, each frame preprocessed to ``[3, H, W]`` float32."""
+    frames = iter_video_frames(path, fps=fps, stride=stride, first_k=first_k, autorotate=autorotate)
+    for frame in frames:
+        yield preprocess_image(frame.image, mode, image_size, patch_size)

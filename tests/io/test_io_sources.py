@@ -1,0 +1,82 @@
+"""FrameSource: every input kind yields the same (name, tensor) pairs as the direct loaders."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mapstream.io import FrameSource, load_images, open_source, preprocess_image
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    for i in (1, 2, 10):
+        pixels = np.random.default_rng(i).integers(0, 256, (56, 70, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / f"{i}.png")
+    return tmp_path
+
+
+def test_folder_source_matches_load_images(folder: Path) -> None:
+    source = open_source(folder, image_size=140)
+    assert len(source) == 3
+    names, frames = zip(*source)
+    assert names == ("1.png", "2.png", "10.png")
+    expected = load_images([folder / n for n in names], image_size=140)
+    assert torch.equal(torch.stack(frames), expected)
+    assert [n for n, _ in source] == list(names)  # iterating again restarts
+
+
+def test_folder_limits_and_glob(folder: Path) -> None:
+    assert [n for n, _ in open_source(folder, stride=2)] == ["1.png", "10.png"]
+    assert [n for n, _ in open_source(folder, first_k=1)] == ["1.png"]
+    globbed = open_source(str(folder / "*.png"), stride=2, image_size=56)
+    assert [n for n, _ in globbed] == ["1.png", "10.png"] and len(globbed) == 2
+    listed = open_source([folder / "10.png", folder / "1.png"], image_size=56)
+    assert [n for n, _ in listed] == ["10.png", "1.png"]
+    single = open_source(folder / "2.png", image_size=56)
+    (name, frame), = list(single)
+    assert name == "2.png"
+    assert torch.equal(frame, preprocess_image(Image.open(folder / "2.png"), "crop", 56))
+
+
+def test_video_source(tmp_path: Path) -> None:
+    av = pytest.importorskip("av")
+    path = tmp_path / "clip.mkv"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("ffv1", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 32, 28, "bgr0"
+        for i in range(6):
+            pixels = np.full((28, 32, 3), 40 * i, dtype=np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
+    source = open_source(path, fps=5, image_size=28)
+    with pytest.raises(TypeError, match="not known"):
+        len(source)
+    items = list(source)
+    assert [n for n, _ in items] == ["clip_000000", "clip_000002", "clip_000004"]
+    for (_, frame), value in zip(items, (0, 80, 160)):
+        assert frame.shape == (3, 28, 28)
+        assert torch.equal(frame, torch.full((3, 28, 28), value / 255))
+
+
+def test_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="input not found"):
+        open_source(tmp_path / "nothing_here")
+    with pytest.raises(FileNotFoundError, match="no files match"):
+        open_source(str(tmp_path / "*.png"))
+    with pytest.raises(FileNotFoundError, match="video file not found"):
+        FrameSource.from_video(tmp_path / "missing.mp4")
+    with pytest.raises(ValueError, match="no image paths"):
+        open_source([])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cv2") is not None, reason="OpenCV is installed")
+def test_webcam_without_opencv_says_what_to_install() -> None:
+    with pytest.raises(ImportError, match="pip install opencv-python-headless"):
+        open_source(0)
+    with pytest.raises(ImportError, match="opencv"):
+        open_source("rtsp://camera.local/stream")
