@@ -1,0 +1,6 @@
+"""Attention backends behind one interface, chosen by capability."""
+from .backend import AttentionBackend
+from .registry import BACKENDS, available_backends, select_backend
+from .sdpa import SDPABackend
+
+__all__ = ["AttentionBackend", "BACKENDS", "SDPABackend", "available_backends", "select_backend"]

@@ -1,0 +1,20 @@
+"""The streaming KV-cache subsystem: a spec, a page pool, and a manager that decides what is
+visible. Pure bookkeeping plus copies; no attention math lives here."""
+from .manager import CacheStateError, CacheStats, Step, StreamCacheManager, thin_trajectory
+from .page_pool import PagePool, PageRun, PoolRegistry, PoolStats
+from .spec import CacheSpec, StorageKey, TokenLayout
+
+__all__ = [
+    "CacheSpec",
+    "CacheStateError",
+    "CacheStats",
+    "PagePool",
+    "PageRun",
+    "PoolRegistry",
+    "PoolStats",
+    "Step",
+    "StorageKey",
+    "StreamCacheManager",
+    "TokenLayout",
+    "thin_trajectory",
+]

@@ -1,0 +1,74 @@
+"""What a streaming KV cache holds: frozen descriptions, no storage and no logic.
+
+Two caches follow the same rules: the aggregator's (one entry per global layer, every token
+of a frame) and the camera head's (one entry per refinement iteration x trunk block, one
+token per frame). `CacheSpec` describes the retention policy (shared), `TokenLayout` the
+per-frame geometry of one cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["CacheSpec", "TokenLayout", "StorageKey"]
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """Which stored frames stay visible.
+
+    Stored frames are split into::
+
+        anchors      the first `anchor_frames` stored frames, kept for the whole sequence
+        window       the last `window_frames` stored frames after the anchors (FIFO)
+        trajectory   frames that left the window: only their first `trajectory_tokens`
+                     tokens (the special tokens) are kept, at most `trajectory_capacity`
+                     frames (None = unbounded); when full, the older half is thinned.
+    """
+
+    anchor_frames: int
+    window_frames: int
+    trajectory_capacity: int | None
+
+    def __post_init__(self) -> None:
+        if self.anchor_frames < 0 or self.window_frames < 1:
+            raise ValueError(
+                f"anchor_frames must be >= 0 and window_frames >= 1, got {self.anchor_frames}, {self.window_frames}"
+            )
+        if self.trajectory_capacity is not None and self.trajectory_capacity < 2:
+            raise ValueError(f"trajectory_capacity must be >= 2 or None, got {self.trajectory_capacity}")
+
+    @property
+    def ring_slots(self) -> int:
+        """Frame slots with all their tokens: anchors + window + 1 for the frame being attended."""
+        return self.anchor_frames + self.window_frames + 1
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Per-frame token geometry of one cache."""
+
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    tokens_per_frame: int
+    """All tokens of a frame (specials first, then patches)."""
+    trajectory_tokens: int
+    """Leading tokens of a frame kept after it leaves the window (0 = none)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.trajectory_tokens <= self.tokens_per_frame:
+            raise ValueError("trajectory_tokens must lie in [0, tokens_per_frame]")
+
+
+@dataclass(frozen=True)
+class StorageKey:
+    """Everything that must match for two caches to share pages."""
+
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    page_tokens: int
+    dtype: torch.dtype
+    device: torch.device

@@ -1,0 +1,240 @@
+"""Typed configuration: the architecture (`ModelConfig`), the streaming cache (`CacheConfig`)
+and named presets.
+
+The architecture fields describe what is in a checkpoint; the cache fields describe how a
+stream is run and never change the state dict. `build_model(preset, **overrides)` accepts the
+reference constructor's argument names as overrides (`kv_cache_sliding_window`,
+`kv_cache_scale_frames`, `max_frame_num`, `camera_num_iterations`, `enable_3d_rope`,
+`enable_point`, ...), so configurations written for LingBot-Map port unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+__all__ = [
+    "ModelConfig",
+    "CacheConfig",
+    "PRESETS",
+    "get_preset",
+    "preset_names",
+    "split_overrides",
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a GCTStream network (what the state dict holds)."""
+
+    # Input / patch embedding (DINOv2 ViT with registers).
+    img_size: int = 518
+    """Only sets the ViT positional-embedding grid (img_size / patch_size squared)."""
+    patch_size: int = 14
+    embed_dim: int = 1024
+    vit_depth: int = 24
+    vit_num_heads: int = 16
+    vit_num_registers: int = 4
+
+    # Aggregator: alternating frame / global blocks.
+    depth: int = 24
+    num_heads: int = 16
+    mlp_ratio: float = 4.0
+    num_register_tokens: int = 4
+    """Aggregator register tokens per frame (besides one camera and one scale token)."""
+    selected_layers: tuple[int, ...] = (4, 11, 17, 23)
+    """Aggregator layers whose [frame, global] outputs feed the heads."""
+    enable_3d_rope: bool = True
+    """Video RoPE (time, height, width) in the global blocks instead of the 2D RoPE."""
+    disable_global_rope: bool = False
+    rope2d_frequency: float = 100.0
+    rope3d_theta: float = 10000.0
+    rope3d_dims: tuple[int, int, int] = (20, 22, 22)
+    """Per-head channels for (time, height, width); must sum to the head dim."""
+    max_frame_num: int = 1024
+    """Rows of the reference's 3D-RoPE table. mapstream computes angles on demand, so this
+    only bounds the height/width positions the reference could address (kept for parity
+    of the error it raises for too small values)."""
+
+    # Camera head.
+    enable_camera: bool = True
+    camera_trunk_depth: int = 4
+    camera_num_heads: int = 16
+    camera_num_iterations: int = 4
+
+    # Dense heads.
+    enable_depth: bool = True
+    enable_point: bool = False
+    dpt_features: int = 256
+    dpt_out_channels: tuple[int, int, int, int] = (256, 512, 1024, 1024)
+    dpt_head_features_2: int = 32
+    dpt_chunk_frames: int = 8
+
+    def __post_init__(self) -> None:
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if sum(self.rope3d_dims) != self.head_dim:
+            raise ValueError(
+                f"rope3d_dims {self.rope3d_dims} must sum to the head dim {self.head_dim}"
+            )
+        if any(d % 2 for d in self.rope3d_dims) or self.head_dim % 4:
+            raise ValueError("RoPE needs even channel counts per axis")
+        if len(self.selected_layers) != 4 or not all(0 <= i < self.depth for i in self.selected_layers):
+            raise ValueError(f"selected_layers must be 4 indices in [0, {self.depth}), got {self.selected_layers}")
+        if (2 * self.embed_dim) % self.camera_num_heads:
+            raise ValueError("camera head width 2*embed_dim must be divisible by camera_num_heads")
+        if self.camera_num_iterations < 1:
+            raise ValueError("camera_num_iterations must be >= 1")
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def num_special_tokens(self) -> int:
+        """camera + registers + scale = 6 for the official model."""
+        return 1 + self.num_register_tokens + 1
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How the streaming KV cache keeps frames (runtime; not part of the checkpoint).
+
+    Per global layer a new frame attends to::
+
+        [ trajectory memory: special tokens of frames that left the window ]
+        [ scale (anchor) frames: all tokens, kept for the whole sequence     ]
+        [ sliding window: all tokens of the last `sliding_window` stored frames ]
+        [ the frame itself                                                    ]
+    """
+
+    scale_frames: int = 8
+    """Stored frames kept forever (`kv_cache_scale_frames`)."""
+    sliding_window: int = 64
+    """Most recent stored frames kept after the scale frames (`kv_cache_sliding_window`)."""
+    cross_frame_special: bool = True
+    """Keep the special tokens of frames evicted from the window (trajectory memory)."""
+    include_scale_frames: bool = True
+    """Keep the scale frames' tokens once eviction starts (reference option)."""
+    camera_only: bool = False
+    """Keep only the camera token (not all special tokens) of evicted frames."""
+    trajectory_capacity: int | None = 1024
+    """Most evicted frames whose special tokens are kept. None = unbounded, as the
+    reference. When full, the older half is thinned (every second frame dropped); see
+    docs/STREAMING.md. Outputs equal the reference's until this many frames were evicted."""
+
+    def __post_init__(self) -> None:
+        if self.scale_frames < 0 or self.sliding_window < 1:
+            raise ValueError(
+                f"scale_frames must be >= 0 and sliding_window >= 1, got {self.scale_frames}, {self.sliding_window}"
+            )
+        if self.trajectory_capacity is not None and self.trajectory_capacity < 2:
+            raise ValueError("trajectory_capacity must be >= 2 or None")
+
+
+# Reference constructor arguments that map onto our configs.
+_CACHE_ALIASES = {
+    "kv_cache_scale_frames": "scale_frames",
+    "kv_cache_sliding_window": "sliding_window",
+    "kv_cache_cross_frame_special": "cross_frame_special",
+    "kv_cache_include_scale_frames": "include_scale_frames",
+    "kv_cache_camera_only": "camera_only",
+}
+# Reference arguments that are accepted and have no effect at inference (training leftovers).
+_INERT = {
+    "use_sdpa", "sliding_window_size", "num_random_frames", "attend_to_special_tokens",
+    "attend_to_scale_frames", "enable_stream_inference", "use_scale_token", "enable_track",
+    "enable_normalize", "pretrained_path", "use_gradient_checkpoint", "patch_embed",
+    "enable_local_point", "enable_camera_3d_rope", "num_frame_for_scale", "camera_rope_theta",
+    "pred_normalization",
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    model: ModelConfig
+    cache: CacheConfig
+    description: str
+
+
+PRESETS: dict[str, Preset] = {}
+
+
+def _register(preset: Preset) -> None:
+    PRESETS[preset.name] = preset
+
+
+_register(
+    Preset(
+        name="lingbot-map",
+        model=ModelConfig(),
+        cache=CacheConfig(),
+        description="Official LingBot-Map architecture with the settings its checkpoints are used with "
+        "(3D RoPE, 8 scale frames, window 64, 4 camera iterations, no point head).",
+    )
+)
+_register(
+    Preset(
+        name="tiny",
+        model=ModelConfig(
+            embed_dim=128,
+            vit_depth=2,
+            vit_num_heads=2,
+            depth=5,
+            num_heads=2,
+            selected_layers=(0, 2, 3, 4),
+            camera_trunk_depth=2,
+            camera_num_heads=16,
+            dpt_features=32,
+            dpt_out_channels=(16, 32, 64, 64),
+        ),
+        cache=CacheConfig(),
+        description="The tiny test model of the golden data (4.7 M parameters, untrained).",
+    )
+)
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"Unknown preset {name!r}. Valid presets: {', '.join(preset_names())}") from None
+
+
+def split_overrides(
+    model: ModelConfig, cache: CacheConfig, overrides: dict[str, Any]
+) -> tuple[ModelConfig, CacheConfig, list[str]]:
+    """Apply keyword overrides (our field names or the reference's) to both configs.
+
+    Returns the new configs and the names of accepted-but-inert reference arguments.
+    Unknown names raise a ValueError listing the valid ones.
+    """
+    model_fields = {f.name for f in fields(ModelConfig)}
+    cache_fields = {f.name for f in fields(CacheConfig)}
+    m_kw: dict[str, Any] = {}
+    c_kw: dict[str, Any] = {}
+    inert: list[str] = []
+    for key, value in overrides.items():
+        if key in _CACHE_ALIASES:
+            c_kw[_CACHE_ALIASES[key]] = value
+        elif key in cache_fields:
+            c_kw[key] = value
+        elif key in model_fields:
+            if isinstance(getattr(model, key), tuple):
+                value = tuple(value)
+            m_kw[key] = value
+        elif key in _INERT:
+            inert.append(key)
+        else:
+            valid = sorted(model_fields | cache_fields | set(_CACHE_ALIASES))
+            raise ValueError(f"Unknown model argument {key!r}. Valid arguments: {', '.join(valid)}")
+    return replace(model, **m_kw), replace(cache, **c_kw), inert
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

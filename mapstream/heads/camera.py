@@ -1,0 +1,119 @@
+"""The causal camera head: iterative pose refinement over one camera token per frame.
+
+Each frame's camera token (token 0 of the last aggregator output, 2C wide) is refined in
+`num_iterations` passes. Pass `it` embeds the running (pre-activation) pose estimate,
+modulates the normalised token with it (adaLN: shift, scale, gate), runs the trunk blocks
+with attention over the camera tokens of earlier stored frames, and adds a pose delta.
+
+The trunk attention of pass `it`, block `j` reads and writes its own cache layer
+(it * trunk_depth + j): the block inputs differ per pass, so their keys do too.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import SDPABackend
+from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout
+from ..layers import Block, Mlp
+
+__all__ = ["CameraCausalHead", "activate_pose"]
+
+POSE_DIM = 9  # translation (3), quaternion xyzw (4), fov_h, fov_w
+
+
+def activate_pose(raw: torch.Tensor) -> torch.Tensor:
+    """Pose encoding from the raw accumulator: translation and quaternion linear, FoV ReLU."""
+    return torch.cat((raw[..., :7], F.relu(raw[..., 7:9])), dim=-1)
+
+
+class CameraCausalHead(nn.Module):
+    def __init__(
+        self,
+        dim_in: int,
+        *,
+        trunk_depth: int = 4,
+        num_heads: int = 16,
+        num_iterations: int = 4,
+        cache_spec: CacheSpec,
+        pools: PoolRegistry | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_iterations = num_iterations
+        self.num_heads = num_heads
+        self.cache_spec = cache_spec
+        self.empty_pose_tokens = nn.Parameter(torch.zeros(1, 1, POSE_DIM))
+        self.trunk = nn.ModuleList(
+            Block(dim_in, num_heads, mlp_ratio=4.0, norm_eps=1e-5, qk_norm=False, layer_scale_init=0.01)
+            for _ in range(trunk_depth)
+        )
+        self.token_norm = nn.LayerNorm(dim_in)
+        self.trunk_norm = nn.LayerNorm(dim_in)
+        self.adaln_norm = nn.LayerNorm(dim_in, eps=1e-6, elementwise_affine=False)
+        self.embed_pose = nn.Linear(POSE_DIM, dim_in)
+        self.poseLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim_in, 3 * dim_in))
+        self.pose_branch = Mlp(dim_in, dim_in // 2, POSE_DIM)
+        self.pools = pools if pools is not None else PoolRegistry()
+        self.kv_cache = self.new_cache()
+        self._attention = SDPABackend()  # fp32 head: the reference math, any device
+
+    def new_cache(self) -> StreamCacheManager:
+        return StreamCacheManager(self.cache_spec, self.pools, name="camera_head")
+
+    def clean_kv_cache(self) -> None:
+        """Forget every frame of the default cache."""
+        self.kv_cache.reset()
+
+    def forward(
+        self,
+        camera_tokens: torch.Tensor,
+        *,
+        cache: StreamCacheManager | None = None,
+        store: bool = True,
+        trace=None,
+    ) -> list[torch.Tensor]:
+        """camera_tokens [B, S, 2C] (token 0 of every frame of the last aggregator output).
+
+        Returns the activated pose encoding [B, S, 9] after every iteration (last = final).
+        """
+        cache = self.kv_cache if cache is None else cache
+        batch, num_frames, dim = camera_tokens.shape
+        depth = len(self.trunk)
+        layout = TokenLayout(
+            num_layers=self.num_iterations * depth,
+            num_heads=self.num_heads,
+            head_dim=dim // self.num_heads,
+            tokens_per_frame=1,
+            trajectory_tokens=1,
+        )
+        step = cache.begin_step(
+            num_frames, store=store, layout=layout, dtype=camera_tokens.dtype, device=camera_tokens.device
+        )
+        try:
+            base = self.token_norm(camera_tokens)
+            normed = self.adaln_norm(base)
+            if trace:
+                trace("cam.pose_tokens_normed", base)
+            raw = None
+            poses = []
+            for it in range(self.num_iterations):
+                pose_in = self.empty_pose_tokens.expand(batch, num_frames, -1) if raw is None else raw
+                shift, scale, gate = self.poseLN_modulation(self.embed_pose(pose_in)).chunk(3, dim=-1)
+                x = gate * (normed * (1 + scale) + shift) + base
+                for j, block in enumerate(self.trunk):
+                    q, k, v = block.attention_inputs(x)
+                    x = block.attention_output(x, step.attend(it * depth + j, q, k, v, self._attention.attend))
+                    if trace:
+                        trace(f"cam.trunk.{j}.it{it}", x)
+                delta = self.pose_branch(self.trunk_norm(x))
+                raw = delta if raw is None else raw + delta
+                poses.append(activate_pose(raw))
+                if trace:
+                    trace(f"cam.delta.it{it}", delta)
+                    trace(f"cam.pose_enc.it{it}", poses[-1])
+        except BaseException:
+            cache.abort_step(step)
+            raise
+        cache.finish_step(step)
+        return poses

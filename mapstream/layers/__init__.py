@@ -1,0 +1,18 @@
+"""Reusable network primitives (no model, cache or I/O imports)."""
+from .block import Attention, Block, LayerScale, Mlp
+from .rope import Rotary, patch_positions_2d, rope2d, rope3d, rope3d_angles, token_positions_3d
+from .vit import PatchEmbedViT
+
+__all__ = [
+    "Attention",
+    "Block",
+    "LayerScale",
+    "Mlp",
+    "PatchEmbedViT",
+    "Rotary",
+    "patch_positions_2d",
+    "rope2d",
+    "rope3d",
+    "rope3d_angles",
+    "token_positions_3d",
+]

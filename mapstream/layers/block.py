@@ -1,0 +1,114 @@
+"""The pre-norm transformer block shared by the ViT, the aggregator and the camera head.
+
+    x = x + ls1 * proj(attention(norm1(x)))
+    x = x + ls2 * fc2(gelu(fc1(norm2(x))))
+
+The attention step is split in two (`attention_inputs`, `attention_output`) so that a
+caller that owns a KV cache can run the attention itself between them; `forward` is plain
+self-attention over the tokens it is given.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .rope import Rotary
+
+__all__ = ["Attention", "Block", "LayerScale", "Mlp"]
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init_value: float = 1.0) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init_value))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int, out_dim: int | None = None) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, out_dim or dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Attention(nn.Module):
+    """Multi-head attention projections with optional per-head q/k LayerNorm.
+
+    Heads are laid out [B, heads, N, head_dim]; q/k are normalised before RoPE.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, qk_norm: bool = False, qk_norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        if qk_norm:
+            self.q_norm = nn.LayerNorm(self.head_dim, eps=qk_norm_eps)
+            self.k_norm = nn.LayerNorm(self.head_dim, eps=qk_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.proj = nn.Linear(dim, dim)
+
+    def heads(self, x: torch.Tensor, rotary: Rotary | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, N, dim] -> q, k, v [B, heads, N, head_dim] (q, k normalised and rotated)."""
+        qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rotary is not None:
+            q, k = rotary.apply(q), rotary.apply(k)
+        return q, k, v
+
+    def merge(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention output [B, heads, N, head_dim] -> projected [B, N, dim]."""
+        return self.proj(out.transpose(1, 2).flatten(-2))
+
+    def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
+        q, k, v = self.heads(x, rotary)
+        return self.merge(F.scaled_dot_product_attention(q, k, v))
+
+
+class Block(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        mlp_ratio: float = 4.0,
+        norm_eps: float = 1e-5,
+        qk_norm: bool = False,
+        layer_scale_init: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(dim, num_heads, qk_norm=qk_norm)
+        self.ls1 = LayerScale(dim, layer_scale_init)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.ls2 = LayerScale(dim, layer_scale_init)
+
+    def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
+        x = x + self.ls1(self.attn(self.norm1(x), rotary))
+        return self.feed_forward(x)
+
+    def attention_inputs(
+        self, x: torch.Tensor, rotary: Rotary | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [B, heads, N, head_dim] of x [B, N, dim] (for attention run by the caller)."""
+        return self.attn.heads(self.norm1(x), rotary)
+
+    def attention_output(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Finish the block given the attention result [B, heads, N, head_dim] for x."""
+        x = x + self.ls1(self.attn.merge(attended))
+        return self.feed_forward(x)
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.ls2(self.mlp(self.norm2(x)))

@@ -1,0 +1,91 @@
+"""DINOv2 ViT with register tokens, used as the patch embedding (`aggregator.patch_embed`).
+
+Only the normalised patch tokens leave this module; its cls and register outputs are
+discarded by the model. Parameter names match the DINOv2 checkpoints.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .block import Block
+
+__all__ = ["PatchEmbedViT"]
+
+
+class _ConvPatchify(nn.Module):
+    def __init__(self, patch_size: int, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """[n, 3, H, W] -> [n, (H/p)*(W/p), dim], patches in row-major order."""
+        return self.proj(images).flatten(2).transpose(1, 2)
+
+
+class PatchEmbedViT(nn.Module):
+    def __init__(
+        self,
+        *,
+        img_size: int,
+        patch_size: int,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        num_registers: int,
+        mlp_ratio: float = 4.0,
+    ) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.pos_grid = img_size // patch_size
+        self.num_registers = num_registers
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.pos_grid**2, dim))
+        self.register_tokens = nn.Parameter(torch.zeros(1, num_registers, dim))
+        # Kept for checkpoint compatibility (masked-image training); unused at inference.
+        self.mask_token = nn.Parameter(torch.zeros(1, dim))
+        self.patch_embed = _ConvPatchify(patch_size, dim)
+        self.blocks = nn.ModuleList(
+            Block(dim, num_heads, mlp_ratio=mlp_ratio, norm_eps=1e-6) for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+
+    def position_embedding(self, grid_h: int, grid_w: int, dtype: torch.dtype) -> torch.Tensor:
+        """cls + patch positional embedding for a grid_h x grid_w patch grid: [1, 1 + h*w, dim].
+
+        The stored square grid is resized with antialiased bicubic interpolation (PIL-style
+        filter), exactly to (grid_h, grid_w); a grid of the stored size is used as is.
+        """
+        pos = self.pos_embed
+        if grid_h == self.pos_grid and grid_w == self.pos_grid:
+            return pos.to(dtype)
+        cls_pos, patch_pos = pos[:, :1], pos[:, 1:]
+        dim = pos.shape[-1]
+        grid = patch_pos.float().reshape(1, self.pos_grid, self.pos_grid, dim).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=(grid_h, grid_w), mode="bicubic", antialias=True, align_corners=False)
+        patch_pos = grid.permute(0, 2, 3, 1).reshape(1, grid_h * grid_w, dim)
+        return torch.cat((cls_pos.float(), patch_pos), dim=1).to(dtype)
+
+    def forward(self, images: torch.Tensor, *, return_hidden: bool = False):
+        """Normalised patch tokens [n, h*w, dim] of images [n, 3, H, W] (ImageNet-normalised).
+
+        With return_hidden=True also returns the list of every block's output
+        ([n, 1 + registers + h*w, dim], for parity tests).
+        """
+        n, _, height, width = images.shape
+        p = self.patch_size
+        if height % p or width % p:
+            raise ValueError(f"image size {height}x{width} is not a multiple of the patch size {p}")
+        tokens = self.patch_embed(images)
+        tokens = torch.cat((self.cls_token.expand(n, -1, -1), tokens), dim=1)
+        tokens = tokens + self.position_embedding(height // p, width // p, tokens.dtype)
+        # Registers go right after cls, after the positional embedding (they have none).
+        tokens = torch.cat((tokens[:, :1], self.register_tokens.expand(n, -1, -1), tokens[:, 1:]), dim=1)
+        hidden = []
+        for block in self.blocks:
+            tokens = block(tokens)
+            if return_hidden:
+                hidden.append(tokens)
+        patches = self.norm(tokens)[:, 1 + self.num_registers :]
+        return (patches, hidden) if return_hidden else patches

@@ -1,0 +1,200 @@
+"""The aggregator: DINOv2 patch tokens + special tokens through alternating frame / global
+attention, with the global attention reading and writing a streaming KV cache.
+
+Per frame the trunk sees P = 6 + h*w tokens laid out as::
+
+    [camera, register x4, scale, patch_0 ... patch_{h*w-1}]
+
+Frame blocks attend within a frame (2D RoPE); global blocks attend across frames through
+the cache (3D video RoPE in the official model). The outputs of the selected layers are
+[frame-block output, global-block output] concatenated along channels.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..attention import AttentionBackend, SDPABackend
+from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout
+from ..config import CacheConfig, ModelConfig
+from ..layers import Block, PatchEmbedViT, Rotary, patch_positions_2d, rope2d, rope3d, token_positions_3d
+
+__all__ = ["AggregatorStream", "aggregator_cache_spec", "Trace"]
+
+Trace = Callable[[str, torch.Tensor], None]
+"""Optional observer of intermediate tensors (name, tensor); used by parity tests."""
+
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def aggregator_cache_spec(cache: CacheConfig) -> CacheSpec:
+    """Retention policy of the global-attention cache for a `CacheConfig`."""
+    if cache.include_scale_frames:
+        anchors, window = cache.scale_frames, cache.sliding_window
+    else:
+        # Scale frames are ordinary window members that age out first (see docs/STREAMING.md).
+        anchors, window = 0, cache.sliding_window + cache.scale_frames
+    return CacheSpec(anchor_frames=anchors, window_frames=window, trajectory_capacity=cache.trajectory_capacity)
+
+
+class AggregatorStream(nn.Module):
+    def __init__(self, config: ModelConfig, cache: CacheConfig, pools: PoolRegistry | None = None) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.cache_config = cache
+        dim = c.embed_dim
+        # Copy 0 of each special token is for the first frame (camera, registers) or the scale
+        # frames (scale); copy 1 for every other frame.
+        self.camera_token = nn.Parameter(torch.zeros(1, 2, 1, dim))
+        self.register_token = nn.Parameter(torch.zeros(1, 2, c.num_register_tokens, dim))
+        self.scale_token = nn.Parameter(torch.zeros(1, 2, 1, dim))
+        self.patch_embed = PatchEmbedViT(
+            img_size=c.img_size,
+            patch_size=c.patch_size,
+            dim=dim,
+            depth=c.vit_depth,
+            num_heads=c.vit_num_heads,
+            num_registers=c.vit_num_registers,
+            mlp_ratio=c.mlp_ratio,
+        )
+
+        def trunk_block() -> Block:
+            return Block(dim, c.num_heads, mlp_ratio=c.mlp_ratio, norm_eps=1e-5, qk_norm=True, layer_scale_init=0.01)
+
+        self.frame_blocks = nn.ModuleList(trunk_block() for _ in range(c.depth))
+        self.global_blocks = nn.ModuleList(trunk_block() for _ in range(c.depth))
+        self.register_buffer("_resnet_mean", torch.tensor(_IMAGENET_MEAN).view(1, 1, 3, 1, 1), persistent=False)
+        self.register_buffer("_resnet_std", torch.tensor(_IMAGENET_STD).view(1, 1, 3, 1, 1), persistent=False)
+        self.pools = pools if pools is not None else PoolRegistry()
+        self.kv_cache = self.new_cache()
+        self.backend: AttentionBackend = SDPABackend()
+
+    @property
+    def patch_start_idx(self) -> int:
+        return self.config.num_special_tokens
+
+    def new_cache(self) -> StreamCacheManager:
+        """An empty cache for one sequence, sharing this aggregator's page pools."""
+        return StreamCacheManager(aggregator_cache_spec(self.cache_config), self.pools, name="aggregator")
+
+    def clean_kv_cache(self) -> None:
+        """Forget every frame of the default cache (used by low-level `forward` calls)."""
+        self.kv_cache.reset()
+
+    @property
+    def total_frames_processed(self) -> int:
+        """Stored frames of the default cache (the 3D-RoPE time counter)."""
+        return self.kv_cache.frames_stored
+
+    # ------------------------------------------------------------------ tokens
+    def _special_tokens(self, batch: int, num_frames: int, stored: int, num_frame_for_scale: int) -> torch.Tensor:
+        """Special tokens [B*S, 6, C] for frames with global indices stored .. stored+S-1."""
+        index = torch.arange(stored, stored + num_frames, device=self.camera_token.device)
+        first = (index == 0).long()  # copy 0 only for the very first frame of a sequence
+        scale_limit = max(min(num_frame_for_scale, stored + num_frames), 1)
+        scale_copy = 1 - (index < scale_limit).long()
+        camera = self.camera_token[0, 1 - first]  # [S, 1, C]
+        registers = self.register_token[0, 1 - first]
+        scale = self.scale_token[0, scale_copy]
+        special = torch.cat((camera, registers, scale), dim=1)  # [S, 6, C]
+        return special.unsqueeze(0).expand(batch, -1, -1, -1).reshape(batch * num_frames, -1, special.shape[-1])
+
+    def _global_rotary(self, stored: int, num_frames: int, grid_h: int, grid_w: int, pos2d: torch.Tensor) -> Rotary | None:
+        c = self.config
+        if c.disable_global_rope:
+            return None
+        if c.enable_3d_rope:
+            frames = torch.arange(stored, stored + num_frames, device=pos2d.device)
+            pos3d = token_positions_3d(frames, grid_h, grid_w, c.num_special_tokens)
+            return rope3d(pos3d, c.rope3d_dims, c.rope3d_theta)
+        return rope2d(pos2d.repeat(num_frames, 1), c.head_dim, c.rope2d_frequency)
+
+    def _check_rope_range(self, grid_h: int, grid_w: int) -> None:
+        c = self.config
+        if c.enable_3d_rope and c.num_special_tokens + max(grid_h, grid_w) > c.max_frame_num:
+            raise ValueError(
+                f"max_frame_num={c.max_frame_num} is too small for a {grid_h}x{grid_w} patch grid: the 3D RoPE "
+                f"needs max_frame_num >= {c.num_special_tokens + max(grid_h, grid_w)}"
+            )
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        images: torch.Tensor,
+        *,
+        num_frame_for_scale: int,
+        cache: StreamCacheManager | None = None,
+        store: bool = True,
+        backend: AttentionBackend | None = None,
+        trace: Trace | None = None,
+    ) -> tuple[list[torch.Tensor], int]:
+        """Run one step of S frames.
+
+        Args:
+            images: [B, S, 3, H, W] in [0, 1]; B must be 1 (one stream per cache).
+            num_frame_for_scale: frames of the sequence that get the scale token's copy 0.
+            cache: the sequence's cache (default: this module's `kv_cache`).
+            store: keep these frames in the cache (keyframes) or only attend (non-keyframes).
+        Returns:
+            ([B, S, P, 2C] for each selected layer], patch_start_idx).
+        """
+        c = self.config
+        cache = self.kv_cache if cache is None else cache
+        backend = backend or self.backend
+        batch, num_frames, _, height, width = images.shape
+        p = c.patch_size
+        grid_h, grid_w = height // p, width // p
+        self._check_rope_range(grid_h, grid_w)
+
+        x = (images - self._resnet_mean) / self._resnet_std
+        patches = self.patch_embed(x.reshape(batch * num_frames, 3, height, width))
+        stored = cache.frames_stored
+        special = self._special_tokens(batch, num_frames, stored, num_frame_for_scale).to(patches.dtype)
+        tokens = torch.cat((special, patches), dim=1)  # [B*S, P, C]
+        per_frame = tokens.shape[1]
+        if trace:
+            trace("agg.patch_tokens", patches)
+            trace("agg.tokens_in", tokens)
+
+        pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
+        frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
+        global_rotary = self._global_rotary(stored, num_frames, grid_h, grid_w, pos2d)
+
+        layout = TokenLayout(
+            num_layers=c.depth,
+            num_heads=c.num_heads,
+            head_dim=c.head_dim,
+            tokens_per_frame=per_frame,
+            trajectory_tokens=_trajectory_tokens(self.cache_config, c.num_special_tokens),
+        )
+        step = cache.begin_step(num_frames, store=store, layout=layout, dtype=tokens.dtype, device=tokens.device)
+        selected: dict[int, torch.Tensor] = {}
+        try:
+            for i in range(c.depth):
+                tokens = self.frame_blocks[i](tokens, frame_rotary)
+                frame_out = tokens.view(batch, num_frames, per_frame, -1)
+                seq = tokens.view(batch, num_frames * per_frame, -1)
+                block = self.global_blocks[i]
+                q, k, v = block.attention_inputs(seq, global_rotary)
+                seq = block.attention_output(seq, step.attend(i, q, k, v, backend.attend))
+                tokens = seq.view(batch * num_frames, per_frame, -1)
+                if trace:
+                    trace(f"agg.frame_blocks.{i}", frame_out.reshape(batch * num_frames, per_frame, -1))
+                    trace(f"agg.global_blocks.{i}", seq)
+                if i in c.selected_layers:
+                    selected[i] = torch.cat((frame_out, seq.view(batch, num_frames, per_frame, -1)), dim=-1)
+        except BaseException:
+            cache.abort_step(step)
+            raise
+        cache.finish_step(step)
+        return [selected[i] for i in c.selected_layers], c.num_special_tokens
+
+
+def _trajectory_tokens(cache: CacheConfig, num_special: int) -> int:
+    if not cache.cross_frame_special:
+        return 0
+    return 1 if cache.camera_only else num_special

@@ -1,0 +1,271 @@
+"""GCTStream: the Geometric Context Transformer for streaming 3D reconstruction.
+
+    images [B, S, 3, H, W] -> aggregator (ViT + 24 x [frame, global] blocks, KV cache)
+                           -> camera head (causal, iterative)  -> pose_enc [B, S, 9]
+                           -> DPT depth head                    -> depth [B, S, H, W, 1], depth_conf
+                           -> DPT point head (optional)         -> world_points, world_points_conf
+
+State (the KV caches of one sequence) lives in a `StreamState`. The model keeps a default
+state for low-level `forward()` calls, which are stateful exactly like the reference's:
+every call reads and extends the default caches until `clean_kv_cache()`. Sessions
+(`model.session()`) own states of their own.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..attention import AttentionBackend, select_backend
+from ..cache import PoolRegistry, StreamCacheManager
+from ..config import CacheConfig, ModelConfig, get_preset, split_overrides
+from ..heads import CameraCausalHead, DPTHead
+from ..validation import check_images
+from .aggregator import AggregatorStream, Trace, aggregator_cache_spec
+
+__all__ = ["GCTStream", "StreamState"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StreamState:
+    """The caches of one sequence (aggregator and camera head), reset together."""
+
+    aggregator: StreamCacheManager
+    camera: StreamCacheManager | None
+
+    def reset(self, *, release: bool = False) -> None:
+        self.aggregator.reset(release=release)
+        if self.camera is not None:
+            self.camera.reset(release=release)
+
+    def release(self) -> None:
+        self.aggregator.release()
+        if self.camera is not None:
+            self.camera.release()
+
+    @property
+    def frames_stored(self) -> int:
+        return self.aggregator.frames_stored
+
+
+class GCTStream(nn.Module):
+    """LingBot-Map's streaming model; state-dict compatible with the official checkpoints.
+
+    Args:
+        config: architecture (default: the official `lingbot-map` preset).
+        cache: streaming-cache policy (default: the preset's).
+        backend: attention backend for the global blocks: "auto", "sdpa", "flashinfer".
+        num_frame_for_scale: default number of scale frames for `inference_streaming`
+            (default: `cache.scale_frames`).
+        **overrides: reference constructor arguments (`kv_cache_sliding_window`,
+            `enable_3d_rope`, `enable_point`, ...) or `ModelConfig`/`CacheConfig` fields.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig | None = None,
+        cache: CacheConfig | None = None,
+        *,
+        backend: str = "auto",
+        num_frame_for_scale: int | None = None,
+        **overrides: Any,
+    ) -> None:
+        super().__init__()
+        preset = get_preset("lingbot-map")
+        config, cache, inert = split_overrides(config or preset.model, cache or preset.cache, overrides)
+        if inert:
+            log.debug("ignoring reference arguments with no effect at inference: %s", ", ".join(inert))
+        self.config = config
+        self.cache_config = cache
+        self.backend_name = backend
+        self.num_frame_for_scale = num_frame_for_scale
+        self.pools = PoolRegistry()
+        head_dim_in = 2 * config.embed_dim
+        self.aggregator = AggregatorStream(config, cache, self.pools)
+        self.camera_head = (
+            CameraCausalHead(
+                head_dim_in,
+                trunk_depth=config.camera_trunk_depth,
+                num_heads=config.camera_num_heads,
+                num_iterations=config.camera_num_iterations,
+                cache_spec=aggregator_cache_spec(cache),
+                pools=self.pools,
+            )
+            if config.enable_camera
+            else None
+        )
+
+        def dpt(output_dim: int, activation: str) -> DPTHead:
+            return DPTHead(
+                head_dim_in,
+                patch_size=config.patch_size,
+                output_dim=output_dim,
+                activation=activation,
+                features=config.dpt_features,
+                out_channels=config.dpt_out_channels,
+                head_features=config.dpt_head_features_2,
+                chunk_frames=config.dpt_chunk_frames,
+            )
+
+        # Registration order fixes the state-dict order: camera, point, depth.
+        self.point_head = dpt(4, "inv_log") if config.enable_point else None
+        self.depth_head = dpt(2, "exp") if config.enable_depth else None
+        self._backends: dict[tuple, AttentionBackend] = {}
+
+    # ------------------------------------------------------------------ state
+    def new_state(self) -> StreamState:
+        """Empty caches for one new sequence (sharing this model's page pools)."""
+        return StreamState(self.aggregator.new_cache(), self.camera_head.new_cache() if self.camera_head else None)
+
+    @property
+    def default_state(self) -> StreamState:
+        return StreamState(self.aggregator.kv_cache, self.camera_head.kv_cache if self.camera_head else None)
+
+    def clean_kv_cache(self) -> None:
+        """Forget every frame of the default state: the next `forward` starts a new sequence,
+        with outputs identical to those of a freshly built model. Leased cache pages are kept
+        for reuse; `free_kv_cache()` returns them."""
+        self.aggregator.clean_kv_cache()
+        if self.camera_head is not None:
+            self.camera_head.clean_kv_cache()
+
+    def free_kv_cache(self) -> int:
+        """Clean and release every cache page no live session holds (e.g. before switching
+        resolution or to hand memory back). Returns the number of bytes released."""
+        self.default_state.reset(release=True)
+        released = self.pools.trim()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return released
+
+    def attention_backend(self, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+        key = (self.backend_name, torch.device(device).type, dtype)
+        if key not in self._backends:
+            self._backends[key] = select_backend(self.backend_name, torch.device(device), dtype)
+        return self._backends[key]
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        images: torch.Tensor,
+        num_frame_for_scale: int | None = None,
+        num_frame_per_block: int | None = None,
+        causal_inference: bool = True,
+        *,
+        keyframe: bool = True,
+        state: StreamState | None = None,
+        trace: Trace | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """One stateful step over the frames in `images` (reference semantics).
+
+        Args:
+            images: [S, 3, H, W] or [B, S, 3, H, W] RGB in [0, 1], H and W multiples of 14.
+            num_frame_for_scale: scale frames of the sequence (the scale token's copy 0 goes
+                to its first this-many frames). Default: the model's.
+            num_frame_per_block: accepted for compatibility; the block is the frames given.
+            causal_inference: must be True (the non-causal path is a training path).
+            keyframe: store these frames in the caches (False: attend, then forget them).
+            state: the sequence's caches (default: the model's default state).
+        Returns:
+            pose_enc [B,S,9], pose_enc_list (per camera iteration), depth [B,S,H,W,1],
+            depth_conf [B,S,H,W], world_points [B,S,H,W,3] and world_points_conf [B,S,H,W]
+            with a point head, and images (in eval mode).
+        """
+        if not causal_inference:
+            raise ValueError(
+                "causal_inference=False is the reference's training path and is not supported; "
+                "use causal_inference=True (streaming) or inference_streaming()"
+            )
+        images = check_images(images, self.config.patch_size)
+        if images.shape[0] != 1:
+            raise ValueError(
+                f"batch size {images.shape[0]}: a streaming state serves one sequence; run one session per sequence"
+            )
+        state = self.default_state if state is None else state
+        nfs = num_frame_for_scale if num_frame_for_scale is not None else self._default_scale_frames()
+        backend = self.attention_backend(images.device, self._trunk_dtype(images))
+        layers, patch_start = self.aggregator(
+            images, num_frame_for_scale=nfs, cache=state.aggregator, store=keyframe, backend=backend, trace=trace
+        )
+        out: dict[str, torch.Tensor] = {}
+        image_hw = (images.shape[-2], images.shape[-1])
+        with _fp32_heads(images.device):
+            layers = [t.float() for t in layers]
+            if self.camera_head is not None:
+                poses = self.camera_head(layers[-1][:, :, 0], cache=state.camera, store=keyframe, trace=trace)
+                out["pose_enc"] = poses[-1]
+                out["pose_enc_list"] = poses
+            if self.depth_head is not None:
+                depth, conf = self.depth_head(layers, image_hw, patch_start, trace=trace)
+                out["depth"], out["depth_conf"] = depth, conf
+            if self.point_head is not None:
+                points, conf = self.point_head(layers, image_hw, patch_start)
+                out["world_points"], out["world_points_conf"] = points, conf
+        if not self.training:
+            out["images"] = images
+        return out
+
+    def _default_scale_frames(self) -> int:
+        return self.num_frame_for_scale if self.num_frame_for_scale is not None else self.cache_config.scale_frames
+
+    def _trunk_dtype(self, images: torch.Tensor) -> torch.dtype:
+        if images.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+            return torch.get_autocast_dtype("cuda")
+        return next(self.aggregator.parameters()).dtype
+
+    # ------------------------------------------------------------------ high level
+    @torch.no_grad()
+    def inference_streaming(
+        self,
+        images: torch.Tensor,
+        num_scale_frames: int | None = None,
+        keyframe_interval: int = 1,
+        output_device: torch.device | str | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Stream a whole sequence: scale frames together, then one frame at a time.
+
+        Cleans the default state first and again at the end (the reference leaves it
+        populated when `output_device` is None; mapstream never does). Frame i >= scale is a
+        keyframe iff keyframe_interval <= 1 or (i - scale) % keyframe_interval == 0.
+
+        Returns pose_enc [B,S,9], depth [B,S,H,W,1], depth_conf [B,S,H,W] (+ world points),
+        images; on `output_device` if given, else on the model's device.
+        """
+        from ..session import Session
+
+        images = check_images(images, self.config.patch_size)
+        session = Session(
+            self,
+            num_scale_frames=num_scale_frames,
+            keyframe_interval=keyframe_interval,
+            output_device=output_device,
+            state=self.default_state,
+        )
+        try:
+            session.reset()
+            return session.run(images)
+        finally:
+            self.clean_kv_cache()
+
+    def session(self, **kwargs: Any):
+        """A new online `Session` with caches of its own (see `mapstream.Session`)."""
+        from ..session import Session
+
+        return Session(self, **kwargs)
+
+
+@contextlib.contextmanager
+def _fp32_heads(device: torch.device):
+    """The heads run in fp32 with autocast off (as the reference does)."""
+    if device.type == "cuda":
+        with torch.autocast("cuda", enabled=False):
+            yield
+    else:
+        with torch.autocast("cpu", enabled=False):
+            yield

@@ -1,0 +1,47 @@
+"""Input checks at the public boundary: every failure says what was wrong and what to do."""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_images"]
+
+
+def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = True) -> torch.Tensor:
+    """Validate a frame tensor and return it as [B, S, 3, H, W].
+
+    Accepts [S, 3, H, W] (one sequence) or [B, S, 3, H, W], floating point RGB in [0, 1],
+    H and W multiples of `patch_size`, at least one frame, no NaN/inf.
+    """
+    if not isinstance(images, torch.Tensor):
+        raise TypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
+    if images.dim() == 4:
+        images = images.unsqueeze(0)
+    if images.dim() != 5:
+        raise ValueError(
+            f"images must have shape [S, 3, H, W] or [B, S, 3, H, W], got {list(images.shape)}"
+        )
+    batch, frames, channels, height, width = images.shape
+    if channels != 3:
+        raise ValueError(f"images must have 3 (RGB) channels in dim -3, got {channels} (shape {list(images.shape)})")
+    if batch == 0 or frames == 0:
+        raise ValueError(f"images holds no frame (shape {list(images.shape)})")
+    if height % patch_size or width % patch_size or height == 0 or width == 0:
+        raise ValueError(
+            f"image size {height}x{width} (HxW) is not a multiple of the patch size {patch_size}; "
+            f"resize or crop with mapstream.load_images(..., patch_size={patch_size})"
+        )
+    if not images.is_floating_point():
+        raise ValueError(f"images must be floating point in [0, 1], got {images.dtype}; divide uint8 frames by 255")
+    if check_values:
+        lo, hi = torch.aminmax(images.detach())
+        lo, hi = float(lo), float(hi)
+        if lo != lo or hi != hi or lo in (float("inf"), float("-inf")) or hi in (float("inf"), float("-inf")):
+            bad = (~torch.isfinite(images)).flatten(2).any(-1).any(-1).nonzero()
+            where = ", ".join(f"batch {int(b)} frame {int(s)}" for b, s in bad[:5].tolist())
+            raise ValueError(f"images contain NaN or inf values (at {where}); check the frame source")
+        if lo < 0.0 or hi > 1.0:
+            raise ValueError(
+                f"image values must lie in [0, 1], got [{lo:.4g}, {hi:.4g}]; "
+                "divide 0-255 data by 255 (mapstream.load_images does this)"
+            )
+    return images
