@@ -20,6 +20,7 @@ from typing import Iterable
 
 import torch
 
+from .config import CacheConfig
 from .geometry import invert_se3, pose_encoding_to_extri_intri
 from .models.gct import GCTStream, StreamState
 from .validation import check_images
@@ -87,6 +88,7 @@ class Session:
             (i - scale) % keyframe_interval == 0 (1 = every frame).
         output_device: where predictions are put (default: the model's device).
         precision: "auto", "fp32", "bf16" or "fp16" for the aggregator (heads are fp32).
+        cache: cache policy for this session (default: the model's `cache_config`).
         state: caches to use (default: new ones owned by this session).
     """
 
@@ -98,6 +100,7 @@ class Session:
         keyframe_interval: int = 1,
         output_device: torch.device | str | None = None,
         precision: str = "auto",
+        cache: CacheConfig | None = None,
         state: StreamState | None = None,
     ) -> None:
         self.model = model
@@ -112,7 +115,9 @@ class Session:
         self.device = next(model.parameters()).device
         self.precision = resolve_precision(precision, self.device)
         self._owns_state = state is None
-        self.state = state if state is not None else model.new_state()
+        if state is not None and cache is not None:
+            raise ValueError("pass either a cache policy or a state, not both")
+        self.state = state if state is not None else model.new_state(cache)
         self._closed = False
         self._clear()
 

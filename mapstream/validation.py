@@ -36,7 +36,7 @@ def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = 
         lo, hi = torch.aminmax(images.detach())
         lo, hi = float(lo), float(hi)
         if lo != lo or hi != hi or lo in (float("inf"), float("-inf")) or hi in (float("inf"), float("-inf")):
-            bad = (~torch.isfinite(images)).flatten(2).any(-1).any(-1).nonzero()
+            bad = (~torch.isfinite(images)).flatten(2).any(-1).nonzero()
             where = ", ".join(f"batch {int(b)} frame {int(s)}" for b, s in bad[:5].tolist())
             raise ValueError(f"images contain NaN or inf values (at {where}); check the frame source")
         if lo < 0.0 or hi > 1.0:

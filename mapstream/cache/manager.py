@@ -248,6 +248,7 @@ class StreamCacheManager:
         self._run = self.pools.get(key).allocate(pages)
         self._key, self.layout = key, layout
 
+    @torch.no_grad()
     def _grow_trajectory(self) -> None:
         """Unbounded trajectory only: move to an arena with twice the trajectory room."""
         assert self._run is not None and self.layout is not None and self._key is not None
@@ -349,6 +350,7 @@ class StreamCacheManager:
         ops.append(_Keep(slot, len(self._trajectory) - 1))
 
     # ------------------------------------------------------------------ execution
+    @torch.no_grad()  # the cache is state, not part of any autograd graph
     def _apply(self, kv: torch.Tensor, ops: Sequence[_Op], k: torch.Tensor, v: torch.Tensor) -> None:
         """Run a step's copy operations on one layer's storage kv [2, H, T, D]."""
         layout = self.layout
@@ -363,8 +365,8 @@ class StreamCacheManager:
             if isinstance(op, _Write):
                 dst = slice(ring_start + op.slot * tpf, ring_start + (op.slot + 1) * tpf)
                 src = slice(op.frame * tpf, (op.frame + 1) * tpf)
-                kv[0, :, dst] = k[:, src]
-                kv[1, :, dst] = v[:, src]
+                kv[0, :, dst] = k[:, src].detach()
+                kv[1, :, dst] = v[:, src].detach()
             elif isinstance(op, _Keep):
                 if kt:
                     start = ring_start + op.slot * tpf

@@ -107,9 +107,10 @@ class PagePool:
                     return self._run(index, start, num_pages)
             pages = max(num_pages, self.min_chunk_pages)
             k = self.key
-            storage = torch.zeros(
-                (k.num_layers, 2, k.num_heads, pages * k.page_tokens, k.head_dim), dtype=k.dtype, device=k.device
-            )
+            with torch.no_grad():
+                storage = torch.zeros(
+                    (k.num_layers, 2, k.num_heads, pages * k.page_tokens, k.head_dim), dtype=k.dtype, device=k.device
+                )
             chunk = _Chunk(storage=storage, pages=pages, free=[(0, pages)])
             self._chunks.append(chunk)
             log.debug("page pool %s: new chunk of %d pages (%.1f MiB)", k, pages, storage.nbytes / 2**20)
@@ -117,6 +118,7 @@ class PagePool:
             assert start == 0
             return self._run(len(self._chunks) - 1, start, num_pages)
 
+    @torch.no_grad()
     def _run(self, chunk_index: int, start: int, n: int) -> PageRun:
         pt = self.key.page_tokens
         chunk = self._chunks[chunk_index]

@@ -30,12 +30,18 @@ class CacheSpec:
     anchor_frames: int
     window_frames: int
     trajectory_capacity: int | None
+    trajectory_keep: str = "specials"
+    """What the aggregator keeps of a frame that left the window: "specials" (all special
+    tokens), "camera" (the camera token only) or "none". The camera head's cache always
+    keeps its single token."""
 
     def __post_init__(self) -> None:
         if self.anchor_frames < 0 or self.window_frames < 1:
             raise ValueError(
                 f"anchor_frames must be >= 0 and window_frames >= 1, got {self.anchor_frames}, {self.window_frames}"
             )
+        if self.trajectory_keep not in ("specials", "camera", "none"):
+            raise ValueError(f"trajectory_keep must be specials, camera or none, got {self.trajectory_keep!r}")
         if self.trajectory_capacity is not None and self.trajectory_capacity < 2:
             raise ValueError(f"trajectory_capacity must be >= 2 or None, got {self.trajectory_capacity}")
 

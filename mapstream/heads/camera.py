@@ -58,8 +58,9 @@ class CameraCausalHead(nn.Module):
         self.kv_cache = self.new_cache()
         self._attention = SDPABackend()  # fp32 head: the reference math, any device
 
-    def new_cache(self) -> StreamCacheManager:
-        return StreamCacheManager(self.cache_spec, self.pools, name="camera_head")
+    def new_cache(self, spec: CacheSpec | None = None) -> StreamCacheManager:
+        """An empty cache for one sequence; `spec` must match the aggregator cache's policy."""
+        return StreamCacheManager(spec or self.cache_spec, self.pools, name="camera_head")
 
     def clean_kv_cache(self) -> None:
         """Forget every frame of the default cache."""

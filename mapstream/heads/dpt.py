@@ -148,9 +148,9 @@ class DPTHead(nn.Module):
             x = self.norm(tokens[:, patch_start_idx:])
             x = x.transpose(1, 2).reshape(x.shape[0], x.shape[-1], grid_h, grid_w)
             x = self.projects[i](x)
-            x = x + dpt_position_embedding(x.shape[1], grid_h, grid_w, aspect, x.device).to(x.dtype)
             if trace:
                 trace(f"dpt.projects.{i}", x)
+            x = x + dpt_position_embedding(x.shape[1], grid_h, grid_w, aspect, x.device).to(x.dtype)
             x = self.resize_layers[i](x)
             if trace:
                 trace(f"dpt.resize.{i}", x)

@@ -37,7 +37,13 @@ def aggregator_cache_spec(cache: CacheConfig) -> CacheSpec:
     else:
         # Scale frames are ordinary window members that age out first (see docs/STREAMING.md).
         anchors, window = 0, cache.sliding_window + cache.scale_frames
-    return CacheSpec(anchor_frames=anchors, window_frames=window, trajectory_capacity=cache.trajectory_capacity)
+    keep = "none" if not cache.cross_frame_special else ("camera" if cache.camera_only else "specials")
+    return CacheSpec(
+        anchor_frames=anchors,
+        window_frames=window,
+        trajectory_capacity=cache.trajectory_capacity,
+        trajectory_keep=keep,
+    )
 
 
 class AggregatorStream(nn.Module):
@@ -77,9 +83,11 @@ class AggregatorStream(nn.Module):
     def patch_start_idx(self) -> int:
         return self.config.num_special_tokens
 
-    def new_cache(self) -> StreamCacheManager:
-        """An empty cache for one sequence, sharing this aggregator's page pools."""
-        return StreamCacheManager(aggregator_cache_spec(self.cache_config), self.pools, name="aggregator")
+    def new_cache(self, cache: CacheConfig | None = None) -> StreamCacheManager:
+        """An empty cache for one sequence (policy: `cache` or this model's), sharing this
+        aggregator's page pools."""
+        spec = aggregator_cache_spec(cache or self.cache_config)
+        return StreamCacheManager(spec, self.pools, name="aggregator")
 
     def clean_kv_cache(self) -> None:
         """Forget every frame of the default cache (used by low-level `forward` calls)."""
@@ -169,7 +177,7 @@ class AggregatorStream(nn.Module):
             num_heads=c.num_heads,
             head_dim=c.head_dim,
             tokens_per_frame=per_frame,
-            trajectory_tokens=_trajectory_tokens(self.cache_config, c.num_special_tokens),
+            trajectory_tokens=_TRAJECTORY_TOKENS[cache.spec.trajectory_keep](c.num_special_tokens),
         )
         step = cache.begin_step(num_frames, store=store, layout=layout, dtype=tokens.dtype, device=tokens.device)
         selected: dict[int, torch.Tensor] = {}
@@ -191,10 +199,11 @@ class AggregatorStream(nn.Module):
             cache.abort_step(step)
             raise
         cache.finish_step(step)
-        return [selected[i] for i in c.selected_layers], c.num_special_tokens
+        outputs = [selected[i] for i in c.selected_layers]
+        if trace:
+            for j, out in enumerate(outputs):
+                trace(f"agg.out.{j}", out)
+        return outputs, c.num_special_tokens
 
 
-def _trajectory_tokens(cache: CacheConfig, num_special: int) -> int:
-    if not cache.cross_frame_special:
-        return 0
-    return 1 if cache.camera_only else num_special
+_TRAJECTORY_TOKENS = {"specials": lambda n: n, "camera": lambda n: 1, "none": lambda n: 0}

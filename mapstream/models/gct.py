@@ -119,9 +119,12 @@ class GCTStream(nn.Module):
         self._backends: dict[tuple, AttentionBackend] = {}
 
     # ------------------------------------------------------------------ state
-    def new_state(self) -> StreamState:
-        """Empty caches for one new sequence (sharing this model's page pools)."""
-        return StreamState(self.aggregator.new_cache(), self.camera_head.new_cache() if self.camera_head else None)
+    def new_state(self, cache: CacheConfig | None = None) -> StreamState:
+        """Empty caches for one new sequence (sharing this model's page pools), with the
+        model's cache policy or `cache`."""
+        cache = cache or self.cache_config
+        camera = self.camera_head.new_cache(aggregator_cache_spec(cache)) if self.camera_head else None
+        return StreamState(self.aggregator.new_cache(cache), camera)
 
     @property
     def default_state(self) -> StreamState:

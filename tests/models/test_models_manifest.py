@@ -1,0 +1,70 @@
+"""The state dict is the contract with the official checkpoints: keys, order and shapes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import mapstream
+from mapstream.models import fill_synthetic_, synthetic_tensor
+
+from conftest import GOLDEN
+
+
+def _manifest(name: str) -> list[tuple[str, list[int]]]:
+    path = GOLDEN / name
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    return [(e["key"], e["shape"]) for e in json.loads(path.read_text())["state_dict"]]
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, manifest",
+    [
+        ("lingbot-map", {}, "manifest_gctstream.json"),
+        ("lingbot-map", {"enable_point": True}, "manifest_gctstream_window_v2.json"),
+        ("tiny", {}, "manifest_tiny.json"),
+    ],
+)
+def test_state_dict_matches_manifest(preset, overrides, manifest):
+    with torch.device("meta"):
+        model = mapstream.build_model(preset, **overrides)
+    got = [(k, list(v.shape)) for k, v in model.state_dict().items()]
+    assert got == _manifest(manifest)
+
+
+def test_full_model_parameter_count():
+    with torch.device("meta"):
+        model = mapstream.build_model("lingbot-map")
+    assert sum(p.numel() for p in model.state_dict().values()) == 1_157_943_540
+
+
+def test_derived_tables_are_not_in_the_state_dict():
+    model = mapstream.build_model("tiny")
+    keys = set(model.state_dict())
+    assert "aggregator._resnet_mean" not in keys and "aggregator._resnet_std" not in keys
+    assert not any("rope" in k for k in keys)
+
+
+def test_weight_rule_reproduces_tiny_weights_bit_for_bit():
+    path = GOLDEN / "tiny_weights.safetensors"
+    if not path.exists():
+        pytest.skip("tiny_weights.safetensors not found")
+    reference = load_file(str(path))
+    model = fill_synthetic_(mapstream.build_model("tiny"))
+    state = model.state_dict()
+    assert set(state) == set(reference)
+    for key, value in reference.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_weight_rule_fov_special_case():
+    w = synthetic_tensor("camera_head.pose_branch.fc2.weight", (9, 16))
+    plain = synthetic_tensor("camera_head.pose_branch.fc2.weightX", (9, 16))  # other key: other seed
+    assert w.shape == plain.shape
+    b = synthetic_tensor("camera_head.pose_branch.fc2.bias", (9,))
+    g = torch.Generator().manual_seed(__import__("zlib").crc32(b"camera_head.pose_branch.fc2.bias"))
+    z = torch.randn((9,), generator=g) * 0.02
+    assert torch.equal(b[:7], z[:7]) and torch.equal(b[7:], z[7:] + 0.3125)
