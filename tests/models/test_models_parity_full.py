@@ -1,0 +1,81 @@
+"""Parity with the reference's golden outputs, full (official-size) model with rule weights.
+
+About 5 GB of RAM and ~2 s a frame on two CPU cores; the whole module takes a few minutes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mapstream
+from conftest import golden_case, golden_images
+from golden_helpers import assert_intermediate_close, assert_outputs_close, cache_config_of, forward_sequence
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def full_model():
+    golden_case("full_stream_plain")  # skips the module when the golden data is absent
+    torch.manual_seed(0)
+    model = mapstream.build_model("lingbot-map")
+    mapstream.fill_synthetic_(model)
+    return model.eval()
+
+
+def stream(model, images, keyframe_interval=1, cache=None, trace=None):
+    with model.session(num_scale_frames=2, keyframe_interval=keyframe_interval, cache=cache, precision="fp32") as s:
+        return s.run(images)
+
+
+def test_plain_stream_and_intermediates(full_model):
+    ref, meta = golden_case("full_stream_plain")
+    images = golden_images(ref)
+    inter, _ = golden_case("full_intermediates")
+    assert torch.equal(inter["images_u8"], ref["images_u8"])
+    recorded = {}
+    calls = {"n": 0}
+
+    def trace(name, tensor):
+        recorded[f"s{calls['n']}.{name}"] = tensor.detach().clone()
+
+    full_model.clean_kv_cache()
+    x = images.unsqueeze(0)
+    outs = []
+    for calls["n"], frames in enumerate([x[:, :2]] + [x[:, i : i + 1] for i in range(2, x.shape[1])]):
+        outs.append(full_model(frames, num_frame_for_scale=2, trace=trace if calls["n"] == 1 else None))
+    full_model.clean_kv_cache()
+    out = {k: torch.cat([o[k] for o in outs], dim=1) for k in ("pose_enc", "depth", "depth_conf")}
+    assert_outputs_close(out, ref)
+    fi, _ = golden_case("full_stream_plain_fi")
+    assert_outputs_close(out, fi)
+    for name, want in inter.items():
+        if name.startswith("s1."):
+            assert_intermediate_close(name, recorded[name], want)
+
+
+def test_keyframes_follow_flashinfer_semantics(full_model):
+    ref, meta = golden_case("full_stream_kf_fi")
+    out = stream(full_model, golden_images(ref), keyframe_interval=2)
+    assert_outputs_close(out, ref)
+    nopersist, _ = golden_case("full_stream_kf_nopersist")
+    assert_outputs_close(out, nopersist)
+
+
+def test_sliding_window_eviction(full_model):
+    ref, meta = golden_case("full_stream_evict")
+    out = stream(full_model, golden_images(ref), cache=cache_config_of(meta))
+    assert_outputs_close(out, ref)
+
+
+def test_isolation_and_stale_cache(full_model):
+    ref, meta = golden_case("full_isolation")
+    a, b = golden_images(ref, "A_images_u8"), golden_images(ref, "B_images_u8")
+    full_model.inference_streaming(a, num_scale_frames=2)
+    after_a = full_model.inference_streaming(b, num_scale_frames=2)
+    assert_outputs_close(after_a, ref, prefix="B.")
+    full_model.clean_kv_cache()
+    forward_sequence(full_model, a, 2)
+    stale = forward_sequence(full_model, b, 2)
+    full_model.clean_kv_cache()
+    assert_outputs_close(stale, ref, prefix="B_stale.")
