@@ -256,6 +256,35 @@ class GCTStream(nn.Module):
         finally:
             self.clean_kv_cache()
 
+    def inference_windowed(
+        self,
+        images: torch.Tensor,
+        window_size: int = 16,
+        overlap_size: int | None = None,
+        overlap_keyframes: int | None = None,
+        num_scale_frames: int | None = None,
+        scale_mode: str = "median",
+        output_device: torch.device | str | None = None,
+        keyframe_interval: int = 1,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Long sequences: overlapping windows, each on a clean cache, aligned by Sim(3) and
+        stitched (see `mapstream.windowed.inference_windowed`). Leaves no cache populated."""
+        from ..windowed import inference_windowed
+
+        return inference_windowed(
+            self,
+            images,
+            window_size=window_size,
+            overlap_size=overlap_size,
+            overlap_keyframes=overlap_keyframes,
+            num_scale_frames=num_scale_frames,
+            scale_mode=scale_mode,
+            output_device=output_device,
+            keyframe_interval=keyframe_interval,
+            **kwargs,
+        )
+
     def session(self, **kwargs: Any):
         """A new online `Session` with caches of its own (see `mapstream.Session`)."""
         from ..session import Session

@@ -79,3 +79,16 @@ def test_isolation_and_stale_cache(full_model):
     stale = forward_sequence(full_model, b, 2)
     full_model.clean_kv_cache()
     assert_outputs_close(stale, ref, prefix="B_stale.")
+
+
+def test_windowed(full_model):
+    ref, _ = golden_case("full_windowed")
+    out = full_model.inference_windowed(
+        golden_images(ref), window_size=4, overlap_size=2, num_scale_frames=2, keyframe_interval=1, return_windows=True
+    )
+    assert_outputs_close(out, ref)
+    assert torch.equal(out["frame_type"], ref["frame_type"])
+    torch.testing.assert_close(out["chunk_scales"], ref["chunk_scales"], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out["chunk_transforms"], ref["chunk_transforms"], rtol=1e-4, atol=1e-4)
+    for i, window in enumerate(out["windows"]):
+        torch.testing.assert_close(window["pose_enc"], ref[f"window{i}.pose_enc"], rtol=1e-4, atol=1e-4)

@@ -1,0 +1,103 @@
+"""Windowed inference over a whole sequence: each window runs on a clean cache, windows are
+aligned to the first one and stitched."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..validation import check_images
+from .align import Sim3, pairwise_alignment, stitch_windows, warp_predictions
+from .plan import WindowPlan, plan_windows
+
+__all__ = ["inference_windowed", "run_window", "FRAME_SCALE", "FRAME_KEYFRAME", "FRAME_OTHER"]
+
+log = logging.getLogger(__name__)
+
+FRAME_SCALE, FRAME_KEYFRAME, FRAME_OTHER = 0, 1, 2
+
+
+def run_window(session, images: torch.Tensor) -> dict:
+    """Run one window [1, T, 3, H, W] from a clean state; adds frame_type / is_keyframe."""
+    session.reset()
+    out = session.run(images)
+    out.pop("images", None)
+    length = images.shape[1]
+    scale = min(session.num_scale_frames, length)
+    types = [FRAME_SCALE] * scale + [
+        FRAME_KEYFRAME if session.is_keyframe(i) else FRAME_OTHER for i in range(scale, length)
+    ]
+    frame_type = torch.tensor([types], dtype=torch.uint8)
+    out["frame_type"] = frame_type
+    out["is_keyframe"] = frame_type != FRAME_OTHER
+    return out
+
+
+@torch.no_grad()
+def inference_windowed(
+    model,
+    images: torch.Tensor,
+    window_size: int = 16,
+    overlap_size: int | None = None,
+    overlap_keyframes: int | None = None,
+    num_scale_frames: int | None = None,
+    scale_mode: str = "median",
+    output_device: torch.device | str | None = None,
+    keyframe_interval: int = 1,
+    *,
+    precision: str = "auto",
+    return_windows: bool = False,
+) -> dict:
+    """Windowed inference with the reference's semantics (see docs/WINDOWED.md).
+
+    Returns the stitched pose_enc, depth, depth_conf (+ world points), frame_type,
+    is_keyframe, and with two or more windows chunk_scales [B, n] and chunk_transforms
+    [B, n, 4, 4]; alignment_mode = "scaled"; images; with `return_windows` also "windows",
+    the raw per-window predictions before alignment.
+    """
+    if scale_mode != "median":
+        raise ValueError(f"scale_mode must be 'median' (the only estimator), got {scale_mode!r}")
+    images = check_images(images, model.config.patch_size)
+    num_frames = images.shape[1]
+    scale = num_scale_frames if num_scale_frames is not None else model._default_scale_frames()
+    plan: WindowPlan = plan_windows(
+        num_frames,
+        window_size=window_size,
+        scale_frames=scale,
+        overlap_size=overlap_size,
+        overlap_keyframes=overlap_keyframes,
+        keyframe_interval=keyframe_interval,
+    )
+    log.info("windowed inference: %d frames in %d windows (overlap %d)", num_frames, len(plan.windows), plan.overlap)
+    session = model.session(
+        num_scale_frames=plan.scale_frames,
+        keyframe_interval=keyframe_interval,
+        output_device=output_device,
+        precision=precision,
+    )
+    try:
+        raw = [run_window(session, images[:, start:end]) for start, end in plan.windows]
+    finally:
+        session.close()
+    result_images = images.to(output_device) if output_device is not None else images
+    if len(raw) == 1:
+        out = dict(raw[0])
+        out["alignment_mode"] = "scaled"
+        out["images"] = result_images
+        if return_windows:
+            out["windows"] = raw
+        return out
+    aligned = [warp_predictions(raw[0], Sim3.identity(images.shape[0], raw[0]["pose_enc"].device))]
+    sims = [Sim3.identity(images.shape[0], raw[0]["pose_enc"].device)]
+    for window in raw[1:]:
+        sim = pairwise_alignment(aligned[-1], window, plan.overlap)
+        sims.append(sim)
+        aligned.append(warp_predictions(window, sim))
+    out = stitch_windows(aligned, plan.overlap)
+    out["chunk_scales"] = torch.stack([s.scale for s in sims], dim=1)
+    out["chunk_transforms"] = torch.stack([s.matrix() for s in sims], dim=1)
+    out["alignment_mode"] = "scaled"
+    out["images"] = result_images
+    if return_windows:
+        out["windows"] = raw
+    return out

@@ -1,0 +1,83 @@
+"""How a long sequence is cut into overlapping windows (the reference's rules).
+
+`window_size` counts cache slots (scale frames + keyframes), not frames: with keyframe
+interval k a window spans `scale + (window_size - scale) * k` frames. Consecutive windows
+start `step = span - overlap` frames apart, so the last `overlap` frames of a window are
+the first frames (the scale frames) of the next.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["WindowPlan", "plan_windows", "effective_overlap"]
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    windows: tuple[tuple[int, int], ...]
+    """(start, end) frame ranges, end exclusive."""
+    scale_frames: int
+    """Scale frames per window (fewer if a window is shorter)."""
+    overlap: int
+    """Frames shared by consecutive windows."""
+    span: int
+    """Frames per (full) window."""
+
+
+def effective_overlap(
+    num_frames: int,
+    *,
+    scale_frames: int,
+    overlap_size: int | None,
+    overlap_keyframes: int | None,
+    keyframe_interval: int,
+) -> int:
+    """Overlap in frames: keyframes x interval (at least the scale frames), else
+    `overlap_size`, else the scale frames; never more than num_frames - 1."""
+    if overlap_keyframes is not None:
+        overlap = max(scale_frames, overlap_keyframes * max(keyframe_interval, 1))
+    elif overlap_size is not None:
+        overlap = overlap_size
+    else:
+        overlap = scale_frames
+    if overlap < 0:
+        raise ValueError(f"overlap must be >= 0, got {overlap}")
+    return min(overlap, num_frames - 1) if num_frames > 1 else 0
+
+
+def plan_windows(
+    num_frames: int,
+    *,
+    window_size: int,
+    scale_frames: int,
+    overlap_size: int | None = None,
+    overlap_keyframes: int | None = None,
+    keyframe_interval: int = 1,
+) -> WindowPlan:
+    if num_frames < 1:
+        raise ValueError("no frames to plan windows for")
+    if window_size < 1:
+        raise ValueError(f"window_size must be >= 1, got {window_size}")
+    scale = min(max(scale_frames, 1), num_frames)
+    overlap = effective_overlap(
+        num_frames,
+        scale_frames=scale,
+        overlap_size=overlap_size,
+        overlap_keyframes=overlap_keyframes,
+        keyframe_interval=keyframe_interval,
+    )
+    interval = max(keyframe_interval, 1)
+    span = min(scale + max(window_size - scale, 0) * interval, num_frames)
+    if span >= num_frames:
+        return WindowPlan(((0, num_frames),), scale, overlap, span)
+    step = max(span - overlap, 1)
+    windows = []
+    start = 0
+    while True:
+        end = min(start + span, num_frames)
+        if end - start >= overlap or end == num_frames:
+            windows.append((start, end))
+        if end == num_frames:
+            break
+        start += step
+    return WindowPlan(tuple(windows), scale, overlap, span)

@@ -1,0 +1,55 @@
+"""Window planning: the reference's rules, narrated on small cases."""
+from __future__ import annotations
+
+import pytest
+
+from mapstream.windowed import plan_windows
+
+
+def test_golden_cases():
+    # 8 frames, window 4 slots, overlap 2: windows start 2 apart.
+    assert plan_windows(8, window_size=4, scale_frames=2, overlap_size=2).windows == ((0, 4), (2, 6), (4, 8))
+    # keyframe interval 2: a window spans 2 + (4 - 2) * 2 = 6 frames.
+    plan = plan_windows(10, window_size=4, scale_frames=2, overlap_size=2, keyframe_interval=2)
+    assert plan.windows == ((0, 6), (4, 10)) and plan.span == 6
+
+
+def test_demo_defaults_on_1000_frames():
+    plan = plan_windows(1000, window_size=64, scale_frames=8, overlap_size=16)
+    assert plan.span == 64 and plan.overlap == 16
+    assert plan.windows[:3] == ((0, 64), (48, 112), (96, 160))
+    assert plan.windows[-1][1] == 1000
+    starts = [s for s, _ in plan.windows]
+    assert all(b - a == 48 for a, b in zip(starts, starts[1:]))
+
+
+def test_single_window_when_the_sequence_fits():
+    assert plan_windows(10, window_size=16, scale_frames=8).windows == ((0, 10),)
+
+
+def test_overlap_in_keyframes():
+    plan = plan_windows(100, window_size=10, scale_frames=4, overlap_keyframes=3, keyframe_interval=2)
+    assert plan.overlap == 6  # max(scale 4, 3 keyframes x interval 2)
+    plan = plan_windows(100, window_size=10, scale_frames=4, overlap_keyframes=1, keyframe_interval=2)
+    assert plan.overlap == 4
+
+
+def test_overlap_defaults_to_scale_frames_and_is_capped():
+    assert plan_windows(50, window_size=10, scale_frames=3).overlap == 3
+    assert plan_windows(3, window_size=1, scale_frames=1, overlap_size=10).overlap == 2
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 101])
+def test_windows_cover_every_frame(n):
+    plan = plan_windows(n, window_size=6, scale_frames=2, overlap_size=2)
+    covered = set()
+    for start, end in plan.windows:
+        covered.update(range(start, end))
+    assert covered == set(range(n))
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError):
+        plan_windows(0, window_size=4, scale_frames=2)
+    with pytest.raises(ValueError):
+        plan_windows(10, window_size=0, scale_frames=2)
