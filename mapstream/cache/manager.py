@@ -1,33 +1,38 @@
 """The cache manager: which frames of one sequence are stored where, and what is visible.
 
 One manager serves one cache of one sequence (the aggregator's or the camera head's). It
-leases a contiguous run of pages (an *arena*) from a `PagePool` and lays it out as::
+leases a contiguous run of pages (an *arena*) from a `PagePool` and lays it out in frame
+slots of P tokens (all tokens of one frame), followed by the trajectory memory::
 
-    arena tokens:  [ ....... trajectory ....... | slot 0 | slot 1 | ... | slot R-1 ]
-                     grows downward  ->  lo  ring_start
-    trajectory:    the first `trajectory_tokens` tokens (special tokens) of frames that
-                   left the window, newest at the lowest address
-    ring slots:    all tokens of one frame each: anchors first, then the window, then one
-                   spare slot for the frame being attended without being stored
+    arena:  [ spare | slot 1 | slot 2 | ... | slot R-1 | trajectory -> ...... ]
+              0       P                                  R*P
+    slot 0 (spare)   the frame being attended without being stored (non-keyframe)
+    slots 1..R-1     stored frames: anchors first, then the sliding window
+    trajectory       the first `trajectory_tokens` tokens (the special tokens) of every
+                     frame that left the window, oldest first, growing upward
 
-Used slots are always [0, n_used): a frame only leaves a slot when a newer frame takes it.
-So everything visible to attention is ONE contiguous token range [lo, hi) of the arena:
-attention reads a view, never a gather.
+Stored frames always occupy slots [1, 1 + n_used): a frame only leaves its slot when a
+newer frame takes it, and the trajectory only grows once every slot is used. So what a
+step attends to is ONE contiguous token range whose start never moves:
+
+    keyframe:      [P, end)     non-keyframe: [0, end)     end = P (1 + n_used) + kt * n_traj
+
+Attention therefore reads a view (no gather), and a captured CUDA graph only needs the
+range's length, never a new pointer.
 
 Per step (see `begin_step`):
 
 * one frame, stored (keyframe): if the window is full, the oldest window frame's special
-  tokens move to the trajectory and the new frame takes its slot; then attend to
-  everything visible (the new frame included);
+  tokens move to the trajectory and the new frame takes its slot; then it attends to
+  everything visible (itself included);
 * one frame, not stored: it is written to the spare slot and attends to everything
-  visible plus itself; afterwards the cache is exactly as before;
+  visible plus itself; the cache is unchanged afterwards;
 * several frames (a block, e.g. the scale frames): they attend to what was visible before
-  the block plus all of the block (bidirectionally), then (if stored) they are stored in
-  order with the same eviction rule.
+  plus the whole block (bidirectionally), then (if stored) they are stored in order.
 
-The manager computes a `Step` (a list of copy operations and the visible range); the
-attention layer executes it on its own layer's storage through `Step.attend`. Nothing
-else mutates the storage.
+The manager computes a `Step` (copy operations and the visible range); the attention layer
+executes it on its own layer's storage through `Step.attend`. Nothing else writes the
+storage.
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(q [1, H, Nq, D], k [1, H, Nk, D], v [1, H, Nk, D]) -> out [1, H, Nq, D]"""
 
 _UNBOUNDED_INITIAL_TRAJECTORY = 64
+_SPARE = 0
 
 
 class CacheStateError(RuntimeError):
@@ -58,9 +64,9 @@ class CacheStateError(RuntimeError):
 def thin_trajectory(frames: Sequence[int]) -> list[int]:
     """The trajectory-memory thinning rule: drop every second frame of the older half.
 
-    Keeps the oldest frame, the newer half untouched, and halves the density of the older
-    half, so repeated thinning leaves a memory that is dense near the present and sparse
-    (geometrically) toward the start. Always drops at least one frame when len >= 2.
+    Keeps the oldest frame, leaves the newer half untouched and halves the density of the
+    older half, so repeated thinning leaves a memory that is dense near the present and
+    geometrically sparser toward the start. Drops at least one frame when len >= 2.
     """
     half = max(2, len(frames) // 2)
     older, newer = list(frames[:half]), list(frames[half:])
@@ -112,7 +118,7 @@ class Step:
     store: bool
     block: bool
     ops: tuple[_Op, ...]
-    visible: tuple[int, int]  # token range; after the writes (single) or before them (block)
+    visible: tuple[int, int]  # token range; after the writes (single frame) or before them (block)
     storage: torch.Tensor = field(repr=False)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend_fn: AttendFn) -> torch.Tensor:
@@ -161,21 +167,21 @@ class StreamCacheManager:
 
     # ------------------------------------------------------------------ bookkeeping
     def _clear(self) -> None:
-        self._slot_frame: list[int] = []  # frame id per used slot; len == n_used
-        self._anchors = 0
+        self._slot_frame: dict[int, int] = {}  # arena slot (1..R-1) -> frame id
+        self._anchors: list[int] = []  # slots, in storage order
         self._window: collections.deque[int] = collections.deque()  # slots, oldest first
         self._trajectory: list[int] = []  # frame ids, oldest first
         self.frames_stored = 0
         self.frames_seen = 0
 
     @property
-    def window_capacity(self) -> int:
-        return self.spec.window_frames
+    def slots_in_use(self) -> int:
+        return len(self._slot_frame)
 
     def visible_frames(self) -> dict[str, list[int]]:
-        """Stored frame ids by role (for tests and debugging)."""
+        """Stored frame ids by role: anchors, window (oldest first), trajectory (oldest first)."""
         return {
-            "anchors": self._slot_frame[: self._anchors],
+            "anchors": [self._slot_frame[s] for s in self._anchors],
             "window": [self._slot_frame[s] for s in self._window],
             "trajectory": list(self._trajectory),
         }
@@ -206,15 +212,15 @@ class StreamCacheManager:
         if self._run is None or layout is None:
             return CacheStats(self.frames_seen, self.frames_stored, 0, 0, 0, 0, self.spec.ring_slots, 0, 0, 0, 0, 0)
         traj_tokens = len(self._trajectory) * layout.trajectory_tokens
-        used = len(self._slot_frame) + -(-traj_tokens // layout.tokens_per_frame)
+        used = self.slots_in_use + -(-traj_tokens // layout.tokens_per_frame)
         return CacheStats(
             frames_seen=self.frames_seen,
             frames_stored=self.frames_stored,
-            anchor_frames=self._anchors,
+            anchor_frames=len(self._anchors),
             window_frames=len(self._window),
             trajectory_frames=len(self._trajectory),
-            slots_in_use=len(self._slot_frame),
-            slots_free=self.spec.ring_slots - len(self._slot_frame),
+            slots_in_use=self.slots_in_use,
+            slots_free=self.spec.ring_slots - self.slots_in_use,
             pages_in_use=used,
             pages_free=self._run.num_pages - used,
             bytes_held=self._run.nbytes,
@@ -223,13 +229,9 @@ class StreamCacheManager:
         )
 
     # ------------------------------------------------------------------ storage
-    @staticmethod
-    def _trajectory_pages(layout: TokenLayout, frames: int) -> int:
-        return -(-frames * layout.trajectory_tokens // layout.tokens_per_frame)
-
-    def _ring_start(self) -> int:
-        assert self.layout is not None
-        return self._trajectory_pages(self.layout, self._trajectory_capacity) * self.layout.tokens_per_frame
+    def _pages(self, layout: TokenLayout, trajectory_frames: int) -> int:
+        traj_tokens = trajectory_frames * layout.trajectory_tokens
+        return self.spec.ring_slots + -(-traj_tokens // layout.tokens_per_frame)
 
     def _lease(self, layout: TokenLayout, dtype: torch.dtype, device: torch.device) -> None:
         key = StorageKey(layout.num_layers, layout.num_heads, layout.head_dim, layout.tokens_per_frame, dtype, device)
@@ -237,29 +239,27 @@ class StreamCacheManager:
             return
         if self.frames_stored or self._slot_frame or self._trajectory:
             raise CacheStateError(
-                f"{self.name}: frames of another shape ({layout.tokens_per_frame} tokens, {dtype}, {device}) "
-                f"arrived in the middle of a sequence stored with {self.layout.tokens_per_frame if self.layout else '?'} "
-                f"tokens per frame; reset the cache (clean_kv_cache() / session.reset()) before changing resolution"
+                f"{self.name}: frames of another shape ({layout.tokens_per_frame} tokens per frame, {dtype}, "
+                f"{device}) arrived in the middle of a sequence stored with "
+                f"{self.layout.tokens_per_frame if self.layout else '?'} tokens per frame; reset the cache "
+                "(clean_kv_cache() / session.reset()) before changing resolution"
             )
         self.release()
         cap = self.spec.trajectory_capacity
         self._trajectory_capacity = cap if cap is not None else _UNBOUNDED_INITIAL_TRAJECTORY
-        pages = self._trajectory_pages(layout, self._trajectory_capacity) + self.spec.ring_slots
-        self._run = self.pools.get(key).allocate(pages)
+        self._run = self.pools.get(key).allocate(self._pages(layout, self._trajectory_capacity))
         self._key, self.layout = key, layout
 
     @torch.no_grad()
     def _grow_trajectory(self) -> None:
         """Unbounded trajectory only: move to an arena with twice the trajectory room."""
         assert self._run is not None and self.layout is not None and self._key is not None
-        old_run, old_start = self._run, self._ring_start()
+        old = self._run
         self._trajectory_capacity *= 2
-        pages = self._trajectory_pages(self.layout, self._trajectory_capacity) + self.spec.ring_slots
-        new_run = self.pools.get(self._key).allocate(pages)
-        shift = self._ring_start() - old_start
-        new_run.storage[:, :, :, shift : shift + old_run.tokens].copy_(old_run.storage)
-        old_run.pool.free(old_run)
-        self._run = new_run
+        new = self.pools.get(self._key).allocate(self._pages(self.layout, self._trajectory_capacity))
+        new.storage[:, :, :, : old.tokens].copy_(old.storage)
+        old.pool.free(old)
+        self._run = new
         log.debug("%s: trajectory memory grown to %d frames", self.name, self._trajectory_capacity)
 
     # ------------------------------------------------------------------ planning
@@ -283,26 +283,27 @@ class StreamCacheManager:
             raise ValueError("a step needs at least one frame")
         self._lease(layout, dtype, device)
         block = num_frames > 1
+        tpf, kt = layout.tokens_per_frame, layout.trajectory_tokens
+        visible_before = (tpf, self._visible_end(tpf, kt))
         ops: list[_Op] = []
-        traj_before, used_before = len(self._trajectory), len(self._slot_frame)
         if store:
             for i in range(num_frames):
                 self._store_one(self.frames_stored + i, i, ops)
         elif not block:
-            ops.append(_Write(0, used_before))  # the spare slot: used slots are [0, used_before)
-        # Ranges are computed after planning: the arena may have moved (unbounded trajectory).
-        ring_start, tpf, kt = self._ring_start(), layout.tokens_per_frame, layout.trajectory_tokens
+            ops.append(_Write(0, _SPARE))
         if block:
-            visible = (ring_start - traj_before * kt, ring_start + used_before * tpf)
+            visible = visible_before
         else:
-            used_after = len(self._slot_frame) if store else used_before + 1
-            visible = (ring_start - len(self._trajectory) * kt, ring_start + used_after * tpf)
+            visible = (tpf if store else 0, self._visible_end(tpf, kt))
         assert self._run is not None
         self._in_step = True
         self.frames_seen += num_frames
         if store:
             self.frames_stored += num_frames
         return Step(self, num_frames, store, block, tuple(ops), visible, self._run.storage)
+
+    def _visible_end(self, tpf: int, kt: int) -> int:
+        return tpf * (1 + self.slots_in_use) + kt * len(self._trajectory)
 
     def finish_step(self, step: Step) -> None:
         if step.manager is not self or not self._in_step:
@@ -322,25 +323,22 @@ class StreamCacheManager:
 
     def _store_one(self, frame_id: int, index: int, ops: list[_Op]) -> None:
         spec = self.spec
-        if self._anchors < spec.anchor_frames:
-            slot = len(self._slot_frame)
-            self._slot_frame.append(frame_id)
-            self._anchors += 1
+        if len(self._anchors) < spec.anchor_frames:
+            slot = 1 + self.slots_in_use
+            self._anchors.append(slot)
         elif len(self._window) < spec.window_frames:
-            slot = len(self._slot_frame)
-            self._slot_frame.append(frame_id)
+            slot = 1 + self.slots_in_use
             self._window.append(slot)
         else:
             slot = self._window.popleft()
             self._remember(self._slot_frame[slot], slot, ops)
-            self._slot_frame[slot] = frame_id
             self._window.append(slot)
+        self._slot_frame[slot] = frame_id
         ops.append(_Write(index, slot))
 
     def _remember(self, frame_id: int, slot: int, ops: list[_Op]) -> None:
-        cap = self.spec.trajectory_capacity
         if len(self._trajectory) >= self._trajectory_capacity:
-            if cap is None:
+            if self.spec.trajectory_capacity is None:
                 self._grow_trajectory()
             else:
                 kept = thin_trajectory(range(len(self._trajectory)))
@@ -356,27 +354,26 @@ class StreamCacheManager:
         layout = self.layout
         assert layout is not None
         tpf, kt = layout.tokens_per_frame, layout.trajectory_tokens
-        ring_start = self._ring_start()
+        traj_start = self.spec.ring_slots * tpf
 
         def traj_range(position: int) -> slice:
-            return slice(ring_start - (position + 1) * kt, ring_start - position * kt)
+            return slice(traj_start + position * kt, traj_start + (position + 1) * kt)
 
         for op in ops:
             if isinstance(op, _Write):
-                dst = slice(ring_start + op.slot * tpf, ring_start + (op.slot + 1) * tpf)
+                dst = slice(op.slot * tpf, (op.slot + 1) * tpf)
                 src = slice(op.frame * tpf, (op.frame + 1) * tpf)
                 kv[0, :, dst] = k[:, src].detach()
                 kv[1, :, dst] = v[:, src].detach()
             elif isinstance(op, _Keep):
                 if kt:
-                    start = ring_start + op.slot * tpf
-                    kv[:, :, traj_range(op.position)] = kv[:, :, start : start + kt]
+                    kv[:, :, traj_range(op.position)] = kv[:, :, op.slot * tpf : op.slot * tpf + kt]
             elif isinstance(op, _Compact):
                 if kt:
-                    # Kept frame j (oldest first) moves from old position p_j to position j.
+                    # Kept frame j (oldest first) moves from its old position p_j down to position j.
                     src = torch.cat([_arange(traj_range(p), kv.device) for p in op.old_positions])
-                    dst = torch.cat([_arange(traj_range(j), kv.device) for j in range(len(op.old_positions))])
-                    kv[:, :, dst] = kv[:, :, src].clone()
+                    count = len(op.old_positions)
+                    kv[:, :, traj_start : traj_start + count * kt] = kv[:, :, src].clone()
 
 
 def _arange(s: slice, device: torch.device) -> torch.Tensor:
