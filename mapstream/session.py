@@ -22,10 +22,11 @@ import torch
 
 from .config import CacheConfig
 from .geometry import invert_se3, pose_encoding_to_extri_intri
+from .keyframes import KeyframePolicy, make_policy
 from .models.gct import GCTStream, StreamState
 from .validation import check_images
 
-__all__ = ["Session", "FramePrediction", "SessionClosedError"]
+__all__ = ["Session", "FramePrediction", "SessionClosedError", "resolve_precision"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class FramePrediction:
 
     Conventions: OpenCV camera axes (x right, y down, z forward); `T_world_cam` maps camera
     coordinates to world coordinates (camera-to-world), `T_cam_world` is its inverse; the
-    world frame is the first frame's camera frame up to the model's scale.
+    world frame is the first frame's camera frame, in the model's (arbitrary) scale.
     """
 
     index: int
@@ -52,8 +53,10 @@ class FramePrediction:
     depth: torch.Tensor  # [H, W]
     depth_conf: torch.Tensor  # [H, W], > 1
     keyframe: bool
-    """The frame was stored in the cache (scale frames and keyframes)."""
+    """The frame is stored in the cache (scale frames and keyframes)."""
     scale_frame: bool
+    provisional: bool = False
+    """A scale-phase frame predicted before the scale phase completed (see Session)."""
     world_points: torch.Tensor | None = None  # [H, W, 3] (point head only)
     world_points_conf: torch.Tensor | None = None
     name: str | None = None
@@ -84,10 +87,14 @@ class Session:
         model: the network (shared; sessions never change its weights).
         num_scale_frames: frames processed together at the start of a sequence
             (default: the model's scale frames, 8 for the official model).
-        keyframe_interval: after the scale phase, frame i is stored iff
-            (i - scale) % keyframe_interval == 0 (1 = every frame).
+        keyframe_interval: which frames after the scale phase are stored: an int k (every
+            k-th, the reference's rule; 1 = all), "auto" (by predicted image motion, no
+            frame count needed) or a `KeyframePolicy`.
         output_device: where predictions are put (default: the model's device).
         precision: "auto", "fp32", "bf16" or "fp16" for the aggregator (heads are fp32).
+        provisional: during the scale phase, also return a provisional prediction for each
+            buffered frame right away (the scale frames seen so far, processed together
+            without storing); the final predictions follow when the phase completes.
         cache: cache policy for this session (default: the model's `cache_config`).
         state: caches to use (default: new ones owned by this session).
     """
@@ -97,9 +104,10 @@ class Session:
         model: GCTStream,
         *,
         num_scale_frames: int | None = None,
-        keyframe_interval: int = 1,
+        keyframe_interval: int | str | KeyframePolicy = 1,
         output_device: torch.device | str | None = None,
         precision: str = "auto",
+        provisional: bool = False,
         cache: CacheConfig | None = None,
         state: StreamState | None = None,
     ) -> None:
@@ -107,16 +115,15 @@ class Session:
         scale = num_scale_frames if num_scale_frames is not None else model._default_scale_frames()
         if scale < 1:
             raise ValueError(f"num_scale_frames must be >= 1, got {scale}")
-        if keyframe_interval < 0:
-            raise ValueError(f"keyframe_interval must be >= 0, got {keyframe_interval}")
+        if state is not None and cache is not None:
+            raise ValueError("pass either a cache policy or a state, not both")
         self.num_scale_frames = scale
-        self.keyframe_interval = keyframe_interval
+        self.policy = make_policy(keyframe_interval)
         self.output_device = torch.device(output_device) if output_device is not None else None
         self.device = next(model.parameters()).device
         self.precision = resolve_precision(precision, self.device)
+        self.provisional = provisional
         self._owns_state = state is None
-        if state is not None and cache is not None:
-            raise ValueError("pass either a cache policy or a state, not both")
         self.state = state if state is not None else model.new_state(cache)
         self._closed = False
         self._clear()
@@ -125,7 +132,8 @@ class Session:
         self._buffer: list[torch.Tensor] = []
         self._names: list[str | None] = []
         self._scale = 0  # scale frames of the current sequence once the scale phase ran
-        self._count = 0  # frames of the current sequence that produced predictions
+        self._count = 0  # frames of the current sequence that produced final predictions
+        self.policy.reset()
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> None:
@@ -159,19 +167,25 @@ class Session:
     def in_scale_phase(self) -> bool:
         return self._scale == 0
 
-    # ------------------------------------------------------------------ stepping
-    def is_keyframe(self, index: int) -> bool:
-        """The fixed-interval rule for frame `index` of the sequence (after the scale phase)."""
-        k = self.keyframe_interval
-        return k <= 1 or (index - self._scale) % k == 0
+    @property
+    def frames_processed(self) -> int:
+        """Frames of the current sequence with final predictions."""
+        return self._count
 
+    def is_keyframe(self, index: int) -> bool:
+        """The fixed-interval rule for frame `index` (policies that decide before seeing)."""
+        if self.policy.needs_prediction:
+            raise ValueError(f"{self.policy!r} decides after seeing the frame")
+        return self.policy.decide(index, self._scale)
+
+    # ------------------------------------------------------------------ stepping
     @torch.no_grad()
     def step(self, frame: torch.Tensor, *, keyframe: bool | None = None, name: str | None = None) -> list[FramePrediction]:
         """Feed one frame [3, H, W] (or [1, 3, H, W]) in [0, 1].
 
-        Returns the predictions completed by this frame: none while the scale phase
-        buffers, all scale frames when it completes, then this frame's. `keyframe`
-        overrides the session's rule after the scale phase (scale frames are always stored).
+        Returns the predictions completed by this frame: none while the scale phase buffers
+        (or a provisional one, see `provisional`), all scale frames when it completes, then
+        this frame's. `keyframe` overrides the policy after the scale phase.
         """
         self._check_open()
         frames = check_images(frame if frame.dim() == 4 else frame.unsqueeze(0), self.model.config.patch_size)
@@ -185,12 +199,28 @@ class Session:
                 )
             self._buffer.append(frames)
             self._names.append(name)
-            if len(self._buffer) < self.num_scale_frames:
-                return []
-            return self.flush()
-        store = self.is_keyframe(self._count) if keyframe is None else bool(keyframe)
-        out = self._forward(frames, store=store)
-        return self._split(out, [name], store=store, scale=False)
+            if len(self._buffer) >= self.num_scale_frames:
+                return self.flush()
+            return self._provisional() if self.provisional else []
+        index = self._count
+        if keyframe is None and self.policy.needs_prediction:
+            out = self._forward(frames, store=False, scale=self._scale)
+            self._count += 1
+            pred = self._split(out, [name], first=index, store=False, scale=False)[0]
+            if self.policy.decide(index, self._scale, pred):
+                self.state.aggregator.store_last()
+                if self.state.camera is not None:
+                    self.state.camera.store_last()
+                pred.keyframe = True
+                self.policy.stored(index, pred)
+            return [pred]
+        store = self.policy.decide(index, self._scale) if keyframe is None else bool(keyframe)
+        out = self._forward(frames, store=store, scale=self._scale)
+        self._count += 1
+        pred = self._split(out, [name], first=index, store=store, scale=False)[0]
+        if store:
+            self.policy.stored(index, pred)
+        return [pred]
 
     def flush(self) -> list[FramePrediction]:
         """Run the scale phase on the frames buffered so far (e.g. a stream shorter than
@@ -200,10 +230,21 @@ class Session:
             return []
         frames = torch.cat(self._buffer, dim=1)
         names = self._names
-        self._scale = frames.shape[1]
         self._buffer, self._names = [], []
-        out = self._forward(frames, store=True)
-        return self._split(out, names, store=True, scale=True)
+        self._scale = self._count = frames.shape[1]
+        out = self._forward(frames, store=True, scale=self._scale)
+        preds = self._split(out, names, first=0, store=True, scale=True)
+        for pred in preds:
+            self.policy.stored(pred.index, pred)
+        return preds
+
+    def _provisional(self) -> list[FramePrediction]:
+        frames = torch.cat(self._buffer, dim=1)
+        out = self._forward(frames, store=False, scale=frames.shape[1])
+        last = {k: v[:, -1:] for k, v in out.items()}
+        pred = self._split(last, [self._names[-1]], first=frames.shape[1] - 1, store=False, scale=True)[0]
+        pred.provisional = True
+        return [pred]
 
     @torch.no_grad()
     def run(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -219,53 +260,77 @@ class Session:
         if self.in_scale_phase:
             start = min(self.num_scale_frames - len(self._buffer), num_frames)
             frames = torch.cat(self._buffer + [images[:, :start]], dim=1)
-            self._scale = frames.shape[1]
             self._buffer, self._names = [], []
-            outs.append(self._forward(frames, store=True))
+            self._scale = self._count = frames.shape[1]
+            outs.append(self._forward(frames, store=True, scale=self._scale))
+        if self.policy.needs_prediction:
+            preds = [self.step(images[0, i]) for i in range(start, num_frames)]
+            stacked = self._stack(outs)
+            return self._merge(stacked, preds, images)
         for i in range(start, num_frames):
-            outs.append(self._forward(images[:, i : i + 1], store=self.is_keyframe(self._count)))
-        keys = [k for k in outs[0] if k not in ("images", "pose_enc_list")]
-        result = {k: torch.cat([o[k] for o in outs], dim=1) for k in keys}
+            store = self.policy.decide(self._count, self._scale)
+            outs.append(self._forward(images[:, i : i + 1], store=store, scale=self._scale))
+            self._count += 1
+        result = self._stack(outs)
         result["images"] = images.to(self.output_device) if self.output_device is not None else images
         return result
 
-    def _forward(self, frames: torch.Tensor, *, store: bool) -> dict[str, torch.Tensor]:
+    @staticmethod
+    def _stack(outs: list[dict]) -> dict[str, torch.Tensor]:
+        if not outs:
+            return {}
+        return {k: torch.cat([o[k] for o in outs], dim=1) for k in outs[0]}
+
+    def _merge(self, stacked: dict, preds: list[list[FramePrediction]], images: torch.Tensor) -> dict:
+        flat = [p for ps in preds for p in ps]
+        per_frame = {
+            "pose_enc": [p.pose_enc for p in flat],
+            "depth": [p.depth[..., None] for p in flat],
+            "depth_conf": [p.depth_conf for p in flat],
+        }
+        if flat and flat[0].world_points is not None:
+            per_frame["world_points"] = [p.world_points for p in flat]
+            per_frame["world_points_conf"] = [p.world_points_conf for p in flat]
+        result = dict(stacked)
+        for key, values in per_frame.items():
+            if values:
+                new = torch.stack(values)[None]
+                result[key] = torch.cat((result[key], new), dim=1) if key in result else new
+        result["images"] = images.to(self.output_device) if self.output_device is not None else images
+        return result
+
+    def _forward(self, frames: torch.Tensor, *, store: bool, scale: int) -> dict[str, torch.Tensor]:
         frames = frames.to(self.device, non_blocking=True)
         with _autocast(self.device, self.precision):
-            out = self.model(frames, num_frame_for_scale=self._scale, keyframe=store, state=self.state)
-        self._count += frames.shape[1]
+            out = self.model(frames, num_frame_for_scale=scale, keyframe=store, state=self.state, validate=False)
         out.pop("images", None)
         out.pop("pose_enc_list", None)
         if self.output_device is not None:
             out = {k: v.to(self.output_device) for k, v in out.items()}
         return out
 
-    def _split(self, out: dict[str, torch.Tensor], names: list[str | None], *, store: bool, scale: bool) -> list[FramePrediction]:
-        num = out["pose_enc"].shape[1] if "pose_enc" in out else out["depth"].shape[1]
-        first = self._count - num
-        image_hw = tuple(out["depth"].shape[2:4]) if "depth" in out else None
-        preds = []
-        T_world_cam = K = None
-        if "pose_enc" in out and image_hw is not None:
-            T_world_cam, K = pose_encoding_to_extri_intri(out["pose_enc"][0], image_hw)
-        for j in range(num):
-            preds.append(
-                FramePrediction(
-                    index=first + j,
-                    pose_enc=out["pose_enc"][0, j],
-                    T_world_cam=T_world_cam[j],
-                    T_cam_world=invert_se3(T_world_cam[j]),
-                    K=K[j],
-                    depth=out["depth"][0, j, ..., 0],
-                    depth_conf=out["depth_conf"][0, j],
-                    keyframe=store,
-                    scale_frame=scale,
-                    world_points=out["world_points"][0, j] if "world_points" in out else None,
-                    world_points_conf=out["world_points_conf"][0, j] if "world_points_conf" in out else None,
-                    name=names[j],
-                )
+    def _split(self, out: dict, names: list, *, first: int, store: bool, scale: bool) -> list[FramePrediction]:
+        num = out["pose_enc"].shape[1]
+        image_hw = tuple(out["depth"].shape[2:4])
+        T_world_cam, K = pose_encoding_to_extri_intri(out["pose_enc"][0], image_hw)
+        T_cam_world = invert_se3(T_world_cam)
+        return [
+            FramePrediction(
+                index=first + j,
+                pose_enc=out["pose_enc"][0, j],
+                T_world_cam=T_world_cam[j],
+                T_cam_world=T_cam_world[j],
+                K=K[j],
+                depth=out["depth"][0, j, ..., 0],
+                depth_conf=out["depth_conf"][0, j],
+                keyframe=store,
+                scale_frame=scale,
+                world_points=out["world_points"][0, j] if "world_points" in out else None,
+                world_points_conf=out["world_points_conf"][0, j] if "world_points_conf" in out else None,
+                name=names[j],
             )
-        return preds
+            for j in range(num)
+        ]
 
     def stats(self) -> dict[str, object]:
         """Cache statistics of this session's aggregator and camera-head caches."""

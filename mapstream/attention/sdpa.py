@@ -18,6 +18,9 @@ class SDPABackend(AttentionBackend):
         return []
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if k.dtype != q.dtype:
-            k, v = k.to(q.dtype), v.to(q.dtype)
+        # Compute in the cache's dtype: casting q is cheap, casting the cache is not.
+        if q.dtype != k.dtype:
+            q = q.to(k.dtype)
+        if v.dtype != k.dtype:
+            v = v.to(k.dtype)
         return F.scaled_dot_product_attention(q, k, v)

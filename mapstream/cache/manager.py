@@ -85,12 +85,18 @@ class _Compact:
 
 
 @dataclass(frozen=True)
+class _Move:
+    src_slot: int
+    dst_slot: int
+
+
+@dataclass(frozen=True)
 class _Write:
     frame: int  # index of the frame within the step
     slot: int
 
 
-_Op = _Keep | _Compact | _Write
+_Op = _Keep | _Compact | _Move | _Write
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,7 @@ class StreamCacheManager:
         self._trajectory_capacity = 0  # frames the arena's trajectory region holds
         self._in_step = False
         self._broken = False
+        self._spare_valid = False  # the spare slot holds the last, unstored frame
         self._clear()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -173,6 +180,12 @@ class StreamCacheManager:
         self._trajectory: list[int] = []  # frame ids, oldest first
         self.frames_stored = 0
         self.frames_seen = 0
+        self._spare_valid = False
+
+    @property
+    def pool(self):
+        """The `PagePool` this cache's arena is leased from (None before the first step)."""
+        return self._run.pool if self._run is not None else None
 
     @property
     def slots_in_use(self) -> int:
@@ -282,6 +295,7 @@ class StreamCacheManager:
         if num_frames < 1:
             raise ValueError("a step needs at least one frame")
         self._lease(layout, dtype, device)
+        self._spare_valid = False
         block = num_frames > 1
         tpf, kt = layout.tokens_per_frame, layout.trajectory_tokens
         visible_before = (tpf, self._visible_end(tpf, kt))
@@ -309,6 +323,27 @@ class StreamCacheManager:
         if step.manager is not self or not self._in_step:
             raise CacheStateError(f"{self.name}: finish_step without a matching begin_step")
         self._in_step = False
+        self._spare_valid = not step.store and not step.block
+
+    @torch.no_grad()
+    def store_last(self) -> None:
+        """Store the frame of the last step, which ran unstored (decide-after-seeing keyframes).
+
+        The frame attended as a non-keyframe (window + 1 frames visible); it now joins the
+        cache exactly as if it had been stored then: the oldest window frame moves to the
+        trajectory if the window is full, and the frame takes its slot.
+        """
+        if not self._spare_valid or self._in_step:
+            raise CacheStateError(
+                f"{self.name}: store_last() needs the previous step to be a single unstored frame"
+            )
+        assert self._run is not None and self.layout is not None
+        ops: list[_Op] = []
+        self._store_one(self.frames_stored, 0, ops)
+        ops = [_Move(_SPARE, op.slot) if isinstance(op, _Write) else op for op in ops]
+        self._apply(self._run.storage, ops, None, None)
+        self.frames_stored += 1
+        self._spare_valid = False
 
     def abort_step(self, step: Step) -> None:
         """Close a step that failed part-way. A failed unstored step leaves the cache as it
@@ -349,8 +384,9 @@ class StreamCacheManager:
 
     # ------------------------------------------------------------------ execution
     @torch.no_grad()  # the cache is state, not part of any autograd graph
-    def _apply(self, kv: torch.Tensor, ops: Sequence[_Op], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Run a step's copy operations on one layer's storage kv [2, H, T, D]."""
+    def _apply(self, kv: torch.Tensor, ops: Sequence[_Op], k: torch.Tensor | None, v: torch.Tensor | None) -> None:
+        """Run copy operations on storage kv [..., 2, H, T, D] (one layer, or all layers for
+        operations that do not involve the current frames' k, v [H, N, D])."""
         layout = self.layout
         assert layout is not None
         tpf, kt = layout.tokens_per_frame, layout.trajectory_tokens
@@ -361,19 +397,23 @@ class StreamCacheManager:
 
         for op in ops:
             if isinstance(op, _Write):
+                assert k is not None and v is not None
                 dst = slice(op.slot * tpf, (op.slot + 1) * tpf)
                 src = slice(op.frame * tpf, (op.frame + 1) * tpf)
                 kv[0, :, dst] = k[:, src].detach()
                 kv[1, :, dst] = v[:, src].detach()
+            elif isinstance(op, _Move):
+                src_start = op.src_slot * tpf
+                kv[..., op.dst_slot * tpf : (op.dst_slot + 1) * tpf, :] = kv[..., src_start : src_start + tpf, :]
             elif isinstance(op, _Keep):
                 if kt:
-                    kv[:, :, traj_range(op.position)] = kv[:, :, op.slot * tpf : op.slot * tpf + kt]
+                    kv[..., traj_range(op.position), :] = kv[..., op.slot * tpf : op.slot * tpf + kt, :]
             elif isinstance(op, _Compact):
                 if kt:
                     # Kept frame j (oldest first) moves from its old position p_j down to position j.
                     src = torch.cat([_arange(traj_range(p), kv.device) for p in op.old_positions])
                     count = len(op.old_positions)
-                    kv[:, :, traj_start : traj_start + count * kt] = kv[:, :, src].clone()
+                    kv[..., traj_start : traj_start + count * kt, :] = kv[..., src, :].clone()
 
 
 def _arange(s: slice, device: torch.device) -> torch.Tensor:

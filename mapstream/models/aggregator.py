@@ -159,6 +159,7 @@ class AggregatorStream(nn.Module):
         self._check_rope_range(grid_h, grid_w)
 
         x = (images - self._resnet_mean) / self._resnet_std
+        x = x.to(self.camera_token.dtype)  # weights cast for inference (bf16) take bf16 input
         patches = self.patch_embed(x.reshape(batch * num_frames, 3, height, width))
         stored = cache.frames_stored
         special = self._special_tokens(batch, num_frames, stored, num_frame_for_scale).to(patches.dtype)
@@ -185,13 +186,14 @@ class AggregatorStream(nn.Module):
             for i in range(c.depth):
                 tokens = self.frame_blocks[i](tokens, frame_rotary)
                 frame_out = tokens.view(batch, num_frames, per_frame, -1)
+                if trace:
+                    trace(f"agg.frame_blocks.{i}", tokens)
                 seq = tokens.view(batch, num_frames * per_frame, -1)
                 block = self.global_blocks[i]
                 q, k, v = block.attention_inputs(seq, global_rotary)
                 seq = block.attention_output(seq, step.attend(i, q, k, v, backend.attend))
                 tokens = seq.view(batch * num_frames, per_frame, -1)
                 if trace:
-                    trace(f"agg.frame_blocks.{i}", frame_out.reshape(batch * num_frames, per_frame, -1))
                     trace(f"agg.global_blocks.{i}", seq)
                 if i in c.selected_layers:
                     selected[i] = torch.cat((frame_out, seq.view(batch, num_frames, per_frame, -1)), dim=-1)

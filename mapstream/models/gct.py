@@ -147,6 +147,15 @@ class GCTStream(nn.Module):
             torch.cuda.empty_cache()
         return released
 
+    def cast_for_inference(self, dtype: torch.dtype | str) -> "GCTStream":
+        """Cast the aggregator's weights to `dtype` (bf16/fp16 for GPU inference, as the
+        reference demo does); the heads stay fp32 and so do the normalisation constants
+        (the reference rounds those to bf16 as a side effect; we do not). Returns self."""
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        for param in self.aggregator.parameters():
+            param.data = param.data.to(dtype)
+        return self
+
     def attention_backend(self, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
         key = (self.backend_name, torch.device(device).type, dtype)
         if key not in self._backends:
@@ -164,6 +173,7 @@ class GCTStream(nn.Module):
         keyframe: bool = True,
         state: StreamState | None = None,
         trace: Trace | None = None,
+        validate: bool = True,
     ) -> dict[str, torch.Tensor]:
         """One stateful step over the frames in `images` (reference semantics).
 
@@ -175,6 +185,7 @@ class GCTStream(nn.Module):
             causal_inference: must be True (the non-causal path is a training path).
             keyframe: store these frames in the caches (False: attend, then forget them).
             state: the sequence's caches (default: the model's default state).
+            validate: check values (range, NaN) as well as shapes; costs a device sync.
         Returns:
             pose_enc [B,S,9], pose_enc_list (per camera iteration), depth [B,S,H,W,1],
             depth_conf [B,S,H,W], world_points [B,S,H,W,3] and world_points_conf [B,S,H,W]
@@ -185,7 +196,7 @@ class GCTStream(nn.Module):
                 "causal_inference=False is the reference's training path and is not supported; "
                 "use causal_inference=True (streaming) or inference_streaming()"
             )
-        images = check_images(images, self.config.patch_size)
+        images = check_images(images, self.config.patch_size, check_values=validate)
         if images.shape[0] != 1:
             raise ValueError(
                 f"batch size {images.shape[0]}: a streaming state serves one sequence; run one session per sequence"
@@ -218,9 +229,8 @@ class GCTStream(nn.Module):
         return self.num_frame_for_scale if self.num_frame_for_scale is not None else self.cache_config.scale_frames
 
     def _trunk_dtype(self, images: torch.Tensor) -> torch.dtype:
-        if images.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
-            return torch.get_autocast_dtype("cuda")
-        return next(self.aggregator.parameters()).dtype
+        """The dtype of the residual stream, which is the cache's storage dtype."""
+        return self.aggregator.camera_token.dtype
 
     # ------------------------------------------------------------------ high level
     @torch.no_grad()

@@ -1,0 +1,195 @@
+"""`mapstream bench`: streaming throughput with the protocol of shared/bench/README.md.
+
+Official architecture, synthetic (rule) weights, batch 1, `scale` frames together then
+`stream` frames one at a time, bf16 aggregator, fp32 heads. Each step is timed with CUDA
+events and a synchronize; a warm-up pass (scale + 10 frames) comes first. Reported:
+global FPS (phase 1 + phase 2), steady-state ms/frame and FPS (frames 100..end, window
+full), phase-1 ms, peak GPU memory, and a per-stage breakdown from a separate pass.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["BenchConfig", "run_benchmark"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BenchConfig:
+    preset: str = "lingbot-map"
+    width: int = 504
+    height: int = 378
+    scale_frames: int = 8
+    stream_frames: int = 192
+    window: int = 64
+    camera_iterations: int = 4
+    precision: str = "bf16"
+    backend: str = "sdpa"
+    steady_from: int = 100
+    warmup_frames: int = 10
+    stage_breakdown: bool = True
+    device: str = "cuda"
+    images: str | None = None
+    """Folder of photos to stream (resized to width x height); default: random frames."""
+
+
+def _frames(cfg: BenchConfig, device: torch.device) -> torch.Tensor:
+    n = cfg.scale_frames + cfg.stream_frames
+    if cfg.images:
+        from .io.images import list_images, load_images
+
+        paths = list_images(cfg.images)
+        x = load_images(paths[: min(len(paths), n)], image_size=cfg.width)
+        x = torch.nn.functional.interpolate(x, size=(cfg.height, cfg.width), mode="bilinear", align_corners=False)
+        x = x.clamp(0, 1)
+        reps = math.ceil(n / x.shape[0])
+        x = torch.cat([x, x.flip(0)] * reps)[:n]
+    else:
+        g = torch.Generator().manual_seed(0)
+        x = torch.rand(n, 3, cfg.height, cfg.width, generator=g)
+    return x.to(device)
+
+
+class _StageTimer:
+    """Records a CUDA event at trace points and turns them into per-stage milliseconds."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, torch.cuda.Event]] = []
+
+    def start(self) -> None:
+        self.marks = [("start", self._event())]
+
+    @staticmethod
+    def _event() -> torch.cuda.Event:
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def __call__(self, name: str, tensor: torch.Tensor) -> None:
+        if name == "agg.patch_tokens" or name.startswith("agg.frame_blocks.") or name.startswith("agg.global_blocks."):
+            self.marks.append((name, self._event()))
+        elif name.startswith("cam.pose_enc.it"):
+            self.marks.append(("camera", self._event()))
+        elif name == "dpt.output_conv2_logits":
+            self.marks.append(("depth", self._event()))
+
+    def stages(self) -> dict[str, float]:
+        out = {"patch_embed": 0.0, "frame_blocks": 0.0, "global_blocks": 0.0, "camera_head": 0.0, "depth_head": 0.0}
+        for (prev, e0), (name, e1) in zip(self.marks, self.marks[1:]):
+            ms = e0.elapsed_time(e1)
+            if name == "agg.patch_tokens":
+                out["patch_embed"] += ms
+            elif name.startswith("agg.frame_blocks."):
+                out["frame_blocks"] += ms
+            elif name.startswith("agg.global_blocks."):
+                out["global_blocks"] += ms
+            elif name == "camera":
+                out["camera_head"] += ms
+            elif name == "depth":
+                out["depth_head"] += ms
+        return out
+
+
+def build_bench_model(cfg: BenchConfig, device: torch.device):
+    import mapstream
+
+    model = mapstream.build_model(
+        cfg.preset,
+        kv_cache_sliding_window=cfg.window,
+        kv_cache_scale_frames=cfg.scale_frames,
+        camera_num_iterations=cfg.camera_iterations,
+        backend=cfg.backend,
+    )
+    mapstream.fill_synthetic_(model)
+    model = model.to(device).eval()
+    if cfg.precision in ("bf16", "fp16"):
+        model.cast_for_inference(torch.bfloat16 if cfg.precision == "bf16" else torch.float16)
+    return model
+
+
+@torch.no_grad()
+def run_benchmark(cfg: BenchConfig, model=None) -> dict:
+    device = torch.device(cfg.device)
+    if device.type != "cuda":
+        raise ValueError("mapstream bench times CUDA kernels; run it on a CUDA device")
+    model = model if model is not None else build_bench_model(cfg, device)
+    frames = _frames(cfg, device)
+    session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision)
+
+    def one_pass(n_stream: int, timer=None) -> tuple[float, list[float]]:
+        session.reset()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for i in range(cfg.scale_frames - 1):
+            session.step(frames[i])
+        preds = session.step(frames[cfg.scale_frames - 1])
+        end.record()
+        torch.cuda.synchronize()
+        phase1 = start.elapsed_time(end)
+        assert all(torch.isfinite(p.pose_enc).all() and torch.isfinite(p.depth).all() for p in preds)
+        per_frame = []
+        for i in range(cfg.scale_frames, cfg.scale_frames + n_stream):
+            start.record()
+            (pred,) = session.step(frames[i])
+            end.record()
+            torch.cuda.synchronize()
+            per_frame.append(start.elapsed_time(end))
+            if not (torch.isfinite(pred.pose_enc).all() and torch.isfinite(pred.depth).all()):
+                raise RuntimeError(f"non-finite prediction at frame {i}")
+        return phase1, per_frame
+
+    one_pass(cfg.warmup_frames)
+    torch.cuda.reset_peak_memory_stats(device)
+    phase1, per_frame = one_pass(cfg.stream_frames)
+    peak = torch.cuda.max_memory_allocated(device)
+    steady = per_frame[cfg.steady_from - cfg.scale_frames :] if len(per_frame) > cfg.steady_from else per_frame
+    steady_ms = sum(steady) / len(steady)
+    total_ms = phase1 + sum(per_frame)
+    result = {
+        "config": asdict(cfg),
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "backend": type(model.attention_backend(device, model.aggregator.camera_token.dtype)).__name__,
+        "frames": cfg.scale_frames + cfg.stream_frames,
+        "global_fps": 1000.0 * (cfg.scale_frames + cfg.stream_frames) / total_ms,
+        "steady_ms": steady_ms,
+        "steady_fps": 1000.0 / steady_ms,
+        "steady_ms_min": min(steady),
+        "steady_ms_max": max(steady),
+        "phase1_ms": phase1,
+        "peak_memory_gib": peak / 2**30,
+    }
+    if cfg.stage_breakdown:
+        timer = _StageTimer()
+        session.reset()
+        for i in range(cfg.scale_frames):
+            session.step(frames[i])
+        stages = []
+        for i in range(cfg.scale_frames, cfg.scale_frames + min(cfg.stream_frames, 40)):
+            timer.start()
+            frame = frames[i][None, None]
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.precision != "fp32"):
+                model(frame, num_frame_for_scale=cfg.scale_frames, state=session.state, trace=timer, validate=False)
+            torch.cuda.synchronize()
+            stages.append(timer.stages())
+        tail = stages[len(stages) // 2 :]
+        result["stages_ms"] = {k: sum(s[k] for s in tail) / len(tail) for k in tail[0]}
+    session.close()
+    return result
+
+
+def write_result(result: dict, path: str | Path) -> None:
+    from .export.atomic import atomic_write_text
+
+    atomic_write_text(Path(path), json.dumps(result, indent=2, sort_keys=True))

@@ -1,0 +1,1 @@
+"""The `mapstream` command line (the only place that prints)."""

@@ -1,0 +1,66 @@
+"""`mapstream bench`: GPU streaming throughput (see mapstream.bench)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ..bench import BenchConfig, run_benchmark, write_result
+
+
+@dataclass
+class Bench:
+    """Time streaming inference on a CUDA GPU with the protocol of shared/bench/README.md."""
+
+    resolutions: tuple[str, ...] = ("504x378", "518x378")
+    """Frame sizes WxH to measure."""
+    backends: tuple[str, ...] = ("sdpa", "flashinfer")
+    """Attention backends to measure (unavailable ones are reported and skipped)."""
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    stream_frames: int = 192
+    scale_frames: int = 8
+    window: int = 64
+    images: str | None = None
+    """Folder of photos to stream instead of random frames."""
+    out: Path = Path("bench.json")
+    """Where the JSON results go."""
+    stages: bool = True
+    """Also measure the per-stage breakdown (an extra pass)."""
+
+    def main(self) -> int:
+        from ..attention import available_backends
+        import torch
+
+        results = []
+        model = None
+        for backend in self.backends:
+            reasons = available_backends(torch.device("cuda"), torch.bfloat16).get(backend)
+            if reasons:
+                print(f"skipping backend {backend}: {'; '.join(reasons)}")
+                continue
+            for res in self.resolutions:
+                width, height = (int(v) for v in res.lower().split("x"))
+                cfg = BenchConfig(
+                    width=width, height=height, backend=backend, precision=self.precision,
+                    stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
+                    images=self.images, stage_breakdown=self.stages,
+                )
+                if model is None:
+                    from ..bench import build_bench_model
+
+                    model = build_bench_model(cfg, torch.device("cuda"))
+                model.backend_name = backend
+                model._backends.clear()
+                result = run_benchmark(cfg, model)
+                results.append(result)
+                print(
+                    f"{backend:10s} {res:8s} global {result['global_fps']:6.1f} FPS | steady "
+                    f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
+                    f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB"
+                )
+                if "stages_ms" in result:
+                    print("   stages (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in result["stages_ms"].items()))
+        write_result({"results": results}, self.out)
+        print(f"wrote {self.out}")
+        return 0

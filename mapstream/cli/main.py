@@ -1,0 +1,31 @@
+"""Entry point: `mapstream <command> [options]` (also `python -m mapstream`)."""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated, Union
+
+from .bench import Bench
+
+
+def _commands():
+    import tyro
+
+    commands = {"bench": Bench}
+    return Union[tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in commands.items())]  # type: ignore[return-value]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tyro
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    command = tyro.cli(_commands(), args=argv, prog="mapstream")
+    try:
+        return int(command.main() or 0)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

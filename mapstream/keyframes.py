@@ -1,0 +1,123 @@
+"""Keyframe policies: which frames of a stream are stored in the cache.
+
+A policy decides either before the frame is processed (`FixedInterval`, the reference's
+rule) or after seeing its prediction (`FlowKeyframes`): then the frame is processed
+unstored and, if chosen, stored afterwards (`StreamCacheManager.store_last`), exactly as a
+keyframe that attended with the reference's deferred eviction. Neither needs the length of
+the stream.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from .geometry import project_points
+
+__all__ = ["KeyframePolicy", "FixedInterval", "FlowKeyframes", "mean_flow", "make_policy"]
+
+
+class KeyframePolicy(ABC):
+    needs_prediction: bool = False
+
+    def reset(self) -> None:
+        """A new sequence starts (its first frame after the scale phase has index `scale`)."""
+
+    @abstractmethod
+    def decide(self, index: int, scale: int, prediction=None) -> bool:
+        """Store frame `index` of the sequence (index >= scale)? `prediction` (a
+        FramePrediction) is given only to policies with `needs_prediction`."""
+
+    def stored(self, index: int, prediction) -> None:
+        """Frame `index` was stored (scale frames included)."""
+
+
+class FixedInterval(KeyframePolicy):
+    """Every k-th frame after the scale phase, starting with the first (k <= 1: all)."""
+
+    def __init__(self, interval: int) -> None:
+        if interval < 0:
+            raise ValueError(f"keyframe_interval must be >= 0, got {interval}")
+        self.interval = interval
+
+    def decide(self, index: int, scale: int, prediction=None) -> bool:
+        return self.interval <= 1 or (index - scale) % self.interval == 0
+
+    def __repr__(self) -> str:
+        return f"FixedInterval({self.interval})"
+
+
+def mean_flow(depth: torch.Tensor, K: torch.Tensor, T_world_cam: torch.Tensor, K_ref: torch.Tensor,
+              T_world_ref: torch.Tensor, stride: int = 8) -> float:
+    """Mean image motion (pixels) of the current frame's surface seen from a reference camera.
+
+    Pixels on a `stride` grid are unprojected with the current depth/pose, projected into
+    the reference camera, and compared with their own position; points with depth <= 1e-6
+    in either camera are ignored. Returns 0.0 when nothing is valid.
+    """
+    d = depth[::stride, ::stride].double()
+    rows, cols = d.shape
+    v, u = torch.meshgrid(
+        torch.arange(0, depth.shape[0], stride, dtype=torch.float64, device=d.device),
+        torch.arange(0, depth.shape[1], stride, dtype=torch.float64, device=d.device),
+        indexing="ij",
+    )
+    K, K_ref = K.double(), K_ref.double()
+    x = (u - K[0, 2]) / K[0, 0] * d
+    y = (v - K[1, 2]) / K[1, 1] * d
+    cam = torch.stack((x, y, d), dim=-1).reshape(-1, 3)
+    T = T_world_cam.double()
+    world = cam @ T[:3, :3].T + T[:3, 3]
+    uv, z = project_points(world, K_ref, T_world_ref.double())
+    valid = (d.reshape(-1) > 1e-6) & (z > 1e-6)
+    if not valid.any():
+        return 0.0
+    flow = (uv - torch.stack((u.reshape(-1), v.reshape(-1)), dim=-1))[valid]
+    return float(flow.norm(dim=-1).mean())
+
+
+class FlowKeyframes(KeyframePolicy):
+    """Store a frame when its predicted image motion against the last keyframe exceeds
+    `threshold` pixels, or when `max_gap` frames passed since the last keyframe; the first
+    frame after the scale phase is always stored. Needs no frame count."""
+
+    needs_prediction = True
+
+    def __init__(self, threshold: float = 20.0, max_gap: int = 30, stride: int = 8) -> None:
+        if threshold <= 0 or max_gap < 1:
+            raise ValueError("threshold must be > 0 and max_gap >= 1")
+        self.threshold, self.max_gap, self.stride = threshold, max_gap, stride
+        self.reset()
+
+    def reset(self) -> None:
+        self._last = None
+        self._last_index = None
+        self.last_flow: float | None = None
+
+    def decide(self, index: int, scale: int, prediction=None) -> bool:
+        if index == scale or self._last is None:
+            return True
+        if index - self._last_index >= self.max_gap:
+            return True
+        ref = self._last
+        self.last_flow = mean_flow(
+            prediction.depth, prediction.K, prediction.T_world_cam, ref.K, ref.T_world_cam, self.stride
+        )
+        return self.last_flow > self.threshold
+
+    def stored(self, index: int, prediction) -> None:
+        self._last, self._last_index = prediction, index
+
+    def __repr__(self) -> str:
+        return f"FlowKeyframes(threshold={self.threshold}, max_gap={self.max_gap})"
+
+
+def make_policy(keyframe_interval: int | str | KeyframePolicy) -> KeyframePolicy:
+    """An int -> FixedInterval; "auto" -> FlowKeyframes(); a policy is returned as is."""
+    if isinstance(keyframe_interval, KeyframePolicy):
+        return keyframe_interval
+    if keyframe_interval == "auto":
+        return FlowKeyframes()
+    if isinstance(keyframe_interval, int):
+        return FixedInterval(keyframe_interval)
+    raise ValueError(f"keyframe_interval must be an int, 'auto' or a KeyframePolicy, got {keyframe_interval!r}")

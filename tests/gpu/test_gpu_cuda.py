@@ -1,0 +1,103 @@
+"""CUDA-only checks (skipped without a GPU): backends against the SDPA reference, the bf16
+fast path against the fp32 path on real photos, and flat GPU memory on long streams.
+
+Numbers are also written as JSON to $MAPSTREAM_GPU_REPORT (if set) for docs/BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import mapstream
+from conftest import DATA
+from mapstream.attention import SDPABackend, available_backends, select_backend
+
+pytestmark = pytest.mark.cuda
+REPORT: dict = {}
+
+
+def _report(key, value):
+    REPORT[key] = value
+    path = os.environ.get("MAPSTREAM_GPU_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump(REPORT, f, indent=2)
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("kv_len", [54, 97, 1000, 7000])
+def test_flashinfer_matches_sdpa_at_awkward_sizes(kv_len):
+    reasons = available_backends(torch.device("cuda"), torch.bfloat16)["flashinfer"]
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    g = torch.Generator(device="cuda").manual_seed(kv_len)
+    storage = torch.randn(2, 16, kv_len + 13, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = storage[0, :, 5 : 5 + kv_len][None], storage[1, :, 5 : 5 + kv_len][None]  # strided views
+    q = torch.randn(1, 16, 37, 64, device="cuda", generator=g)
+    ref = SDPABackend().attend(q.double(), k.double(), v.double())
+    got = select_backend("flashinfer", torch.device("cuda"), torch.bfloat16).attend(q, k, v)
+    err = _rel(got, ref)
+    _report(f"flashinfer_vs_sdpa_fp64_kv{kv_len}", err)
+    assert torch.isfinite(got).all() and err < 1e-2
+
+
+def _photos(n=12):
+    folder = DATA / "courthouse"
+    if not folder.exists():
+        pytest.skip(f"{folder} not found")
+    from mapstream.io.images import list_images, load_images
+
+    return load_images(list_images(folder)[:n], image_size=518)
+
+
+@pytest.fixture(scope="module")
+def full_fp32():
+    model = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map", backend="sdpa"))
+    return model.cuda().eval()
+
+
+def _stream(model, images, precision, keyframe_interval=1):
+    with model.session(num_scale_frames=4, keyframe_interval=keyframe_interval, precision=precision) as s:
+        return s.run(images.cuda())
+
+
+def test_bf16_fast_paths_agree_with_fp32_on_real_photos(full_fp32):
+    images = _photos()
+    ref = _stream(full_fp32, images, "fp32", keyframe_interval=2)
+    fast = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map")).cuda().eval().cast_for_inference("bf16")
+    results = {}
+    for backend in ("sdpa", "flashinfer"):
+        if available_backends(torch.device("cuda"), torch.bfloat16)[backend]:
+            continue
+        fast.backend_name = backend
+        fast._backends.clear()
+        out = _stream(fast, images, "bf16", keyframe_interval=2)
+        for key in ("pose_enc", "depth", "depth_conf"):
+            assert torch.isfinite(out[key]).all(), (backend, key)
+        errs = {key: _rel(out[key], ref[key]) for key in ("pose_enc", "depth", "depth_conf")}
+        errs["depth_median_abs_rel"] = float(((out["depth"] - ref["depth"]).abs() / ref["depth"]).median())
+        results[backend] = errs
+        assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, (backend, errs)
+    _report("bf16_vs_fp32_real_photos", results)
+    assert results
+
+
+def test_gpu_memory_is_flat_on_a_long_stream(full_fp32):
+    images = _photos(16).cuda()
+    cache = mapstream.CacheConfig(scale_frames=4, sliding_window=8, trajectory_capacity=64)
+    torch.cuda.synchronize()
+    with full_fp32.session(num_scale_frames=4, precision="fp32", cache=cache) as s:
+        marks = {}
+        for i in range(400):
+            s.step(images[i % 16])
+            if i in (150, 399):
+                torch.cuda.synchronize()
+                marks[i] = torch.cuda.memory_allocated()
+    _report("gpu_memory_allocated_frames_150_399", marks)
+    assert marks[399] == marks[150]

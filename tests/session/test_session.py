@@ -1,0 +1,226 @@
+"""Online sessions (tiny preset, CPU): golden parity through step(), lifecycle, isolation,
+bounded memory on long streams, interleaving, misuse."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import mapstream
+from conftest import GOLDEN, golden_case, golden_images
+from golden_helpers import assert_outputs_close, cache_config_of
+from mapstream.config import CacheConfig
+from mapstream.keyframes import FixedInterval, FlowKeyframes
+from mapstream.session import SessionClosedError
+
+
+@pytest.fixture(scope="module")
+def model():
+    path = GOLDEN / "tiny_weights.safetensors"
+    m = mapstream.build_model("tiny").eval()
+    if path.exists():
+        m.load_state_dict(load_file(str(path)))
+    else:
+        mapstream.fill_synthetic_(m)
+    return m
+
+
+def stack(preds):
+    return {
+        "pose_enc": torch.stack([p.pose_enc for p in preds])[None],
+        "depth": torch.stack([p.depth for p in preds])[None, ..., None],
+        "depth_conf": torch.stack([p.depth_conf for p in preds])[None],
+    }
+
+
+def frames_of(n, h=28, w=42, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 3, h, w, generator=g)
+
+
+@pytest.mark.parametrize("case", ["tiny_stream_plain_fi", "tiny_stream_kf_fi", "tiny_stream_evict_kf_fi"])
+def test_step_by_step_matches_golden(model, case):
+    ref, meta = golden_case(case)
+    kf = 2 if "kf" in case else 1
+    with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache_config_of(meta), precision="fp32") as s:
+        preds = []
+        for i, frame in enumerate(golden_images(ref)):
+            got = s.step(frame, name=f"f{i}")
+            assert len(got) == (0 if i == 0 else 2 if i == 1 else 1)
+            preds.extend(got)
+    assert [p.index for p in preds] == list(range(len(preds)))
+    assert [p.name for p in preds] == [f"f{i}" for i in range(len(preds))]
+    assert [p.keyframe for p in preds] == [True, True] + [kf == 1 or (i - 2) % kf == 0 for i in range(2, len(preds))]
+    assert_outputs_close(stack(preds), ref)
+    torch.testing.assert_close(torch.stack([p.T_cam_world for p in preds])[None], ref["post.extrinsic_c2w"], rtol=1e-4, atol=1e-4) if "post.extrinsic_c2w" in ref else None
+
+
+def test_run_equals_step(model):
+    x = frames_of(7)
+    with model.session(num_scale_frames=3, keyframe_interval=2) as a, model.session(num_scale_frames=3, keyframe_interval=2) as b:
+        ran = a.run(x)
+        stepped = stack(b.run_frames(x))
+    for key in ("pose_enc", "depth", "depth_conf"):
+        assert torch.equal(ran[key], stepped[key])
+
+
+def test_short_stream_is_flushed_as_one_scale_block(model):
+    x = frames_of(3)
+    with model.session(num_scale_frames=8) as s:
+        assert s.step(x[0]) == [] and s.step(x[1]) == [] and s.step(x[2]) == []
+        preds = s.flush()
+    ref = model.inference_streaming(x, num_scale_frames=8)
+    assert len(preds) == 3 and all(p.scale_frame for p in preds)
+    assert torch.equal(stack(preds)["pose_enc"], ref["pose_enc"])
+
+
+def test_provisional_predictions_during_the_scale_phase(model):
+    x = frames_of(4)
+    with model.session(num_scale_frames=3, provisional=True) as s:
+        first = s.step(x[0])
+        second = s.step(x[1])
+        final = s.step(x[2])
+        after = s.step(x[3])
+    assert [p.provisional for p in first + second] == [True, True]
+    assert [p.index for p in first + second] == [0, 1]
+    assert [p.provisional for p in final] == [False] * 3
+    # A provisional prediction equals the scale phase run on the frames seen so far.
+    two = model.inference_streaming(x[:2], num_scale_frames=2)
+    torch.testing.assert_close(second[0].pose_enc, two["pose_enc"][0, 1])
+    # Provisional work leaves no trace: the stream equals one without it.
+    plain = model.inference_streaming(x, num_scale_frames=3)
+    assert torch.equal(stack(final + after)["pose_enc"], plain["pose_enc"])
+
+
+def test_reset_mid_stream_equals_a_fresh_session(model):
+    x = frames_of(10)
+    with model.session(num_scale_frames=2) as s:
+        s.run_frames(x[:5])
+        s.reset()
+        after_cut = s.run_frames(x[5:])
+    with model.session(num_scale_frames=2) as fresh:
+        clean = fresh.run_frames(x[5:])
+    for a, b in zip(after_cut, clean):
+        assert torch.equal(a.pose_enc, b.pose_enc) and torch.equal(a.depth, b.depth)
+    assert [p.index for p in after_cut] == list(range(5))
+
+
+def test_clean_kv_cache_gives_fresh_model_outputs_bit_for_bit(model):
+    x, y = frames_of(5, seed=1), frames_of(6, seed=2)
+    fresh = mapstream.build_model("tiny").eval()
+    fresh.load_state_dict(model.state_dict())
+    want = fresh.inference_streaming(y, num_scale_frames=2)
+    model.inference_streaming(x, num_scale_frames=2)
+    got = model.inference_streaming(y, num_scale_frames=2)
+    for key in ("pose_enc", "depth", "depth_conf"):
+        assert torch.equal(got[key], want[key])
+    # Low level: the stale cache is detectable, and gone after clean_kv_cache().
+    model.clean_kv_cache()
+    model(x[None, :2], num_frame_for_scale=2)
+    stale = model(y[None, :2], num_frame_for_scale=2)
+    model.clean_kv_cache()
+    clean = model(y[None, :2], num_frame_for_scale=2)
+    model.clean_kv_cache()
+    assert not torch.allclose(stale["pose_enc"], clean["pose_enc"], atol=1e-3)
+    assert torch.equal(clean["pose_enc"], want["pose_enc"][:, :2])
+
+
+def test_inference_streaming_leaves_no_cache_behind(model):
+    model.inference_streaming(frames_of(5), num_scale_frames=2)
+    state = model.default_state
+    assert state.aggregator.frames_stored == 0 and state.aggregator.slots_in_use == 0
+    assert state.camera.frames_stored == 0
+
+
+def test_interleaved_sessions_give_their_solo_outputs(model):
+    a_frames, b_frames = frames_of(9, seed=3), frames_of(9, seed=4)
+    with model.session(num_scale_frames=2) as a, model.session(num_scale_frames=3, keyframe_interval=2) as b:
+        got_a, got_b = [], []
+        for fa, fb in zip(a_frames, b_frames):
+            got_a += a.step(fa)
+            got_b += b.step(fb)
+        # Both sessions lease pages from the model's shared pool.
+        pool = a.state.aggregator.pool
+        assert pool is b.state.aggregator.pool
+        leased = [x.stats()["aggregator"] for x in (a, b)]
+        assert pool.stats().pages_in_use >= sum(st.pages_in_use + st.pages_free for st in leased)
+    solo_a = model.inference_streaming(a_frames, num_scale_frames=2)
+    solo_b = model.inference_streaming(b_frames, num_scale_frames=3, keyframe_interval=2)
+    assert torch.equal(stack(got_a)["pose_enc"], solo_a["pose_enc"])
+    assert torch.equal(stack(got_b)["depth"], solo_b["depth"])
+
+
+def test_memory_is_flat_over_3000_frames(model):
+    cache = CacheConfig(scale_frames=2, sliding_window=4, trajectory_capacity=32)
+    frames = frames_of(16, h=14, w=14, seed=5)
+    with model.session(num_scale_frames=2, cache=cache) as s:
+        held = None
+        for i in range(3000):
+            s.step(frames[i % 16])
+            if i == 100:
+                held = (s.stats()["aggregator"].bytes_held, s.stats()["camera"].bytes_held, model.pools.pools()[0].stats().bytes_total)
+            if i > 100 and i % 250 == 0:
+                st = s.stats()
+                assert (st["aggregator"].bytes_held, st["camera"].bytes_held, model.pools.pools()[0].stats().bytes_total) == held
+                assert st["aggregator"].trajectory_frames <= 32 and st["camera"].trajectory_frames <= 32
+        assert s.stats()["aggregator"].frames_stored == 3000
+
+
+def test_fifty_sequences_hold_no_more_memory_than_one(model):
+    frames = frames_of(12, h=14, w=28, seed=6)
+    sizes = set()
+    with model.session(num_scale_frames=2) as s:
+        for seq in range(50):
+            s.reset()
+            s.run_frames(frames[: 3 + seq % 9])
+            sizes.add(tuple(p.stats().bytes_total for p in model.pools.pools()))
+    assert len(sizes) == 1
+    model.free_kv_cache()
+
+
+def test_close_returns_pages_and_further_steps_fail(model):
+    model.free_kv_cache()
+    s = model.session(num_scale_frames=1)
+    s.step(frames_of(1)[0])
+    pools = model.pools.pools()
+    assert sum(p.stats().pages_in_use for p in pools) > 0
+    s.close()
+    assert sum(p.stats().pages_in_use for p in pools) == 0
+    with pytest.raises(SessionClosedError):
+        s.step(frames_of(1)[0])
+    assert model.free_kv_cache() > 0
+
+
+def test_misuse_is_a_clear_error(model):
+    with model.session(num_scale_frames=2) as s:
+        s.run_frames(frames_of(3))
+        with pytest.raises((ValueError, RuntimeError), match="reset"):
+            s.step(torch.rand(3, 14, 28))  # another resolution mid-sequence
+        s.reset()
+        s.step(torch.rand(3, 14, 28))  # fine after a reset
+        with pytest.raises(ValueError, match="one frame"):
+            s.step(torch.rand(2, 3, 14, 28))
+        with pytest.raises(ValueError, match="\\[0, 1\\]"):
+            s.step(torch.rand(3, 14, 28) * 255)
+    with pytest.raises(ValueError, match="batch 2"):
+        model.session().run(torch.rand(2, 3, 3, 14, 28))
+    with pytest.raises(ValueError, match="either"):
+        model.session(cache=CacheConfig(), state=model.new_state())
+
+
+def test_auto_keyframes_need_no_frame_count(model):
+    x = frames_of(12, seed=7)
+    policy = FlowKeyframes(threshold=1e9, max_gap=4)  # store only on the gap rule
+    with model.session(num_scale_frames=2, keyframe_interval=policy) as s:
+        preds = s.run_frames(x)
+    assert [p.keyframe for p in preds] == [True, True, True, False, False, False, True, False, False, False, True, False]
+    # Decide-after-seeing stores a frame exactly like storing it up front (window not full).
+    fixed = FixedInterval(4)
+    with model.session(num_scale_frames=2, keyframe_interval=fixed) as s:
+        ref = s.run_frames(x)
+    for a, b in zip(preds, ref):
+        assert a.keyframe == b.keyframe
+        torch.testing.assert_close(a.pose_enc, b.pose_enc)
+    with model.session(num_scale_frames=2, keyframe_interval="auto") as s:
+        auto = s.run_frames(x)
+    assert auto[2].keyframe and all(torch.isfinite(p.pose_enc).all() for p in auto)
