@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from mapstream.export.atomic import atomic_open
-from mapstream.geometry import invert_se3
+from mapstream.geometry import POSE_ENCODING_DIM, invert_se3
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class Reconstruction:
             pose = pose[:, :3]
         self.T_world_cam = _check("T_world_cam", pose, (n, 3, 4), np.float32)
         self.K = _check("K", self.K, (n, 3, 3), np.float32)
-        self.pose_enc = _check("pose_enc", self.pose_enc, (n, None), np.float32)
+        self.pose_enc = _check("pose_enc", self.pose_enc, (n, POSE_ENCODING_DIM), np.float32)
         for name in ("T_world_cam", "K"):
             if not np.isfinite(getattr(self, name)).all():
                 bad = np.flatnonzero(~np.isfinite(getattr(self, name)).reshape(n, -1).all(1))

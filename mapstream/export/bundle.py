@@ -1,0 +1,143 @@
+"""``export_all``: every output of a run into one folder.
+
+Layout of ``out_dir`` (format name -> files)::
+
+    npz          predictions.npz
+    tum          trajectory_tum.txt
+    ply          points.ply
+    glb          scene.glb
+    depth        depth/<stem>.png, depth_preview/<stem>.png
+    colmap       sparse/0/{cameras,images,points3D}.txt   + images/<stem>.png
+    nerfstudio   transforms.json (+ masks/<stem>.png)     + images/<stem>.png
+    summary      summary.png
+
+``images/`` is shared by the COLMAP and nerfstudio outputs, so ``out_dir`` is directly a
+Gaussian-splatting (``-s out_dir``) and nerfstudio (``--data out_dir``) dataset; nerfstudio's
+``ply_file_path`` points at ``points.ply`` and each frame's ``depth_file_path`` at its depth PNG
+when those are written. Each file is written atomically; ``predictions.npz`` goes first so the
+most important output is complete soonest.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from mapstream.export.atomic import prepare_dir
+from mapstream.export.colmap import write_colmap
+from mapstream.export.depth import write_depth_maps
+from mapstream.export.frames import write_frame_images
+from mapstream.export.glb import write_glb
+from mapstream.export.nerfstudio import write_nerfstudio
+from mapstream.export.points import CloudOptions, build_point_cloud, subsample, write_ply
+from mapstream.export.reconstruction import Reconstruction
+from mapstream.export.summary import write_summary_figure
+from mapstream.export.trajectory import write_tum
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ALL_FORMATS", "export_all"]
+
+ALL_FORMATS: tuple[str, ...] = ("npz", "tum", "ply", "glb", "depth", "colmap", "nerfstudio", "summary")
+
+
+def export_all(
+    recon: Reconstruction,
+    out_dir: str | os.PathLike[str],
+    *,
+    formats: Iterable[str] = ALL_FORMATS,
+    conf_threshold: float | None = 1.5,
+    conf_percentile: float | None = None,
+    mask_sky: bool = True,
+    voxel_size: float | None = None,
+    max_points: int | None = 2_000_000,
+    colmap_max_points: int | None = 100_000,
+    seed: int = 0,
+) -> dict[str, Path]:
+    """Write the requested ``formats`` (subset of :data:`ALL_FORMATS`) into ``out_dir``.
+
+    Args:
+        recon: the reconstruction.
+        out_dir: output folder (created if needed).
+        formats: which outputs to write (layout in the module docstring).
+        conf_threshold, conf_percentile, mask_sky, voxel_size, max_points, seed: the point
+            cloud of the PLY and GLB (see :class:`~mapstream.export.points.CloudOptions`).
+        colmap_max_points: size of the COLMAP ``points3D.txt`` subsample (same filters, no
+            voxel averaging; drawn from the PLY cloud when that one is not voxel averaged).
+
+    Returns:
+        Format name -> path: a file, or the folder (``depth``, ``depth_preview``, ``images``,
+        ``colmap`` = ``sparse/0``); ``nerfstudio`` is the transforms.json path.
+
+    Raises:
+        ValueError: an unknown format name.
+        PermissionError: ``out_dir`` cannot be created or written.
+    """
+    wanted = list(dict.fromkeys(formats))
+    unknown = sorted(set(wanted) - set(ALL_FORMATS))
+    if unknown:
+        raise ValueError(f"unknown export formats {unknown}; choose from {list(ALL_FORMATS)}")
+    out = prepare_dir(out_dir)
+    options = CloudOptions(
+        conf_threshold=conf_threshold, conf_percentile=conf_percentile, mask_sky=mask_sky,
+        voxel_size=voxel_size, max_points=max_points, seed=seed,
+    )
+    written: dict[str, Path] = {}
+    cloud = None
+
+    def timed(name: str, write) -> None:
+        start = time.perf_counter()
+        result = write()
+        if isinstance(result, dict):
+            written.update(result)
+        else:
+            written[name] = Path(result)
+        logger.info("export %s: %.2f s", name, time.perf_counter() - start)
+
+    if "npz" in wanted:
+        timed("npz", lambda: recon.save_npz(out / "predictions.npz"))
+    if "tum" in wanted:
+        timed("tum", lambda: write_tum(recon, out / "trajectory_tum.txt"))
+    if "ply" in wanted or "glb" in wanted:
+        start = time.perf_counter()
+        cloud = build_point_cloud(recon, options)
+        logger.info("export point cloud: %.2f s", time.perf_counter() - start)
+    if "ply" in wanted:
+        timed("ply", lambda: write_ply(recon, out / "points.ply", points=cloud))
+    if "glb" in wanted:
+        timed("glb", lambda: write_glb(recon, out / "scene.glb", points=cloud))
+    if "depth" in wanted:
+        timed("depth", lambda: write_depth_maps(recon, out, mask_sky=mask_sky))
+    if "colmap" in wanted or "nerfstudio" in wanted:
+        timed("images", lambda: {"images": _images(recon, out / "images")})
+    if "colmap" in wanted:
+        colmap_options = CloudOptions(
+            conf_threshold=conf_threshold, conf_percentile=conf_percentile, mask_sky=mask_sky,
+            voxel_size=None, max_points=colmap_max_points, seed=seed,
+        )
+        colmap_points = None
+        if cloud is not None and cloud.frame is not None:  # not voxel averaged: subsample it
+            colmap_points = subsample(cloud, colmap_max_points, seed=seed)
+        timed("colmap", lambda: {"colmap": _parent(
+            write_colmap(recon, out / "sparse" / "0", colmap_options, points=colmap_points)
+        )})
+    if "nerfstudio" in wanted:
+        ply_name = "points.ply" if "ply" in wanted else None
+        depth_dir = "depth" if "depth" in wanted else None
+        timed("nerfstudio", lambda: write_nerfstudio(
+            recon, out, write_images=False, ply_file_path=ply_name, depth_dir=depth_dir
+        ))
+    if "summary" in wanted:
+        timed("summary", lambda: write_summary_figure(recon, out / "summary.png"))
+    return written
+
+
+def _images(recon: Reconstruction, folder: Path) -> Path:
+    write_frame_images(recon, folder)
+    return folder
+
+
+def _parent(paths: dict[str, Path]) -> Path:
+    return paths["cameras"].parent

@@ -1,0 +1,129 @@
+"""GLB scene (binary glTF 2.0, via trimesh): the point cloud, camera frustums and the trajectory.
+
+Axis convention: glTF is y-up with viewers looking down -z, while the reconstruction's world is
+the first camera's OpenCV frame (y down, z forward). Every world point is therefore mapped by
+:data:`OPENCV_TO_GLTF` ``= diag(1, -1, -1)`` (a 180 degree rotation about x; no recentring, no
+scaling): ``p_gltf = (x, -y, -z)``. A scene taken with an upright first camera opens upright,
+seen from the first camera's side. Geometry (all nodes are placed with identity transforms):
+
+* ``points``: a POINTS primitive with per-vertex RGB colours;
+* ``camera_000000`` ...: one LINES primitive per frame, the 8 edges of its viewing frustum
+  (apex = camera centre, far rectangle = the image corners at depth ``frustum_depth``),
+  coloured along the trajectory with a matplotlib colormap (first frame = colormap start);
+* ``trajectory``: a grey LINES primitive through the camera centres.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mapstream.export._optional import import_optional
+from mapstream.export.atomic import atomic_open
+from mapstream.export.points import CloudOptions, PointSet, build_point_cloud
+from mapstream.export.reconstruction import Reconstruction
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OPENCV_TO_GLTF", "frustum_corners", "scene_extent", "write_glb"]
+
+OPENCV_TO_GLTF = np.diag([1.0, -1.0, -1.0])
+"""World axes map from the reconstruction (OpenCV-style) to the GLB (glTF y-up)."""
+
+# Edges of a frustum given vertices [apex, top-left, top-right, bottom-right, bottom-left].
+_FRUSTUM_EDGES = np.array([[0, 1], [0, 2], [0, 3], [0, 4], [1, 2], [2, 3], [3, 4], [4, 1]])
+
+
+def scene_extent(points: PointSet, camera_centres: np.ndarray) -> float:
+    """Robust scene size: diagonal of the 5-95 percentile box of the points and camera centres."""
+    xyz = np.concatenate([points.xyz.astype(np.float64), camera_centres.astype(np.float64)])
+    lo, hi = np.percentile(xyz, [5, 95], axis=0)
+    extent = float(np.linalg.norm(hi - lo))
+    return extent if np.isfinite(extent) and extent > 0 else 1.0
+
+
+def frustum_corners(recon: Reconstruction, depth: float) -> np.ndarray:
+    """``[N, 5, 3]`` world (OpenCV-style, before the glTF axis map) frustum vertices.
+
+    Vertex 0 is the camera centre; 1-4 are the image corners (pixel edges ``(0, 0)``,
+    ``(W, 0)``, ``(W, H)``, ``(0, H)``) unprojected at camera depth ``depth``.
+    """
+    H, W = recon.image_hw
+    fx, fy = recon.K[:, 0, 0, None].astype(np.float64), recon.K[:, 1, 1, None].astype(np.float64)
+    cx, cy = recon.K[:, 0, 2, None].astype(np.float64), recon.K[:, 1, 2, None].astype(np.float64)
+    # Pixel edges in the integer-centre convention are at -0.5 and W - 0.5.
+    u = np.array([-0.5, W - 0.5, W - 0.5, -0.5])[None]
+    v = np.array([-0.5, -0.5, H - 0.5, H - 0.5])[None]
+    corners = np.stack([(u - cx) * depth / fx, (v - cy) * depth / fy, np.full((len(recon), 4), depth)], -1)
+    cam = np.concatenate([np.zeros((len(recon), 1, 3)), corners], axis=1)
+    R = recon.T_world_cam[:, :, :3].astype(np.float64)
+    t = recon.T_world_cam[:, :, 3].astype(np.float64)
+    return np.einsum("nij,nkj->nki", R, cam) + t[:, None]
+
+
+def _line_set(trimesh, vertices: np.ndarray, edges: np.ndarray, rgba: np.ndarray):
+    """A trimesh Path3D of straight segments (exported as a glTF LINES primitive)."""
+    from trimesh.path.entities import Line
+
+    entities = [Line(edge) for edge in edges]
+    colors = np.tile(np.asarray(rgba, np.uint8), (len(entities), 1))
+    return trimesh.path.Path3D(entities=entities, vertices=vertices, colors=colors, process=False)
+
+
+def write_glb(
+    recon: Reconstruction,
+    path: str | os.PathLike[str],
+    options: CloudOptions = CloudOptions(),
+    *,
+    points: PointSet | None = None,
+    frustum_scale: float = 0.04,
+    colormap: str = "viridis",
+    trajectory: bool = True,
+) -> Path:
+    """Write the scene as GLB, atomically (conventions in the module docstring).
+
+    Args:
+        recon: the reconstruction.
+        path: output ``.glb`` file.
+        options: point-cloud filters (ignored when ``points`` is given).
+        points: a precomputed cloud (e.g. shared with the PLY writer).
+        frustum_scale: frustum depth as a fraction of :func:`scene_extent`.
+        colormap: matplotlib colormap over the frame index for the frustums.
+        trajectory: also draw the polyline through the camera centres.
+    """
+    trimesh = import_optional("trimesh", "writing GLB scenes")
+    matplotlib = import_optional("matplotlib", "colouring camera frustums")
+    cloud = build_point_cloud(recon, options) if points is None else points
+    centres = recon.T_world_cam[:, :, 3]
+    depth = frustum_scale * scene_extent(cloud, centres)
+    frames = frustum_corners(recon, depth)
+
+    scene = trimesh.Scene()
+    if len(cloud):
+        rgba = np.concatenate([cloud.rgb, np.full((len(cloud), 1), 255, np.uint8)], axis=1)
+        scene.add_geometry(
+            trimesh.PointCloud(cloud.xyz.astype(np.float64) @ OPENCV_TO_GLTF.T, colors=rgba), geom_name="points"
+        )
+    else:
+        logger.warning("no point passed the filters; the GLB holds cameras only")
+    cmap = matplotlib.colormaps[colormap]
+    positions = np.linspace(0.0, 1.0, len(recon)) if len(recon) > 1 else np.zeros(1)
+    colours = np.rint(np.asarray(cmap(positions)) * 255).astype(np.uint8)
+    for i, vertices in enumerate(frames):
+        scene.add_geometry(
+            _line_set(trimesh, vertices @ OPENCV_TO_GLTF.T, _FRUSTUM_EDGES, colours[i]),
+            geom_name=f"camera_{i:06d}",
+        )
+    if trajectory and len(recon) > 1:
+        steps = np.stack([np.arange(len(recon) - 1), np.arange(1, len(recon))], axis=1)
+        scene.add_geometry(
+            _line_set(trimesh, centres.astype(np.float64) @ OPENCV_TO_GLTF.T, steps, (128, 128, 128, 255)),
+            geom_name="trajectory",
+        )
+    data = scene.export(file_type="glb")
+    with atomic_open(path, "wb") as handle:
+        handle.write(data)
+    logger.info("wrote %s (%d points, %d cameras, frustum depth %.3g)", path, len(cloud), len(recon), depth)
+    return Path(path)
