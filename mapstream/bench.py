@@ -160,7 +160,7 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "backend": type(model.attention_backend(device, model.aggregator.camera_token.dtype)).__name__,
+        "backend": type(model.attention_backend(device, torch.bfloat16 if cfg.precision != "fp32" else torch.float32)).__name__,
         "frames": cfg.scale_frames + cfg.stream_frames,
         "global_fps": 1000.0 * (cfg.scale_frames + cfg.stream_frames) / total_ms,
         "steady_ms": steady_ms,

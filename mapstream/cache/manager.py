@@ -151,9 +151,11 @@ class Step:
 
 
 def _cat(cached: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """Cached keys and the current block's, in the storage dtype: [1, H, n + N, D]."""
+    current = current.to(cached.dtype)
     if cached.shape[-2] == 0:
         return current.unsqueeze(0)
-    return torch.cat((cached, current.to(cached.dtype)), dim=-2).unsqueeze(0)
+    return torch.cat((cached, current), dim=-2).unsqueeze(0)
 
 
 class StreamCacheManager:

@@ -6,12 +6,13 @@ import sys
 from typing import Annotated, Union
 
 from .bench import Bench
+from .info import Info
 
 
 def _commands():
     import tyro
 
-    commands = {"bench": Bench}
+    commands = {"bench": Bench, "info": Info}
     return Union[tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in commands.items())]  # type: ignore[return-value]
 
 

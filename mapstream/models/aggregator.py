@@ -21,7 +21,7 @@ from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout
 from ..config import CacheConfig, ModelConfig
 from ..layers import Block, PatchEmbedViT, Rotary, patch_positions_2d, rope2d, rope3d, token_positions_3d
 
-__all__ = ["AggregatorStream", "aggregator_cache_spec", "Trace"]
+__all__ = ["AggregatorStream", "aggregator_cache_spec", "kv_dtype", "Trace"]
 
 Trace = Callable[[str, torch.Tensor], None]
 """Optional observer of intermediate tensors (name, tensor); used by parity tests."""
@@ -180,7 +180,9 @@ class AggregatorStream(nn.Module):
             tokens_per_frame=per_frame,
             trajectory_tokens=_TRAJECTORY_TOKENS[cache.spec.trajectory_keep](c.num_special_tokens),
         )
-        step = cache.begin_step(num_frames, store=store, layout=layout, dtype=tokens.dtype, device=tokens.device)
+        step = cache.begin_step(
+            num_frames, store=store, layout=layout, dtype=kv_dtype(tokens), device=tokens.device
+        )
         selected: dict[int, torch.Tensor] = {}
         try:
             for i in range(c.depth):
@@ -206,6 +208,15 @@ class AggregatorStream(nn.Module):
             for j, out in enumerate(outputs):
                 trace(f"agg.out.{j}", out)
         return outputs, c.num_special_tokens
+
+
+def kv_dtype(tokens: torch.Tensor) -> torch.dtype:
+    """Storage dtype of the cache: the attention's compute dtype (the autocast dtype under
+    autocast, where the residual stream stays fp32 but attention runs in bf16/fp16)."""
+    device_type = tokens.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return tokens.dtype
 
 
 _TRAJECTORY_TOKENS = {"specials": lambda n: n, "camera": lambda n: 1, "none": lambda n: 0}

@@ -25,7 +25,7 @@ from ..cache import PoolRegistry, StreamCacheManager
 from ..config import CacheConfig, ModelConfig, get_preset, split_overrides
 from ..heads import CameraCausalHead, DPTHead
 from ..validation import check_images
-from .aggregator import AggregatorStream, Trace, aggregator_cache_spec
+from .aggregator import AggregatorStream, Trace, aggregator_cache_spec, kv_dtype
 
 __all__ = ["GCTStream", "StreamState"]
 
@@ -151,7 +151,12 @@ class GCTStream(nn.Module):
         """Cast the aggregator's weights to `dtype` (bf16/fp16 for GPU inference, as the
         reference demo does); the heads stay fp32 and so do the normalisation constants
         (the reference rounds those to bf16 as a side effect; we do not). Returns self."""
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if isinstance(dtype, str):
+            names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                     "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+            if dtype not in names:
+                raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
+            dtype = names[dtype]
         for param in self.aggregator.parameters():
             param.data = param.data.to(dtype)
         return self
@@ -203,7 +208,7 @@ class GCTStream(nn.Module):
             )
         state = self.default_state if state is None else state
         nfs = num_frame_for_scale if num_frame_for_scale is not None else self._default_scale_frames()
-        backend = self.attention_backend(images.device, self._trunk_dtype(images))
+        backend = self.attention_backend(images.device, kv_dtype(images))
         layers, patch_start = self.aggregator(
             images, num_frame_for_scale=nfs, cache=state.aggregator, store=keyframe, backend=backend, trace=trace
         )
@@ -227,10 +232,6 @@ class GCTStream(nn.Module):
 
     def _default_scale_frames(self) -> int:
         return self.num_frame_for_scale if self.num_frame_for_scale is not None else self.cache_config.scale_frames
-
-    def _trunk_dtype(self, images: torch.Tensor) -> torch.dtype:
-        """The dtype of the residual stream, which is the cache's storage dtype."""
-        return self.aggregator.camera_token.dtype
 
     # ------------------------------------------------------------------ high level
     @torch.no_grad()

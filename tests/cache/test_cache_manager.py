@@ -216,3 +216,19 @@ def test_thin_trajectory_rule():
     assert thin_trajectory([1, 2]) == [1]
     assert thin_trajectory([1, 2, 3, 4]) == [1, 3, 4]
     assert thin_trajectory(list(range(8))) == [0, 2, 4, 5, 6, 7]
+
+
+def test_store_last_promotes_an_unstored_frame():
+    """Decide-after-seeing: frame 4 attends unstored (window + 1 visible), then is stored."""
+    mgr = make()
+    run_step(mgr, [0, 1], store=True)
+    run_step(mgr, [2], store=True)
+    run_step(mgr, [3], store=True)
+    assert run_step(mgr, [4], store=False)[0] == expected_visible([0, 1], [2, 3], [], [4])
+    mgr.store_last()
+    assert mgr.frames_stored == 5
+    # Now identical to having stored frame 4: frame 2 left the window, 4 joined it.
+    assert run_step(mgr, [5], store=False)[1] == expected_visible([0, 1], [3, 4], [2], [5])
+    with pytest.raises(CacheStateError, match="single unstored frame"):
+        run_step(mgr, [6], store=True)
+        mgr.store_last()

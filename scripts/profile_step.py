@@ -1,0 +1,78 @@
+"""Where a steady-state streaming step spends its time (CUDA): wall time per step against
+the sum of GPU kernel time (the gap is host/launch overhead), and the top kernels.
+
+Usage: python scripts/profile_step.py [--compile] [--backend sdpa|flashinfer] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from mapstream.bench import BenchConfig, build_bench_model
+
+
+def compile_blocks(model) -> None:
+    """torch.compile the per-frame-static parts (as the reference's demo does)."""
+    agg = model.aggregator
+    for i, block in enumerate(agg.patch_embed.blocks):
+        agg.patch_embed.blocks[i] = torch.compile(block, mode="default")
+    for i, block in enumerate(agg.frame_blocks):
+        agg.frame_blocks[i] = torch.compile(block, mode="default")
+    for block in agg.global_blocks:
+        block.attention_inputs = torch.compile(block.attention_inputs, mode="default")
+        block.attention_output = torch.compile(block.attention_output, mode="default")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--backend", default="sdpa")
+    ap.add_argument("--frames", type=int, default=90)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cfg = BenchConfig(backend=args.backend)
+    model = build_bench_model(cfg, torch.device("cuda"))
+    if args.compile:
+        compile_blocks(model)
+    frames = torch.rand(args.frames, 3, cfg.height, cfg.width, device="cuda")
+    session = model.session(num_scale_frames=8, precision="bf16")
+    t0 = time.time()
+    for i in range(args.frames - 5):
+        session.step(frames[i])
+    torch.cuda.synchronize()
+    warm_s = time.time() - t0
+    times = []
+    for i in range(args.frames - 5, args.frames - 2):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        session.step(frames[i])
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(args.frames - 2, args.frames):
+            session.step(frames[i])
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    rows = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)
+    total_gpu_ms = sum(e.self_device_time_total for e in events) / 1e3 / 2
+    result = {
+        "compile": args.compile,
+        "backend": args.backend,
+        "warmup_s": warm_s,
+        "wall_ms_per_step": times,
+        "gpu_kernel_ms_per_step": total_gpu_ms,
+        "top": [(e.key[:80], e.self_device_time_total / 1e3 / 2, e.count // 2) for e in rows[:18]],
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
