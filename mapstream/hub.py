@@ -16,7 +16,13 @@ import re
 from pathlib import Path
 
 from huggingface_hub import constants, hf_hub_download
-from huggingface_hub import errors as hf_errors
+from huggingface_hub.utils import (
+    EntryNotFoundError,
+    GatedRepoError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 
 __all__ = [
     "DEFAULT_FILENAME",
@@ -97,17 +103,17 @@ def download_checkpoint(
 
 
 def _reason(exc: Exception, filename: str, revision: str | None, offline: bool) -> str:
-    if isinstance(exc, hf_errors.LocalEntryNotFoundError):
+    if isinstance(exc, LocalEntryNotFoundError):
         if offline:
             return "offline mode is on (HF_HUB_OFFLINE=1) and the file is not in the hub cache"
         return "the hub could not be reached and the file is not in the hub cache"
-    if isinstance(exc, hf_errors.GatedRepoError):
+    if isinstance(exc, GatedRepoError):
         return "the repository is gated: accept its terms on the hub and log in (`hf auth login`)"
-    if isinstance(exc, hf_errors.RepositoryNotFoundError):
+    if isinstance(exc, RepositoryNotFoundError):
         return "no such repository (or it is private: log in with `hf auth login`)"
-    if isinstance(exc, hf_errors.RevisionNotFoundError):
+    if isinstance(exc, RevisionNotFoundError):
         return f"the repository has no revision {revision!r}"
-    if isinstance(exc, hf_errors.EntryNotFoundError):
+    if isinstance(exc, EntryNotFoundError):
         return f"the repository has no file {filename!r}"
     return f"{type(exc).__name__}: {exc}"
 

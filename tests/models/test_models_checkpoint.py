@@ -1,0 +1,367 @@
+"""Checkpoint loading and conversion (tiny preset, synthetic weights, no network)."""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import mapstream
+from mapstream import hub
+from mapstream.models import fill_synthetic_
+from mapstream.models.checkpoint import (
+    CheckpointError,
+    checkpoint_filter_fn,
+    convert_checkpoint,
+    convert_main,
+    load_model,
+)
+
+TINY_PARAMS = 4_738_404
+REPO = "robbyant/lingbot-map"
+
+
+@pytest.fixture(scope="module")
+def source() -> mapstream.GCTStream:
+    return fill_synthetic_(mapstream.build_model("tiny")).eval()
+
+
+@pytest.fixture(scope="module")
+def ref(source) -> dict[str, torch.Tensor]:
+    return source.state_dict()
+
+
+@pytest.fixture(scope="module")
+def point_ref() -> dict[str, torch.Tensor]:
+    return fill_synthetic_(mapstream.build_model("tiny", enable_point=True)).state_dict()
+
+
+@pytest.fixture
+def pt_file(tmp_path, ref) -> Path:
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": ref, "epoch": 3, "optimizer": {"lr": 1e-4}}, path)
+    return path
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """Fail the test if the hub is contacted."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError(f"hub contacted: {args} {kwargs}")
+
+    monkeypatch.setattr(hub, "hf_hub_download", fail)
+
+
+def assert_same(model: torch.nn.Module, expected: dict[str, torch.Tensor]) -> None:
+    got = model.state_dict()
+    assert list(got) == list(expected)
+    for key, tensor in expected.items():
+        assert got[key].dtype == tensor.dtype, key
+        assert torch.equal(got[key], tensor), key
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+
+# --------------------------------------------------------------------------- round trips
+def test_pt_with_model_entry(pt_file, ref):
+    model = load_model(pt_file, preset="tiny")
+    assert_same(model, ref)
+    assert model.load_report.ok and model.load_report.loaded == len(ref)
+    assert not model.training
+    assert torch.equal(model.aggregator._resnet_mean.flatten(), torch.tensor([0.485, 0.456, 0.406]))
+
+
+def test_bare_pt_and_legacy_format(tmp_path, ref):
+    torch.save(ref, tmp_path / "bare.pt")
+    assert_same(load_model(tmp_path / "bare.pt", preset="tiny"), ref)
+    torch.save(ref, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    assert_same(load_model(str(tmp_path / "legacy.pt"), preset="tiny"), ref)
+
+
+@pytest.mark.parametrize("prefix", ["_orig_mod.", "module.", "module._orig_mod."])
+def test_compile_and_dataparallel_prefixes(tmp_path, ref, prefix):
+    torch.save({"model": {prefix + k: v for k, v in ref.items()}}, tmp_path / "p.pt")
+    assert_same(load_model(tmp_path / "p.pt", preset="tiny"), ref)
+
+
+def test_safetensors(tmp_path, ref):
+    save_file(dict(ref), tmp_path / "w.safetensors")
+    assert_same(load_model(tmp_path / "w.safetensors", preset="tiny"), ref)
+
+
+def test_loaded_model_predicts_like_the_source(pt_file, source):
+    frames = torch.rand(3, 3, 28, 42, generator=torch.Generator().manual_seed(0))
+    loaded = load_model(pt_file, preset="tiny")
+    with torch.no_grad():
+        want = source.inference_streaming(frames, num_scale_frames=2)
+        got = loaded.inference_streaming(frames, num_scale_frames=2)
+    assert set(got) == set(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+def test_convert(tmp_path, pt_file, ref):
+    dst = convert_checkpoint(pt_file, tmp_path / "out" / "w.safetensors")
+    assert dst == tmp_path / "out" / "w.safetensors"
+    assert [p.name for p in dst.parent.iterdir()] == ["w.safetensors"]  # no temp file left
+    with safe_open(dst, framework="pt") as f:
+        meta = f.metadata()
+    assert meta["format"] == "pt" and meta["source_file"] == "ckpt.pt"
+    assert meta["mapstream_version"] == mapstream.__version__
+    assert meta["parameters"] == str(TINY_PARAMS) and meta["tensors"] == str(len(ref))
+    assert_same(load_model(dst, preset="tiny"), ref)
+
+
+def test_convert_keeps_old_file_on_failure(tmp_path):
+    dst = tmp_path / "w.safetensors"
+    dst.write_bytes(b"old")
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint at all" * 4)
+    with pytest.raises(CheckpointError, match="could not read"):
+        convert_checkpoint(tmp_path / "bad.pt", dst)
+    assert dst.read_bytes() == b"old" and len(list(tmp_path.iterdir())) == 2
+
+
+def test_convert_main(tmp_path, pt_file, ref, caplog):
+    assert convert_main(str(pt_file), None) == 0
+    assert_same(load_model(pt_file.with_suffix(".safetensors"), preset="tiny"), ref)
+    with caplog.at_level(logging.ERROR):
+        assert convert_main(str(tmp_path / "missing.pt"), None) == 1
+    assert "not found" in caplog.text
+
+
+# --------------------------------------------------------------------------- key filter
+def test_filter_fn_is_pure_and_ordered(ref):
+    prefixed = {"_orig_mod." + k: v for k, v in ref.items()}
+    prefixed["aggregator._orig_mod.x"] = torch.zeros(1)
+    before = list(prefixed)
+    out = checkpoint_filter_fn(prefixed)
+    assert list(prefixed) == before
+    assert list(out) == [*ref, "aggregator.x"]
+    assert checkpoint_filter_fn({"module.module.a": 1}) == {"a": 1}
+
+
+def test_filter_fn_rejects_collisions():
+    with pytest.raises(CheckpointError, match="both name 'a.b'"):
+        checkpoint_filter_fn({"a.b": torch.zeros(1), "module.a.b": torch.zeros(1)})
+
+
+# --------------------------------------------------------------------------- strictness
+def test_missing_keys(tmp_path, ref):
+    torch.save({k: v for k, v in ref.items() if not k.startswith("depth_head.")}, tmp_path / "m.pt")
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "m.pt", preset="tiny")
+    n = sum(k.startswith("depth_head.") for k in ref)
+    message = str(err.value)
+    assert f"{n} missing keys" in message and f"{n} under depth_head.*" in message
+    assert "strict=False" in message
+    assert err.value.report.missing == [k for k in ref if k.startswith("depth_head.")]
+
+
+def test_unexpected_keys(tmp_path, ref):
+    torch.save({**ref, "extra.weight": torch.zeros(2)}, tmp_path / "u.pt")
+    with pytest.raises(CheckpointError, match=r"1 unexpected key .*: extra\.weight"):
+        load_model(tmp_path / "u.pt", preset="tiny")
+
+
+def test_shape_mismatch(pt_file):
+    with pytest.raises(CheckpointError) as err:
+        load_model(pt_file, preset="tiny", img_size=224)
+    message = str(err.value)
+    assert "aggregator.patch_embed.pos_embed: checkpoint [1, 1370, 128] vs model [1, 257, 128]" in message
+    assert "img_size" in message
+
+
+def test_wrong_preset_names_the_right_one(pt_file):
+    with pytest.raises(CheckpointError, match="matches preset 'tiny': pass preset='tiny'"):
+        load_model(pt_file)
+
+
+def test_foreign_state_dict(tmp_path):
+    foreign = {f"backbone.blocks.{i}.attn.qkv.weight": torch.zeros(3, 3) for i in range(12)}
+    foreign["head.fc.weight"] = torch.zeros(2, 2)
+    torch.save(foreign, tmp_path / "vggt.pt")
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "vggt.pt", preset="tiny")
+    message = str(err.value)
+    assert "does not look like a LingBot-Map checkpoint" in message
+    assert "12 under backbone.blocks.*" in message and "head.fc.weight" in message
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ({"epoch": 3, "lr": 0.1}, r"not a state dict: entries 'epoch' \(int\), 'lr' \(float\)"),
+        ([torch.zeros(1)], "holds a list, not a state dict"),
+        ({}, "empty dict"),
+    ],
+)
+def test_not_a_state_dict(tmp_path, content, match):
+    torch.save(content, tmp_path / "x.pt")
+    with pytest.raises(CheckpointError, match=match):
+        load_model(tmp_path / "x.pt", preset="tiny")
+
+
+def test_partial_load(tmp_path, ref, caplog):
+    partial = {k: v for k, v in ref.items() if not k.startswith("depth_head.")}
+    partial["aggregator.camera_token"] = torch.zeros(1, 2, 1, 7)
+    partial["extra.weight"] = torch.zeros(1)
+    torch.save(partial, tmp_path / "p.pt")
+    with caplog.at_level(logging.WARNING):
+        model = load_model(tmp_path / "p.pt", preset="tiny", strict=False)
+    report = model.load_report
+    assert "under depth_head.*" in caplog.text and "extra.weight" in caplog.text
+    assert report.unexpected == ["extra.weight"]
+    assert report.mismatched == [("aggregator.camera_token", (1, 2, 1, 7), (1, 2, 1, 128))]
+    assert report.loaded == len(ref) - len(report.missing) - 1
+    state = model.state_dict()
+    for key, tensor in ref.items():
+        if key in partial and key != "aggregator.camera_token":
+            assert torch.equal(state[key], tensor), key
+        assert not state[key].is_meta and torch.isfinite(state[key]).all(), key
+
+
+# --------------------------------------------------------------------------- point head
+def test_enable_point_auto(tmp_path, ref, point_ref):
+    torch.save({"model": point_ref}, tmp_path / "point.pt")
+    model = load_model(tmp_path / "point.pt", preset="tiny")
+    assert model.point_head is not None
+    assert_same(model, point_ref)
+
+    model = load_model(tmp_path / "point.pt", preset="tiny", enable_point=False, strict=False)
+    assert model.point_head is None
+    assert_same(model, ref)
+    assert all(k.startswith("point_head.") for k in model.load_report.unexpected)
+
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "point.pt", preset="tiny", enable_point=False)
+    n = sum(k.startswith("point_head.") for k in point_ref)
+    assert f"{n} unexpected keys" in str(err.value) and f"{n} under point_head.*" in str(err.value)
+    assert "enable_point=True" in str(err.value)
+
+
+def test_enable_point_without_point_weights(pt_file):
+    assert load_model(pt_file, preset="tiny").point_head is None
+    with pytest.raises(CheckpointError, match="has no point head: use enable_point=False"):
+        load_model(pt_file, preset="tiny", enable_point=True)
+
+
+# --------------------------------------------------------------------------- pickle, dtype
+def test_pickled_objects_need_trust(tmp_path, ref):
+    torch.save({"model": ref, "args": argparse.Namespace(lr=0.1)}, tmp_path / "args.pt")
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "args.pt", preset="tiny")
+    assert "argparse.Namespace" in str(err.value) and "trust_pickle=True" in str(err.value)
+    assert_same(load_model(tmp_path / "args.pt", preset="tiny", trust_pickle=True), ref)
+
+
+def test_dtype(tmp_path, pt_file, ref):
+    model = load_model(pt_file, preset="tiny", dtype=torch.float64)
+    assert_same(model, {k: v.double() for k, v in ref.items()})
+    half = {k: v.bfloat16() for k, v in ref.items()}
+    torch.save(half, tmp_path / "bf16.pt")
+    assert_same(load_model(tmp_path / "bf16.pt", preset="tiny"), {k: v.float() for k, v in half.items()})
+
+
+# --------------------------------------------------------------------------- sources
+def _hub_cache(root: Path, ref: dict[str, torch.Tensor]) -> Path:
+    """A hub cache holding robbyant/lingbot-map's lingbot-map-long.pt (= the tiny weights)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / "models--robbyant--lingbot-map"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    torch.save({"model": ref}, repo / "snapshots" / commit / "lingbot-map-long.pt")
+    return root
+
+
+def test_hub_cache_hit_offline(tmp_path, monkeypatch, ref):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cache = _hub_cache(tmp_path / "hub", ref)
+    assert_same(load_model(REPO, preset="tiny", cache_dir=cache), ref)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    model = load_model(REPO, preset="tiny")
+    assert_same(model, ref)
+    assert "snapshots" in model.load_report.source
+
+
+def test_hub_offline_miss_says_where_to_put_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hub.HubDownloadError) as err:
+        load_model(REPO, filename="other.pt", preset="tiny", cache_dir=tmp_path / "empty")
+    message = str(err.value)
+    assert "'robbyant/lingbot-map'" in message and "'other.pt'" in message
+    assert "HF_HUB_OFFLINE" in message
+    assert "https://huggingface.co/robbyant/lingbot-map/resolve/main/other.pt" in message
+    assert str(tmp_path / "empty") in message and "load_model('/path/to/other.pt')" in message
+
+
+def test_hub_download_failure(tmp_path, monkeypatch):
+    def unreachable(*args, **kwargs):
+        raise hub.LocalEntryNotFoundError("connection error and no cached file")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "hf_hub_download", unreachable)
+    with pytest.raises(hub.HubDownloadError, match="could not be reached") as err:
+        load_model(REPO, preset="tiny", cache_dir=tmp_path)
+    assert "lingbot-map-long.pt" in str(err.value)
+
+
+def test_hub_download_arguments(tmp_path, monkeypatch, pt_file, ref):
+    calls = []
+
+    def fake(repo_id, filename, **kwargs):
+        calls.append((repo_id, filename, kwargs))
+        return str(pt_file)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "hf_hub_download", fake)
+    assert_same(load_model(REPO, preset="tiny", revision="v1", cache_dir=tmp_path), ref)
+    (repo_id, filename, kwargs), = calls
+    assert (repo_id, filename) == (REPO, "lingbot-map-long.pt")
+    assert kwargs["revision"] == "v1" and kwargs["local_files_only"] is False
+    assert Path(kwargs["cache_dir"]) == tmp_path
+
+
+@pytest.mark.parametrize("missing", ["nope.pt", "dir/nope.safetensors", "./robbyant/lingbot-map", "a/b/c"])
+def test_missing_local_path(tmp_path, monkeypatch, no_hub, missing):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
+        load_model(missing, preset="tiny")
+
+
+def test_hub_file_path_hint(tmp_path, monkeypatch, no_hub):
+    monkeypatch.chdir(tmp_path)
+    hint = r"load_model\('robbyant/lingbot-map', filename='lingbot-map-long.pt'\)"
+    with pytest.raises(FileNotFoundError, match=hint):
+        load_model("robbyant/lingbot-map/lingbot-map-long.pt")
+
+
+def test_local_path_wins_over_repo_id(tmp_path, monkeypatch, no_hub, ref):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "robbyant" / "lingbot-map"
+    folder.mkdir(parents=True)
+    torch.save(ref, folder / "lingbot-map-long.pt")
+    assert_same(load_model(REPO, preset="tiny"), ref)  # a folder holding the default file
+    with pytest.raises(FileNotFoundError, match="Checkpoints in .*: lingbot-map-long.pt"):
+        load_model(REPO, filename="lingbot-map.pt", preset="tiny")
+
+
+def test_looks_like_repo_id():
+    assert hub.looks_like_repo_id("robbyant/lingbot-map")
+    for text in ["model.pt", "a/b.safetensors", "./a/b", "/a/b", "a/b/c", "~/x", "../x", "a/.."]:
+        assert not hub.looks_like_repo_id(text), text
+
+
+def test_bad_arguments_fail_before_reading(tmp_path, pt_file, no_hub):
+    with pytest.raises(ValueError, match="Unknown model argument 'not_an_option'"):
+        load_model(tmp_path / "absent.pt", preset="tiny", not_an_option=1)
+    with pytest.raises(ValueError, match="Unknown preset"):
+        load_model(REPO, preset="huge")
+    with pytest.raises(ValueError, match="filename='x.pt' only applies"):
+        load_model(pt_file, filename="x.pt", preset="tiny")
