@@ -1,12 +1,14 @@
 """Long sequences: overlapping windows on clean caches, aligned by Sim(3) and stitched."""
 from .align import AlignmentWarning, Sim3, pairwise_alignment, stitch_windows, warp_predictions
 from .engine import inference_windowed, run_window
+from .online import WindowedSession
 from .plan import WindowPlan, plan_windows
 
 __all__ = [
     "AlignmentWarning",
     "Sim3",
     "WindowPlan",
+    "WindowedSession",
     "inference_windowed",
     "pairwise_alignment",
     "plan_windows",

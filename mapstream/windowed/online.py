@@ -1,0 +1,239 @@
+"""Windowed inference as frames arrive: a session that re-anchors every window.
+
+Each window runs on a clean cache (so memory is per-window, for streams of any length) and
+starts with the last `overlap` frames of the previous window, re-fed from a small input
+buffer. Once the new window has predicted those shared frames, it is aligned to the
+previous window's (already aligned) predictions of them with the same Sim(3) estimate as
+the offline `inference_windowed`, and every later frame is emitted in window 0's frame.
+Poses are re-encoded with unit quaternions (w >= 0) in every window, the first included.
+
+Difference from the offline form: a frame shared by two windows is emitted once, as soon as
+the earlier window predicts it (the offline stitch, which sees the whole sequence, takes it
+from the later window). Frames of the first window are identical to the offline result.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..geometry import invert_se3, pose_encoding_to_extri_intri
+from ..session import FramePrediction, Session
+from .align import Sim3, pairwise_alignment, warp_predictions
+from .plan import effective_overlap
+
+__all__ = ["WindowedSession"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """The start of a window: predictions of its shared frames, and new frames held back
+    until the window's transform is known."""
+
+    shared: list[FramePrediction]
+    held: list[FramePrediction]
+
+
+class WindowedSession:
+    """Online windowed streaming (see module docstring).
+
+    Args:
+        model: the network.
+        window_size: cache slots per window (scale frames + keyframes), as in
+            `inference_windowed`; a window spans scale + (window_size - scale) * interval frames.
+        overlap_size / overlap_keyframes: frames shared by consecutive windows (default: the
+            scale frames; keyframes x interval when overlap_keyframes is given).
+        num_scale_frames, keyframe_interval, output_device, precision, cache: as `Session`.
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        window_size: int = 64,
+        overlap_size: int | None = 16,
+        overlap_keyframes: int | None = None,
+        num_scale_frames: int | None = None,
+        keyframe_interval: int = 1,
+        output_device=None,
+        precision: str = "auto",
+        cache=None,
+    ) -> None:
+        if not isinstance(keyframe_interval, int):
+            raise ValueError("windowed sessions need a fixed keyframe interval (an int)")
+        self._session = Session(
+            model,
+            num_scale_frames=num_scale_frames,
+            keyframe_interval=keyframe_interval,
+            output_device=output_device,
+            precision=precision,
+            cache=cache,
+        )
+        scale = self._session.num_scale_frames
+        interval = max(keyframe_interval, 1)
+        self.span = scale + max(window_size - scale, 0) * interval
+        overlap = effective_overlap(
+            10**9,
+            scale_frames=scale,
+            overlap_size=overlap_size,
+            overlap_keyframes=overlap_keyframes,
+            keyframe_interval=keyframe_interval,
+        )
+        self.overlap = min(overlap, self.span - 1)
+        if self.overlap < 1:
+            raise ValueError(f"windows of {self.span} frames leave no room for an overlap; raise window_size")
+        self._clear()
+
+    def _clear(self) -> None:
+        self._recent: collections.deque[tuple[torch.Tensor, str | None]] = collections.deque(maxlen=self.overlap)
+        self._emitted: collections.deque[FramePrediction] = collections.deque(maxlen=self.overlap)
+        self._in_window = 0  # frames fed to the current window
+        self._window = 0
+        self._sim: Sim3 | None = None  # current window -> global; None while pending
+        self._pending: _Pending | None = None
+        self._frames = 0  # frames of the sequence fed so far
+        self._window_start = 0  # sequence index of the current window's first frame
+        self._shared_prev: list[FramePrediction] = []  # previous window's aligned shared frames
+        self.transforms: list[Sim3] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def reset(self) -> None:
+        """Start a new sequence."""
+        self._session.reset()
+        self._clear()
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> "WindowedSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, object]:
+        out = self._session.stats()
+        out["windows"] = self._window + 1
+        return out
+
+    # ------------------------------------------------------------------ stepping
+    @torch.no_grad()
+    def step(self, frame: torch.Tensor, *, name: str | None = None) -> list[FramePrediction]:
+        """Feed one frame; returns the predictions (in the first window's frame) it completed."""
+        if self._in_window == self.span:
+            self._start_next_window()
+        out = self._feed(frame, name)
+        self._recent.append((frame, name))
+        self._frames += 1
+        return out
+
+    def flush(self) -> list[FramePrediction]:
+        """Process frames still buffered (a short stream's scale phase) and release held ones."""
+        emitted = self._route(self._session.flush())
+        if self._pending is not None:  # the stream ended inside a window's shared frames
+            emitted += self._resolve()
+        return emitted
+
+    def run_frames(self, frames) -> list[FramePrediction]:
+        preds: list[FramePrediction] = []
+        for frame in frames:
+            preds.extend(self.step(frame))
+        preds.extend(self.flush())
+        return preds
+
+    # ------------------------------------------------------------------ internals
+    def _feed(self, frame, name) -> list[FramePrediction]:
+        self._in_window += 1
+        return self._route(self._session.step(frame, name=name))
+
+    def _start_next_window(self) -> None:
+        # Every frame of the finished window has been emitted; the last `overlap` of them
+        # are the previous window's view of the frames the new window starts with.
+        self._shared_prev = list(self._emitted)[-len(self._recent) :]
+        self._window_start = self._frames - len(self._recent)
+        self._session.reset()
+        self._window += 1
+        self._in_window = 0
+        self._sim = None
+        self._pending = _Pending(shared=[], held=[])
+        log.debug("window %d starts %d frames back", self._window, len(self._recent))
+        # Re-feed the shared frames; their predictions only serve the alignment.
+        for frame, name in list(self._recent):
+            self._feed(frame, name)
+
+    def _route(self, preds: list[FramePrediction]) -> list[FramePrediction]:
+        if self._window == 0:
+            if self._sim is None and preds:
+                self._sim = Sim3.identity(1, preds[0].pose_enc.device)
+                self.transforms.append(self._sim)
+            # Through the identity too, so every emitted quaternion is unit with w >= 0
+            # (as the offline multi-window output).
+            emitted = [self._warp(p) for p in preds]
+            self._emitted.extend(emitted)
+            return emitted
+        emitted: list[FramePrediction] = []
+        for pred in preds:
+            if self._pending is not None and len(self._pending.shared) < len(self._shared_prev):
+                self._pending.shared.append(pred)
+            elif self._pending is not None:
+                self._pending.held.append(pred)
+            else:
+                emitted.append(self._warp(pred))
+        if self._pending is not None and len(self._pending.shared) == len(self._shared_prev):
+            emitted = self._resolve() + emitted
+        self._emitted.extend(emitted)
+        return emitted
+
+    def _resolve(self) -> list[FramePrediction]:
+        pending = self._pending
+        assert pending is not None
+        prev, curr = self._shared_prev[: len(pending.shared)], pending.shared
+        if curr:
+            self._sim = pairwise_alignment(_as_window(prev), _as_window(curr), len(curr))
+        else:
+            self._sim = self.transforms[-1]
+        self.transforms.append(self._sim)
+        self._pending = None
+        return [self._warp(p) for p in pending.held]
+
+    def _warp(self, pred: FramePrediction) -> FramePrediction:
+        """`pred` (window-local) in the first window's frame, with its sequence index."""
+        sim = self._sim
+        assert sim is not None
+        window = _as_window([pred])
+        warped = warp_predictions(window, _to(sim, pred.pose_enc.device))
+        pose = warped["pose_enc"][0, 0]
+        T_world_cam, K = pose_encoding_to_extri_intri(pose, tuple(pred.depth.shape))
+        return FramePrediction(
+            index=self._window_start + pred.index,
+            pose_enc=pose,
+            T_world_cam=T_world_cam,
+            T_cam_world=invert_se3(T_world_cam),
+            K=K,
+            depth=warped["depth"][0, 0, ..., 0],
+            depth_conf=pred.depth_conf,
+            keyframe=pred.keyframe,
+            scale_frame=pred.scale_frame,
+            world_points=warped["world_points"][0, 0] if "world_points" in warped else None,
+            world_points_conf=pred.world_points_conf,
+            name=pred.name,
+        )
+
+
+def _as_window(preds: list[FramePrediction]) -> dict[str, torch.Tensor]:
+    out = {
+        "pose_enc": torch.stack([p.pose_enc for p in preds])[None],
+        "depth": torch.stack([p.depth for p in preds])[None, ..., None],
+        "is_keyframe": torch.tensor([[p.keyframe for p in preds]]),
+    }
+    if preds and preds[0].world_points is not None:
+        out["world_points"] = torch.stack([p.world_points for p in preds])[None]
+    return out
+
+
+def _to(sim: Sim3, device) -> Sim3:
+    return Sim3(sim.scale.to(device), sim.rotation.to(device), sim.translation.to(device))

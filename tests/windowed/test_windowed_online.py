@@ -1,0 +1,60 @@
+"""The online windowed session against the offline windowed inference (tiny preset)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mapstream
+from mapstream.windowed import WindowedSession
+
+
+@pytest.fixture(scope="module")
+def model():
+    return mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+
+
+def frames_of(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 3, 28, 42, generator=g)
+
+
+@pytest.mark.parametrize("overlap, scale, interval, n", [(2, 2, 1, 20), (3, 2, 2, 23), (1, 2, 1, 13)])
+def test_online_windows_equal_the_offline_ones(model, overlap, scale, interval, n):
+    x = frames_of(n, seed=overlap + n)
+    offline = model.inference_windowed(
+        x, window_size=5, overlap_size=overlap, num_scale_frames=scale, keyframe_interval=interval, return_windows=True
+    )
+    with WindowedSession(
+        model, window_size=5, overlap_size=overlap, num_scale_frames=scale, keyframe_interval=interval
+    ) as online:
+        preds = online.run_frames(x)
+        transforms = online.transforms
+    assert [p.index for p in preds] == list(range(n))
+    # Same alignment transforms as the offline stitch.
+    torch.testing.assert_close(torch.stack([t.scale for t in transforms], 1), offline["chunk_scales"])
+    torch.testing.assert_close(torch.stack([t.matrix() for t in transforms], 1), offline["chunk_transforms"])
+    # Frames shared by two windows come from the earlier window online, from the later one
+    # offline; every other frame is identical.
+    span = offline["windows"][0]["pose_enc"].shape[1]
+    step = span - overlap
+    shared = {k * step + o for k in range(1, len(transforms)) for o in range(overlap)}
+    pose = torch.stack([p.pose_enc for p in preds])
+    depth = torch.stack([p.depth for p in preds])
+    for i in range(n):
+        if i not in shared:
+            torch.testing.assert_close(pose[i], offline["pose_enc"][0, i])
+            torch.testing.assert_close(depth[i], offline["depth"][0, i, ..., 0])
+    # Keyframe flags: online frame i is flagged by the window that emitted it.
+    assert all(p.keyframe == offline["windows"][0]["is_keyframe"][0, i].item() for i, p in enumerate(preds[:span]))
+
+
+def test_long_stream_runs_in_per_window_memory(model):
+    x = frames_of(8, seed=9)
+    with WindowedSession(model, window_size=6, overlap_size=2, num_scale_frames=2) as online:
+        held = None
+        for i in range(400):
+            online.step(x[i % 8])
+            if i == 50:
+                held = online.stats()["aggregator"].bytes_held
+        assert online.stats()["aggregator"].bytes_held == held
+        assert online.stats()["windows"] == 1 + (400 - 6 + 3) // 4
