@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from mapstream.geometry.align import ArrayLike, as_float64
 
@@ -60,6 +61,14 @@ class DepthMetrics:
 
     def __getitem__(self, name: str) -> float:
         return self.values[name]
+
+
+def _as_array(x: ArrayLike) -> np.ndarray:
+    """A numpy view of an array or tensor (floating dtypes kept, others as float64)."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    x = np.asarray(x)
+    return x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float64)
 
 
 def _fit(pred: np.ndarray, gt: np.ndarray, align: str) -> tuple[float, float]:
@@ -116,10 +125,12 @@ def depth_metrics(
         raise ValueError(f"depth align must be one of {DEPTH_ALIGN_MODES}, got {align!r}")
     if per not in ("frame", "sequence"):
         raise ValueError(f"per must be 'frame' or 'sequence', got {per!r}")
-    P = as_float64(pred, "pred")
-    G = as_float64(gt, "gt")
+    P = _as_array(pred)  # kept in its dtype; frames are converted to float64 one at a time
+    G = _as_array(gt)
     if P.shape != G.shape or P.ndim not in (2, 3):
-        raise ValueError(f"pred and gt must both be [N, H, W] or [H, W], got {list(P.shape)} and {list(G.shape)}")
+        raise ValueError(
+            f"pred and gt must have the same shape, [N, H, W] or [H, W], got {list(P.shape)} and {list(G.shape)}"
+        )
     if P.ndim == 2:
         P, G = P[None], G[None]
     hi = np.inf if max_depth is None else float(max_depth)
@@ -139,13 +150,13 @@ def depth_metrics(
     n = len(P)
     scales, shifts = np.ones(n), np.zeros(n)
     if per == "sequence":
-        s, b = _fit(P[valid], G[valid], align)
+        s, b = _fit(P[valid].astype(np.float64), G[valid].astype(np.float64), align)
         scales[:], shifts[:] = s, b
     per_frame = {k: np.full(n, np.nan) for k in DEPTH_METRIC_NAMES}
     for f in range(n):
         if counts[f] == 0:
             continue
-        p, g = P[f][valid[f]], G[f][valid[f]]
+        p, g = P[f][valid[f]].astype(np.float64), G[f][valid[f]].astype(np.float64)
         if per == "frame":
             scales[f], shifts[f] = _fit(p, g, align)
         p = np.clip(p * scales[f] + shifts[f], min_depth, hi)

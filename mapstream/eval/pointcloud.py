@@ -50,7 +50,13 @@ def voxel_downsample(points: ArrayLike, voxel_size: float) -> np.ndarray:
         raise ValueError(f"voxel_size must be > 0, got {voxel_size}")
     p = _points(points, "points")
     keys = np.floor(p / voxel_size).astype(np.int64)
-    _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    keys -= keys.min(axis=0)
+    span = keys.max(axis=0) + 1
+    if np.prod(span.astype(np.float64)) < 2**62:  # one int64 per voxel: much faster than axis=0
+        flat = (keys[:, 0] * span[1] + keys[:, 1]) * span[2] + keys[:, 2]
+        _, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
+    else:
+        _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
     sums = np.zeros((len(counts), 3))
     np.add.at(sums, inverse, p)

@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 AUC_THRESHOLDS: tuple[int, ...] = (3, 5, 15, 30)
+_PAIR_CHUNK = 200_000
 
 
 @dataclass(frozen=True)
@@ -294,20 +295,22 @@ def pose_auc(
     P, Q = _check_pair(T_world_cam_est, T_world_cam_ref)
     if len(P) < 2:
         raise ValueError("pose AUC needs at least 2 poses")
-    i, j = np.triu_indices(len(P), k=1)
-    P_rel = _relative(P, i, j)
-    Q_rel = _relative(Q, i, j)
-    R_err = np.swapaxes(Q_rel[:, :3, :3], -1, -2) @ P_rel[:, :3, :3]
-    rot_err = rotation_angle_deg(R_err)
-    tp, tq = P_rel[:, :3, 3], Q_rel[:, :3, 3]
-    norms = np.linalg.norm(tp, axis=1) * np.linalg.norm(tq, axis=1)
-    cos = np.einsum("ma,ma->m", tp, tq) / np.where(norms > 0, norms, 1.0)
-    trans_err = np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
-    trans_err = np.where(norms > 0, trans_err, 180.0)
+    i_all, j_all = np.triu_indices(len(P), k=1)
+    rot_err = np.empty(len(i_all))
+    trans_err = np.empty(len(i_all))
+    for start in range(0, len(i_all), _PAIR_CHUNK):  # bounded memory for long sequences
+        sl = slice(start, start + _PAIR_CHUNK)
+        P_rel = _relative(P, i_all[sl], j_all[sl])
+        Q_rel = _relative(Q, i_all[sl], j_all[sl])
+        rot_err[sl] = rotation_angle_deg(np.swapaxes(Q_rel[:, :3, :3], -1, -2) @ P_rel[:, :3, :3])
+        tp, tq = P_rel[:, :3, 3], Q_rel[:, :3, 3]
+        norms = np.linalg.norm(tp, axis=1) * np.linalg.norm(tq, axis=1)
+        cos = np.einsum("ma,ma->m", tp, tq) / np.where(norms > 0, norms, 1.0)
+        trans_err[sl] = np.where(norms > 0, np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))), 180.0)
     if fold_translation:
         trans_err = np.minimum(trans_err, 180.0 - trans_err)
     auc, racc, tacc = _auc_from_errors(rot_err, trans_err, thresholds)
-    return PoseAUCResult(auc, racc, tacc, rot_err, trans_err, num_pairs=len(i))
+    return PoseAUCResult(auc, racc, tacc, rot_err, trans_err, num_pairs=len(i_all))
 
 
 def aggregate_auc(

@@ -1,0 +1,526 @@
+"""`mapstream eval`: score `mapstream run` outputs against ground truth, per scene and aggregated.
+
+    report = evaluate("runs/desk", "data/rgbd_dataset_freiburg1_desk", align="sim3", out="eval.json")
+    print(format_table(report))
+
+``pred_dir`` is a run folder (``predictions.npz``) for a single ground-truth scene, or a folder of
+run folders named like the scenes of a dataset folder. Frames are matched by name (file stem),
+then by timestamp (names parsed as seconds, else the run's ``timestamps``, within ``max_dt``),
+then by index (equal counts).
+Each metric group is computed when its inputs exist (a failing group is recorded under
+``errors`` and the others still run):
+
+* ``trajectory``: ATE and RPE (``rpe_delta`` frames) after ``align`` (none / se3 / sim3);
+* ``pose_auc``: AUC@3/5/15/30 over all frame pairs (alignment-free);
+* ``depth``: abs-rel ... delta_3 with ``depth_align`` (median / scale_shift / none) per frame or
+  per sequence, at the prediction's resolution (ground truth nearest-resized to it; if the
+  aspect ratios differ, the model input is assumed to be a centre crop of the resized image);
+* ``points``: predicted depth unprojected with predicted poses and moved by the trajectory
+  alignment, against the ground-truth depth unprojected with ground-truth poses (or
+  ``points.ply``), voxel-downsampled, optionally ICP-refined.
+
+Every group in the JSON carries the alignment its numbers were computed with (``"align"``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from mapstream.eval.datasets import GroundTruthSequence, find_scenes, read_sequence
+from mapstream.eval.depth import DEPTH_METRIC_NAMES, depth_metrics
+from mapstream.eval.pointcloud import pointcloud_metrics
+from mapstream.eval.predictions import PREDICTIONS_FILE, Predictions, read_predictions
+from mapstream.eval.trajectory import AUC_THRESHOLDS, PoseAUCResult, aggregate_auc, ate, pose_auc, rpe
+from mapstream.geometry import unproject_depth
+from mapstream.geometry.align import ALIGN_MODES, Sim3
+
+__all__ = ["EvalReport", "SceneReport", "evaluate", "match_frames", "format_table", "eval_main", "write_json_atomic"]
+
+log = logging.getLogger(__name__)
+
+_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".exr", ".npy"}
+_AGGREGATED = {
+    "trajectory": ("ate", "ate_mean", "ate_median", "ate_max", "rpe_trans", "rpe_trans_mean", "rpe_rot_deg",
+                   "rpe_rot_deg_mean"),
+    "depth": DEPTH_METRIC_NAMES,
+    "points": ("accuracy", "completeness", "chamfer", "precision", "recall", "f1"),
+}
+_AUC_ALIGN = "none (invariant to a Sim(3) of either trajectory)"
+
+
+@dataclass
+class SceneReport:
+    """Results of one scene.
+
+    Attributes:
+        name: scene name.
+        pred_dir, gt_dir: where the prediction and the ground truth were read.
+        match: how frames were matched (``"name"``, ``"timestamp"`` or ``"index"``).
+        num_frames: matched frames.
+        metrics: ``{group: {metric: value, "align": ..., settings...}}`` (JSON-ready).
+        errors: ``{group: message}`` for groups that could not be computed.
+    """
+
+    name: str
+    pred_dir: str
+    gt_dir: str
+    match: str = ""
+    num_frames: int = 0
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    auc: PoseAUCResult | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "pred_dir": self.pred_dir, "gt_dir": self.gt_dir, "match": self.match,
+            "num_frames": self.num_frames, "metrics": self.metrics, "errors": self.errors,
+        }
+
+
+@dataclass
+class EvalReport:
+    """All scenes plus the dataset-level aggregate (``{group: {metric: mean over scenes}}``)."""
+
+    scenes: list[SceneReport]
+    aggregate: dict[str, dict[str, Any]]
+    settings: dict[str, Any]
+
+    def to_dict(self) -> dict:
+        return {
+            "settings": self.settings,
+            "scenes": {s.name: s.to_dict() for s in self.scenes},
+            "aggregate": self.aggregate,
+        }
+
+
+# ----------------------------------------------------------------------------- helpers
+def _jsonable(x: Any) -> Any:
+    """Plain JSON types; non-finite floats become ``None``."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as JSON to ``path`` atomically (temporary file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_jsonable(data), f, indent=2, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _frame_key(name: str) -> str:
+    """A frame name without folders and image extension (``rgb/0.100000.png`` -> ``0.100000``)."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    stem, dot, ext = base.rpartition(".")
+    return stem if dot and f".{ext.lower()}" in _IMAGE_SUFFIXES else base
+
+
+def match_frames(
+    pred_names: Sequence[str],
+    gt: GroundTruthSequence,
+    *,
+    mode: str = "auto",
+    max_dt: float = 0.02,
+    pred_timestamps: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """Pair predicted frames with ground-truth frames.
+
+    Args:
+        pred_names: the run's frame names.
+        gt: the ground truth.
+        mode: ``"name"``, ``"timestamp"``, ``"index"`` or ``"auto"`` (the first of those that
+            pairs every predicted frame; else the best partial name/timestamp match if it pairs at
+            least half of them; else an error).
+        max_dt: timestamp tolerance in seconds.
+        pred_timestamps: the run's own timestamps (seconds), used when the names are not numbers.
+
+    Returns:
+        ``(pred_idx [M], gt_idx [M], how)``.
+    """
+    keys = [_frame_key(n) for n in pred_names]
+    candidates: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if mode in ("auto", "name"):
+        lookup = {_frame_key(n): i for i, n in enumerate(gt.frame_names)}
+        pi = [i for i, k in enumerate(keys) if k in lookup]
+        candidates["name"] = (np.array(pi, dtype=np.int64), np.array([lookup[keys[i]] for i in pi], dtype=np.int64))
+    if mode in ("auto", "timestamp") and np.isfinite(gt.timestamps).all():
+        try:
+            stamps = np.array([float(k) for k in keys])
+        except ValueError:
+            stamps = pred_timestamps
+        if stamps is not None and len(gt.timestamps):
+            nearest = np.abs(stamps[:, None] - gt.timestamps[None, :]).argmin(1)
+            ok = np.abs(gt.timestamps[nearest] - stamps) <= max_dt
+            pi, gi = np.flatnonzero(ok), nearest[ok]
+            if len(np.unique(gi)) == len(gi):
+                candidates["timestamp"] = (pi, gi)
+    if mode in ("auto", "index") and len(pred_names) == len(gt):
+        idx = np.arange(len(gt))
+        candidates["index"] = (idx, idx)
+    if mode != "auto":
+        if mode not in candidates or len(candidates[mode][0]) == 0:
+            raise ValueError(f"{gt.name}: no frame could be matched by {mode}")
+        return (*candidates[mode], mode)
+    for how in ("name", "timestamp", "index"):
+        if how in candidates and len(candidates[how][0]) == len(pred_names):
+            return (*candidates[how], how)
+    partial = [h for h in ("name", "timestamp") if h in candidates]
+    best = max(partial, key=lambda h: len(candidates[h][0]), default=None)
+    if best is not None and len(candidates[best][0]) > 0 and 2 * len(candidates[best][0]) >= len(pred_names):
+        log.warning("%s: only %d of %d predicted frames matched by %s", gt.name, len(candidates[best][0]),
+                    len(pred_names), best)
+        return (*candidates[best], best)
+    raise ValueError(
+        f"{gt.name}: cannot match the {len(pred_names)} predicted frames (e.g. {pred_names[0]!r}) to the "
+        f"{len(gt)} ground-truth frames (e.g. {gt.frame_names[0]!r}) by name, timestamp or index"
+    )
+
+
+def _fit_gt_to_pred(depth: np.ndarray, target_hw: tuple[int, int]) -> tuple[np.ndarray, str]:
+    """Nearest-neighbour resize (then centre crop when aspect ratios differ) of a GT depth map."""
+    Hg, Wg = depth.shape
+    Hp, Wp = target_hw
+    if (Hg, Wg) == (Hp, Wp):
+        return depth, "none"
+    scale = max(Hp / Hg, Wp / Wg)  # cover the target, then centre-crop
+    Hs, Ws = round(Hg * scale), round(Wg * scale)
+    oy, ox = (Hs - Hp) // 2, (Ws - Wp) // 2
+    rows = np.minimum(((np.arange(Hp) + oy + 0.5) * Hg / Hs).astype(np.int64), Hg - 1)
+    cols = np.minimum(((np.arange(Wp) + ox + 0.5) * Wg / Ws).astype(np.int64), Wg - 1)
+    how = "nearest resize" if (oy, ox) == (0, 0) else "nearest resize + centre crop"
+    return depth[np.ix_(rows, cols)], how
+
+
+def _cloud(depth: np.ndarray, K: np.ndarray, T_world_cam: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """World points ``[M, 3]`` of the masked pixels of one depth map (float64)."""
+    pts = unproject_depth(torch.from_numpy(np.asarray(depth, np.float64)), torch.from_numpy(K),
+                          torch.from_numpy(T_world_cam[:3])).numpy()
+    return pts[mask]
+
+
+def _subsample(points: np.ndarray, max_points: int, seed: int = 0) -> np.ndarray:
+    """At most ``max_points`` rows, drawn without replacement (seeded, order kept)."""
+    if len(points) <= max_points:
+        return points
+    keep = np.random.default_rng(seed).choice(len(points), max_points, replace=False)
+    return points[np.sort(keep)]
+
+
+# ----------------------------------------------------------------------------- one scene
+def _evaluate_scene(pred: Predictions, gt: GroundTruthSequence, report: SceneReport, opts: dict) -> None:
+    align = opts["align"]
+    T_est, T_ref = pred.T_world_cam, gt.T_world_cam
+    S: Sim3 | None = None
+
+    try:
+        a = ate(T_est, T_ref, align=align)
+        r = rpe(T_est, T_ref, align=align, delta=opts["rpe_delta"])
+        S = a.alignment
+        report.metrics["trajectory"] = {
+            "align": align, "ate": a.rmse, "ate_mean": a.stats.mean, "ate_median": a.stats.median,
+            "ate_max": a.stats.max, "rpe_trans": r.trans.rmse, "rpe_trans_mean": r.trans.mean,
+            "rpe_rot_deg": r.rot_deg.rmse, "rpe_rot_deg_mean": r.rot_deg.mean, "rpe_delta": r.delta,
+            "num_frames": len(T_est), "alignment": S.to_dict(),
+        }
+    except ValueError as err:
+        report.errors["trajectory"] = str(err)
+
+    try:
+        auc = pose_auc(T_est, T_ref, thresholds=opts["auc_thresholds"])
+        report.auc = auc
+        report.metrics["pose_auc"] = _auc_dict(auc)
+    except ValueError as err:
+        report.errors["pose_auc"] = str(err)
+
+    groups = ("depth", "points") if opts["points"] else ("depth",)
+    if pred.depth is None or not gt.has_depth:
+        missing = "predicted" if pred.depth is None else "ground-truth"
+        report.errors.update({g: f"no {missing} depth" for g in groups})
+        return
+    try:
+        fitted = [_fit_gt_to_pred(gt.load_depth(i), pred.depth.shape[1:]) for i in range(len(gt))]
+    except (OSError, RuntimeError, ValueError) as err:
+        report.errors.update({g: f"cannot read the ground-truth depth: {err}" for g in groups})
+        return
+    G = np.stack([d for d, _ in fitted])
+    resize = fitted[0][1]
+    try:
+        dm = depth_metrics(pred.depth, G, align=opts["depth_align"], per=opts["depth_per"],
+                           min_depth=opts["min_depth"], max_depth=opts["max_depth"])
+        report.metrics["depth"] = {
+            "align": f"{dm.align} per {dm.per}", **dm.values, "min_depth": dm.min_depth,
+            "max_depth": dm.max_depth, "gt_resize": resize, "num_frames": len(G),
+            "mean_scale": float(np.mean(dm.scales)),
+        }
+    except ValueError as err:
+        report.errors["depth"] = str(err)
+
+    if not opts["points"]:
+        return
+    if S is None:
+        report.errors["points"] = "needs the trajectory alignment, which failed"
+        return
+    try:
+        report.metrics["points"] = _points_group(pred, gt, G, S, opts)
+    except (OSError, RuntimeError, ValueError) as err:
+        report.errors["points"] = str(err)
+
+
+def _auc_dict(auc: PoseAUCResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"align": _AUC_ALIGN}
+    out.update({f"auc@{t}": v for t, v in auc.auc.items()})
+    out.update({f"rot_acc@{t}": v for t, v in auc.rot_acc.items()})
+    out.update({f"trans_acc@{t}": v for t, v in auc.trans_acc.items()})
+    out["num_pairs"] = auc.num_pairs
+    return out
+
+
+def _points_group(pred: Predictions, gt: GroundTruthSequence, G: np.ndarray, S: Sim3, opts: dict) -> dict[str, Any]:
+    hi = np.inf if opts["max_depth"] is None else opts["max_depth"]
+    per_frame = -(-opts["max_cloud_points"] // len(gt))  # memory bound: subsample frame by frame
+    pred_pts, gt_pts = [], []
+    for i in range(len(gt)):
+        valid = np.isfinite(G[i]) & (G[i] > opts["min_depth"]) & (G[i] < hi)
+        valid &= np.isfinite(pred.depth[i]) & (pred.depth[i] > 0)
+        pred_pts.append(_subsample(_cloud(pred.depth[i], pred.K[i], pred.T_world_cam[i], valid), per_frame, i))
+        if gt.points_path is None:
+            d = gt.load_depth(i)
+            gvalid = np.isfinite(d) & (d > opts["min_depth"]) & (d < hi)
+            gt_pts.append(_subsample(_cloud(d, gt.K[i], gt.T_world_cam[i], gvalid), per_frame, i))
+    P = S.apply_points(np.concatenate(pred_pts))
+    if gt.points_path is not None:
+        Gp = _subsample(gt.load_points(), opts["max_cloud_points"])
+    else:
+        Gp = np.concatenate(gt_pts)
+    voxel = opts["voxel_size"] if opts["voxel_size"] is not None else opts["point_threshold"] / 2
+    m = pointcloud_metrics(P, Gp, threshold=opts["point_threshold"], voxel_size=voxel or None,
+                           icp_refine=opts["icp"])
+    return {
+        "align": f"{opts['align']} (trajectory)" + (" + ICP" if opts["icp"] else ""),
+        "accuracy": m.accuracy, "completeness": m.completeness, "chamfer": m.chamfer,
+        "accuracy_median": m.accuracy_median, "completeness_median": m.completeness_median,
+        "precision": m.precision, "recall": m.recall, "f1": m.f1, "threshold": m.threshold,
+        "voxel_size": m.voxel_size, "num_pred": m.num_pred, "num_gt": m.num_gt,
+        "gt_source": "points.ply" if gt.points_path is not None else "depth",
+        "icp_transform": m.icp.transform.to_dict() if m.icp is not None else None,
+    }
+
+
+# ----------------------------------------------------------------------------- entry points
+def _pair_scenes(pred_dir: Path, gt: str | Path | GroundTruthSequence) -> list[tuple[str, Path | None, Any]]:
+    """``[(scene name, run folder or None, ground truth path or sequence)]``."""
+    if isinstance(gt, GroundTruthSequence):
+        return [(gt.name, pred_dir, gt)]
+    scenes = find_scenes(gt)
+    if (pred_dir / PREDICTIONS_FILE).is_file() or pred_dir.suffix == ".npz":
+        if len(scenes) != 1:
+            raise ValueError(f"{pred_dir} is one run but {gt} holds {len(scenes)} scenes: point --gt at one scene")
+        (name, path), = scenes.items()
+        return [(name, pred_dir, path)]
+    out = []
+    for name, path in scenes.items():
+        run = pred_dir / name
+        out.append((name, run if (run / PREDICTIONS_FILE).is_file() else None, path))
+    if all(run is None for _, run, _ in out):
+        raise FileNotFoundError(f"{pred_dir}: no {PREDICTIONS_FILE}, nor a sub-folder per scene with one")
+    return out
+
+
+def evaluate(
+    pred_dir: str | Path,
+    gt: str | Path | GroundTruthSequence,
+    *,
+    align: str = "sim3",
+    rpe_delta: int = 1,
+    auc_thresholds: Sequence[int] = AUC_THRESHOLDS,
+    depth_align: str = "median",
+    depth_per: str = "frame",
+    min_depth: float = 1e-3,
+    max_depth: float | None = None,
+    points: bool = True,
+    point_threshold: float = 0.05,
+    voxel_size: float | None = None,
+    icp: bool = False,
+    max_cloud_points: int = 2_000_000,
+    match: str = "auto",
+    max_dt: float = 0.02,
+    tum_camera: str = "default",
+    out: str | Path | None = None,
+) -> EvalReport:
+    """Evaluate run outputs against ground truth (see the module docstring).
+
+    Args:
+        pred_dir: a run folder (``predictions.npz``) or a folder of run folders named by scene.
+        gt: a scene (TUM sequence, benchmark scene), a dataset folder of scenes, or a
+            :class:`GroundTruthSequence`.
+        align: trajectory alignment: ``"none"``, ``"se3"`` or ``"sim3"`` (Umeyama).
+        rpe_delta: RPE frame offset.
+        auc_thresholds: pose-AUC thresholds (degrees).
+        depth_align: ``"median"``, ``"scale_shift"`` or ``"none"``; ``depth_per``: ``"frame"`` / ``"sequence"``.
+        min_depth, max_depth: ground-truth validity range (metres) for depth and points.
+        points: compute point-cloud metrics.
+        point_threshold: precision / recall / F1 threshold (metres).
+        voxel_size: downsampling voxel (default ``point_threshold / 2``; 0 = none).
+        icp: refine the aligned prediction onto the ground truth with ICP.
+        max_cloud_points: random (seeded) subsampling of each cloud before voxelization.
+        match: frame matching (``"auto"``, ``"name"``, ``"timestamp"``, ``"index"``).
+        max_dt: timestamp tolerance (s) for matching and TUM association.
+        tum_camera: TUM intrinsics (``"default"``, ``"freiburg1"``... or ``"auto"``).
+        out: write the report's JSON there (atomically).
+
+    Raises:
+        ValueError / FileNotFoundError: bad arguments, or nothing to evaluate.
+    """
+    if align not in ALIGN_MODES:
+        raise ValueError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+    pred_dir = Path(pred_dir)
+    opts = dict(align=align, rpe_delta=rpe_delta, auc_thresholds=tuple(auc_thresholds), depth_align=depth_align,
+                depth_per=depth_per, min_depth=min_depth, max_depth=max_depth, points=points,
+                point_threshold=point_threshold, voxel_size=voxel_size, icp=icp, max_cloud_points=max_cloud_points,
+                match=match, max_dt=max_dt, tum_camera=tum_camera)
+    scenes: list[SceneReport] = []
+    pairs = _pair_scenes(pred_dir, gt)
+    for name, run, gt_src in pairs:
+        gt_path = str(gt_src.root) if isinstance(gt_src, GroundTruthSequence) else str(gt_src)
+        report = SceneReport(name, str(run) if run else "", gt_path)
+        scenes.append(report)
+        if run is None:
+            report.errors["scene"] = f"no run folder {pred_dir / name} with {PREDICTIONS_FILE}"
+            log.warning("%s", report.errors["scene"])
+            continue
+        try:
+            seq = gt_src if isinstance(gt_src, GroundTruthSequence) else read_sequence(
+                gt_src, max_dt=max_dt, camera=tum_camera)
+            pred = read_predictions(run)
+            pi, gi, report.match = match_frames(pred.names, seq, mode=match, max_dt=max_dt,
+                                                pred_timestamps=pred.timestamps)
+        except (OSError, ValueError) as err:
+            if len(pairs) == 1:
+                raise
+            report.errors["scene"] = str(err)  # one bad scene of a dataset: go on with the others
+            log.warning("%s: skipped: %s", name, err)
+            continue
+        report.num_frames = len(pi)
+        log.info("%s: %d frames matched by %s", name, len(pi), report.match)
+        _evaluate_scene(pred.subset(pi), seq.subset(gi), report, opts)
+        for group, msg in report.errors.items():
+            log.warning("%s: %s not computed: %s", name, group, msg)
+    result = EvalReport(scenes, _aggregate(scenes), _jsonable(opts))
+    if out is not None:
+        write_json_atomic(out, result.to_dict())
+        log.info("wrote %s", out)
+    return result
+
+
+def _aggregate(scenes: list[SceneReport]) -> dict[str, dict[str, Any]]:
+    agg: dict[str, dict[str, Any]] = {}
+    for group, keys in _AGGREGATED.items():
+        done = [s.metrics[group] for s in scenes if group in s.metrics]
+        if done:
+            agg[group] = {"align": done[0]["align"], "num_scenes": len(done),
+                          **{k: float(np.mean([d[k] for d in done])) for k in keys}}
+    aucs = [s.auc for s in scenes if s.auc is not None]
+    for mode in ("macro", "micro") if aucs else ():
+        agg[f"pose_auc_{mode}"] = {**_auc_dict(aggregate_auc(aucs, mode=mode)), "num_scenes": len(aucs)}
+    return agg
+
+
+# ----------------------------------------------------------------------------- presentation
+def _fmt(v: Any, pct: bool = False) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{100 * v:.2f}" if pct else f"{v:.4f}"
+
+
+def format_table(report: EvalReport) -> str:
+    """A plain-text table of the report: one section per metric group, a row per scene, then
+    (several scenes) the mean over scenes, and for pose AUC the macro ("mean") and micro rows."""
+    rows = [(s.name, s.metrics) for s in report.scenes]
+    if len(report.scenes) > 1:
+        agg = report.aggregate
+        mean = {g: agg[g] for g in _AGGREGATED if g in agg}
+        if "pose_auc_macro" in agg:
+            mean["pose_auc"] = agg["pose_auc_macro"]
+        rows.append(("mean", mean))
+        if "pose_auc_micro" in agg:
+            rows.append(("micro", {"pose_auc": agg["pose_auc_micro"]}))
+    thresholds = report.settings.get("auc_thresholds", list(AUC_THRESHOLDS))
+    sections = [
+        ("trajectory", "Trajectory", [("ATE", "ate", False), ("RPE-t", "rpe_trans", False),
+                                      ("RPE-r(deg)", "rpe_rot_deg", False)]),
+        ("pose_auc", "Pose AUC (%)", [(f"AUC@{t}", f"auc@{t}", True) for t in thresholds]),
+        ("depth", "Depth", [(k, k, False) for k in DEPTH_METRIC_NAMES]),
+        ("points", "Points", [("acc", "accuracy", False), ("comp", "completeness", False),
+                              ("chamfer", "chamfer", False), ("P(%)", "precision", True),
+                              ("R(%)", "recall", True), ("F1(%)", "f1", True)]),
+    ]
+    width = max([5] + [len(n) for n, _ in rows])
+    lines = []
+    for group, title, cols in sections:
+        present = [(n, m[group]) for n, m in rows if group in m]
+        if not present:
+            continue
+        first = present[0][1]
+        extra = f", threshold {first['threshold']:g}" if group == "points" else ""
+        lines.append(f"{title} [align: {first['align']}{extra}]")
+        lines.append(f"{'scene':<{width}}  " + "  ".join(f"{c[0]:>10}" for c in cols))
+        for name, g in present:
+            lines.append(f"{name:<{width}}  " + "  ".join(f"{_fmt(g.get(k), pct):>10}" for _, k, pct in cols))
+        lines.append("")
+    for s in report.scenes:
+        for group, msg in s.errors.items():
+            lines.append(f"{s.name}: {group} not computed: {msg}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def eval_main(pred: str, gt: str, out: str | None, align: str, *, emit: Callable[[str], None] | None = None) -> int:
+    """CLI body of ``mapstream eval``: evaluate, write JSON, emit the table.
+
+    Args:
+        pred: run folder, or folder of per-scene run folders.
+        gt: ground-truth scene or dataset folder.
+        out: JSON path (default: ``<pred>/eval.json``).
+        align: ``"none"``, ``"se3"`` or ``"sim3"``.
+        emit: receives the table (default: logged at INFO on this module's logger).
+
+    Returns:
+        0 when at least one metric group was computed, 1 when none was, 2 on bad input
+        (missing files, unreadable data, invalid arguments; the reason is logged as an error).
+    """
+    out_path = Path(out) if out else Path(pred) / "eval.json"
+    try:
+        report = evaluate(pred, gt, align=align, out=out_path)
+    except (FileNotFoundError, ValueError, RuntimeError, OSError) as err:
+        log.error("mapstream eval: %s", err)
+        return 2
+    table = format_table(report)
+    (emit or (lambda text: log.info("\n%s", text)))(table)
+    return 0 if any(s.metrics for s in report.scenes) else 1

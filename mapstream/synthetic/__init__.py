@@ -1,0 +1,28 @@
+"""Procedural posed RGB-D sequences for tests and oracles (exact depth, known poses, CPU only).
+
+See :mod:`mapstream.synthetic.sequence` for the entry points and :mod:`mapstream.synthetic.scene`
+for the ray caster.
+"""
+from mapstream.synthetic.scene import Box, Scene, Sphere, Texture, make_scene
+from mapstream.synthetic.sequence import (
+    SyntheticSequence,
+    camera_path,
+    load_sequence,
+    look_at,
+    render_sequence,
+    write_sequence,
+)
+
+__all__ = [
+    "Box",
+    "Scene",
+    "Sphere",
+    "SyntheticSequence",
+    "Texture",
+    "camera_path",
+    "load_sequence",
+    "look_at",
+    "make_scene",
+    "render_sequence",
+    "write_sequence",
+]
