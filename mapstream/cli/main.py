@@ -7,12 +7,13 @@ from typing import Annotated, Union
 
 from .bench import Bench
 from .info import Info
+from .view import View
 
 
 def _commands():
     import tyro
 
-    commands = {"bench": Bench, "info": Info}
+    commands = {"bench": Bench, "info": Info, "view": View}
     return Union[tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in commands.items())]  # type: ignore[return-value]
 
 

@@ -1,0 +1,64 @@
+"""`mapstream view DIR`: look at a run's outputs in the browser (viser; see docs/VIEWER.md)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+try:  # tyro only matters when parsing a command line
+    import tyro
+
+    RunDir = Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="RUN_DIR")]
+except ImportError:
+    RunDir = Path  # type: ignore[misc]
+
+from ..viewer.scene import DEFAULT_MAX_POINTS
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class View:
+    """Serve a run folder (the --out of `mapstream run`) in a browser: point cloud, cameras, frame scrubber."""
+
+    run_dir: RunDir
+    """Run folder holding predictions.npz (or the path of a predictions .npz file)."""
+    port: int = 8080
+    """Port to serve on (the next free one is taken if it is busy)."""
+    host: str = "127.0.0.1"
+    """Interface to bind; 0.0.0.0 makes the viewer reachable from other machines."""
+    conf_threshold: float = 1.5
+    """Initial confidence threshold: points with confidence > this are shown (confidence is > 1)."""
+    max_points: int = DEFAULT_MAX_POINTS
+    """Most points held and shown; beyond, a seeded uniform subsample."""
+    point_size: float | None = None
+    """Initial point size in world units (default: the median size of a pixel at its depth)."""
+    downsample: Literal[1, 2, 4, 8, 16, 32] = 1
+    """Initially keep one point in this many."""
+    hide_sky: bool = False
+    """Initially hide sky points (when the run has a sky mask)."""
+    block: bool = True
+    """Serve until Ctrl-C; --no-block builds the scene, prints the address and exits (a smoke test)."""
+
+    def main(self) -> int:
+        from ..viewer import ViewerApp, ViewerOptions, load_run
+
+        recon = load_run(self.run_dir)
+        options = ViewerOptions(
+            conf_threshold=self.conf_threshold, max_points=self.max_points, point_size=self.point_size,
+            downsample=self.downsample, hide_sky=self.hide_sky,
+        )
+        app = ViewerApp(recon, options, host=self.host, port=self.port, title=f"mapstream: {self.run_dir}")
+        app.start()
+        try:
+            print(
+                f"viewing {self.run_dir}: {len(recon)} frames, {len(app.pool):,} points "
+                f"({app.pool.num_valid:,} valid) at {app.url}"
+            )
+            if self.block:
+                print("press Ctrl-C to stop")
+                app.wait()
+        finally:
+            app.stop()
+        return 0

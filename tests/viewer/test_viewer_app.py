@@ -1,0 +1,145 @@
+"""The viewer server without a browser: lifecycle and port, controls, run loading, the CLI."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from viewer_synthetic import N, make_recon
+
+from mapstream.cli.main import main as cli_main
+from mapstream.viewer import load_run
+
+pytest.importorskip("viser")
+
+from mapstream.viewer import ViewerApp, ViewerOptions  # noqa: E402
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``127.0.0.1:port`` now (SO_REUSEADDR, as servers do)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError:
+            return False
+    return True
+
+
+def test_start_serves_http_and_stop_frees_the_port(free_port: int) -> None:
+    app = ViewerApp(make_recon(), port=free_port)
+    with pytest.raises(RuntimeError, match="not started"):
+        app.url
+    app.start()
+    try:
+        assert app.port == free_port and app.url == f"http://127.0.0.1:{free_port}"
+        assert not port_is_free(free_port)
+        with urllib.request.urlopen(app.url, timeout=10) as response:
+            assert response.status == 200
+            assert "<html" in response.read().decode("utf-8", "replace").lower()
+        with pytest.raises(RuntimeError, match="already started"):
+            app.start()
+    finally:
+        app.stop()
+    assert app.server is None and app.handles is None
+    assert port_is_free(free_port)
+    app.stop()  # idempotent
+    with ViewerApp(make_recon(), port=free_port) as again:  # the same port can be taken again
+        assert again.port == free_port
+    assert port_is_free(free_port)
+
+
+def test_controls_drive_the_shown_points(free_port: int) -> None:
+    recon = make_recon()
+    with ViewerApp(recon, ViewerOptions(conf_threshold=3.0), port=free_port) as app:
+        handles = app.handles
+        assert handles is not None and handles.hide_sky is not None
+        assert len(handles.point_clouds) == len(handles.frustums) == N
+        assert handles.frame.value == N - 1 and handles.frame_mode.value == "up to t"
+        expected = int((app.pool.conf > 3.0).sum())
+        assert app.shown_point_count == expected
+        assert sum(len(cloud.points) for cloud in handles.point_clouds) == expected
+        cloud = handles.point_clouds[1]
+        np.testing.assert_array_equal(cloud.colors, app.pool.rgb[(app.pool.frame == 1) & (app.pool.conf > 3.0)])
+
+        handles.frame_mode.value = "only t"
+        handles.frame.value = 0
+        assert app.shown_point_count == int(((app.pool.conf > 3.0) & (app.pool.frame == 0)).sum())
+        assert [c.visible for c in handles.point_clouds] == [True, False, False]
+        handles.show_cameras.value = False
+        assert not any(f.visible for f in handles.frustums)
+
+        handles.frame_mode.value = "all"
+        handles.conf_threshold.value = 1.0
+        handles.hide_sky.value = True
+        assert app.shown_point_count == int(((app.pool.conf > 1.0) & ~app.pool.sky).sum())
+        handles.downsample.value = "4"
+        assert app.shown_point_count == int(((app.pool.conf > 1.0) & ~app.pool.sky & (app.pool.rank % 4 == 0)).sum())
+        handles.point_size.value = 0.02
+        assert all(c.point_size == pytest.approx(0.02) for c in handles.point_clouds)
+        app.reset_view()  # no client connected: nothing to move, no error
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="downsample"):
+        ViewerApp(make_recon(), ViewerOptions(downsample=3))
+    with pytest.raises(ValueError, match="frame_mode"):
+        ViewerApp(make_recon(), ViewerOptions(frame_mode="later"))  # type: ignore[arg-type]
+
+
+def test_load_run_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_run(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="predictions.npz not found"):
+        load_run(tmp_path)
+    (tmp_path / "predictions.npz").write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="corrupt or truncated"):
+        load_run(tmp_path)
+    good = make_recon().save_npz(tmp_path / "good.npz")
+    data = good.read_bytes()
+    (tmp_path / "predictions.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="corrupt or truncated"):
+        load_run(tmp_path)
+    np.savez(tmp_path / "predictions.npz", images=np.zeros((1, 2, 2, 3), np.uint8))
+    with pytest.raises(ValueError, match="missing keys"):
+        load_run(tmp_path)
+    assert len(load_run(good)) == N  # an .npz path works too
+
+
+def test_cli_view(tmp_path: Path, free_port: int, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["view", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli_main(["view", str(tmp_path)]) == 2
+    assert "predictions.npz not found" in capsys.readouterr().err
+    make_recon().save_npz(tmp_path / "predictions.npz")
+    assert cli_main(["view", str(tmp_path), "--no-block", "--port", str(free_port), "--conf-threshold", "1.0"]) == 0
+    out = capsys.readouterr().out
+    assert f"http://127.0.0.1:{free_port}" in out and f"{N} frames" in out
+    assert port_is_free(free_port)
+
+
+def test_import_mapstream_does_not_import_viser() -> None:
+    code = "import sys, mapstream, mapstream.viewer, mapstream.cli.main; sys.exit('viser' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_play_advances_the_scrubber_and_single_frame_runs_work(free_port: int) -> None:
+    import time
+
+    with ViewerApp(make_recon(), port=free_port) as app:
+        assert app.handles is not None
+        app.handles.fps.value = 30
+        app.handles.play.value = True
+        deadline = time.monotonic() + 10
+        while app.handles.frame.value == N - 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        app.handles.play.value = False
+        assert app.handles.frame.value != N - 1, "play did not move the frame slider"
+    with ViewerApp(make_recon(n=1, sky=False), port=free_port) as app:
+        assert app.handles is not None and app.handles.hide_sky is None and app.handles.frame.disabled
+        assert app.shown_point_count == int((app.pool.conf > 1.5).sum()) > 0
