@@ -7,13 +7,14 @@ from typing import Annotated, Union
 
 from .bench import Bench
 from .info import Info
+from .run import Run
 from .view import View
 
 
 def _commands():
     import tyro
 
-    commands = {"bench": Bench, "info": Info, "view": View}
+    commands = {"run": Run, "view": View, "bench": Bench, "info": Info}
     return Union[tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in commands.items())]  # type: ignore[return-value]
 
 

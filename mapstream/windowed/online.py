@@ -24,7 +24,7 @@ from ..session import FramePrediction, Session
 from .align import Sim3, pairwise_alignment, warp_predictions
 from .plan import effective_overlap
 
-__all__ = ["WindowedSession"]
+__all__ = ["WindowedSession", "warp_prediction", "predictions_as_window"]
 
 log = logging.getLogger(__name__)
 
@@ -202,26 +202,35 @@ class WindowedSession:
 
     def _warp(self, pred: FramePrediction) -> FramePrediction:
         """`pred` (window-local) in the first window's frame, with its sequence index."""
-        sim = self._sim
-        assert sim is not None
-        window = _as_window([pred])
-        warped = warp_predictions(window, _to(sim, pred.pose_enc.device))
-        pose = warped["pose_enc"][0, 0]
-        T_world_cam, K = pose_encoding_to_extri_intri(pose, tuple(pred.depth.shape))
-        return FramePrediction(
-            index=self._window_start + pred.index,
-            pose_enc=pose,
-            T_world_cam=T_world_cam,
-            T_cam_world=invert_se3(T_world_cam),
-            K=K,
-            depth=warped["depth"][0, 0, ..., 0],
-            depth_conf=pred.depth_conf,
-            keyframe=pred.keyframe,
-            scale_frame=pred.scale_frame,
-            world_points=warped["world_points"][0, 0] if "world_points" in warped else None,
-            world_points_conf=pred.world_points_conf,
-            name=pred.name,
-        )
+        assert self._sim is not None
+        return warp_prediction(pred, self._sim, index=self._window_start + pred.index)
+
+
+def warp_prediction(pred: FramePrediction, sim: Sim3, *, index: int | None = None) -> FramePrediction:
+    """A FramePrediction mapped by x -> s R x + t (pose re-encoded with a unit quaternion,
+    depth scaled, world points mapped); `index` replaces its index if given."""
+    warped = warp_predictions(_as_window([pred]), _to(sim, pred.pose_enc.device))
+    pose = warped["pose_enc"][0, 0]
+    T_world_cam, K = pose_encoding_to_extri_intri(pose, tuple(pred.depth.shape))
+    return FramePrediction(
+        index=pred.index if index is None else index,
+        pose_enc=pose,
+        T_world_cam=T_world_cam,
+        T_cam_world=invert_se3(T_world_cam),
+        K=K,
+        depth=warped["depth"][0, 0, ..., 0],
+        depth_conf=pred.depth_conf,
+        keyframe=pred.keyframe,
+        scale_frame=pred.scale_frame,
+        world_points=warped["world_points"][0, 0] if "world_points" in warped else None,
+        world_points_conf=pred.world_points_conf,
+        name=pred.name,
+    )
+
+
+def predictions_as_window(preds: list[FramePrediction]) -> dict[str, torch.Tensor]:
+    """Stack FramePredictions into the window dict the alignment functions take."""
+    return _as_window(preds)
 
 
 def _as_window(preds: list[FramePrediction]) -> dict[str, torch.Tensor]:

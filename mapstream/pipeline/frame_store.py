@@ -1,0 +1,138 @@
+"""Finished frames of a run, kept on disk as they come: nothing is lost on interruption.
+
+Frames are buffered in memory and written as numbered shards (`<out>/.frames/shard_*.npz`,
+atomically) every `shard_frames` frames; `progress.json` records the run's configuration
+and the frames finished. A later run with the same configuration reads the shards back and
+resumes after the last finished frame. At the end, `assemble()` gathers every shard into
+memory-mapped arrays (bounded RAM however long the run) for the exporters.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..export.atomic import atomic_path, atomic_write_text, prepare_dir
+from ..export.reconstruction import Reconstruction
+
+__all__ = ["FrameStore", "FrameRecord"]
+
+log = logging.getLogger(__name__)
+
+FrameRecord = dict[str, Any]
+"""One frame: image [H,W,3] u8, depth, depth_conf [H,W] f32, T_world_cam [3,4], K [3,3],
+pose_enc [9], keyframe bool, name str, index int."""
+
+_ARRAYS = ("image", "depth", "depth_conf", "T_world_cam", "K", "pose_enc", "keyframe", "index")
+
+
+class FrameStore:
+    def __init__(self, out_dir: Path, config: dict[str, Any], *, shard_frames: int = 64, resume: bool = True) -> None:
+        self.out = prepare_dir(out_dir)
+        self.dir = prepare_dir(self.out / ".frames")
+        self.config = config
+        self.shard_frames = shard_frames
+        self._buffer: list[FrameRecord] = []
+        self._shards: list[tuple[Path, int]] = []  # (path, frames)
+        self._names: list[str] = []
+        self.finished = 0
+        progress = self.out / "progress.json"
+        if resume and progress.exists():
+            self._resume(json.loads(progress.read_text()))
+        else:
+            for old in self.dir.glob("shard_*.npz"):
+                old.unlink()
+
+    def _resume(self, progress: dict[str, Any]) -> None:
+        if progress.get("config") != self.config:
+            log.warning("existing outputs in %s come from another configuration; starting over", self.out)
+            for old in self.dir.glob("shard_*.npz"):
+                old.unlink()
+            return
+        for entry in progress.get("shards", []):
+            path = self.dir / entry["file"]
+            if not path.exists():
+                break
+            self._shards.append((path, entry["frames"]))
+            self._names.extend(entry["names"])
+        self.finished = sum(n for _, n in self._shards)
+        log.info("resuming: %d frames already finished in %s", self.finished, self.out)
+
+    def add(self, record: FrameRecord) -> None:
+        self._buffer.append(record)
+        if len(self._buffer) >= self.shard_frames:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write buffered frames as a shard and update progress.json (both atomically)."""
+        if not self._buffer:
+            return
+        path = self.dir / f"shard_{len(self._shards):06d}.npz"
+        arrays = {key: np.stack([np.asarray(r[key]) for r in self._buffer]) for key in _ARRAYS}
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+        names = [r["name"] for r in self._buffer]
+        self._shards.append((path, len(self._buffer)))
+        self._names.extend(names)
+        self.finished += len(self._buffer)
+        self._buffer = []
+        shards = []
+        for i, (p, n) in enumerate(self._shards):
+            start = sum(m for _, m in self._shards[:i])
+            shards.append({"file": p.name, "frames": n, "names": self._names[start : start + n]})
+        atomic_write_text(
+            self.out / "progress.json", json.dumps({"config": self.config, "frames": self.finished, "shards": shards}, indent=1)
+        )
+
+    def last_records(self, count: int) -> list[FrameRecord]:
+        """The last `count` finished frames (for re-anchoring a resumed run)."""
+        self.flush()
+        records: list[FrameRecord] = []
+        for path, _ in reversed(self._shards):
+            with np.load(path) as data:
+                n = data["index"].shape[0]
+                for j in reversed(range(n)):
+                    records.insert(0, {key: data[key][j] for key in _ARRAYS})
+                    if len(records) == count:
+                        return records
+        return records
+
+    @property
+    def total(self) -> int:
+        return self.finished + len(self._buffer)
+
+    def assemble(self, fps: float | None = None) -> Reconstruction:
+        """Every finished frame as a Reconstruction backed by memory-mapped arrays."""
+        self.flush()
+        if not self._shards:
+            raise ValueError("no frame was finished; nothing to export")
+        work = prepare_dir(self.out / ".frames" / "assembled")
+        with np.load(self._shards[0][0]) as first:
+            shapes = {key: first[key].shape[1:] for key in _ARRAYS}
+            dtypes = {key: first[key].dtype for key in _ARRAYS}
+        total = self.finished
+        arrays = {
+            key: np.lib.format.open_memmap(work / f"{key}.npy", mode="w+", dtype=dtypes[key], shape=(total, *shapes[key]))
+            for key in _ARRAYS
+        }
+        at = 0
+        for path, n in self._shards:
+            with np.load(path) as data:
+                for key in _ARRAYS:
+                    arrays[key][at : at + n] = data[key]
+            at += n
+        return Reconstruction(
+            images=arrays["image"],
+            depth=arrays["depth"],
+            depth_conf=arrays["depth_conf"],
+            T_world_cam=arrays["T_world_cam"],
+            K=arrays["K"],
+            pose_enc=arrays["pose_enc"],
+            names=list(self._names),
+            keyframe=np.asarray(arrays["keyframe"], dtype=bool),
+            fps=fps,
+        )

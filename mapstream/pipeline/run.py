@@ -1,0 +1,266 @@
+"""The main job: frames in (folder, video, webcam, demo), every output format out.
+
+Frames are read and fed one at a time (host and GPU memory stay bounded on long videos);
+finished frames go to disk in shards as they come (`FrameStore`), so an interrupted run
+keeps them and a rerun resumes: it restarts the stream `overlap` frames before the last
+finished frame and aligns the new predictions to the finished ones with the windowed
+Sim(3) estimate.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..export import ALL_FORMATS, export_all, runtime_versions, write_run_json
+from ..session import FramePrediction
+from ..windowed import WindowedSession, pairwise_alignment
+from ..windowed.online import predictions_as_window, warp_prediction
+from .frame_store import FrameStore
+from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
+
+__all__ = ["RunOptions", "RunSummary", "run"]
+
+log = logging.getLogger(__name__)
+
+TRAINED_VIEWS = 320
+DEMO_HW = (112, 196)  # the reference's rule: keyframe interval ceil(N / 320) for long inputs
+
+
+@dataclass
+class RunOptions:
+    input: str | None
+    out: Path
+    model: str = DEFAULT_REPO
+    checkpoint_file: str = DEFAULT_CHECKPOINT
+    mode: str = "streaming"
+    image_size: int = 518
+    preprocess: str = "crop"
+    fps: float = 10.0
+    stride: int = 1
+    first_k: int | None = None
+    num_scale_frames: int = 8
+    keyframe_interval: int | str | None = None
+    window_size: int = 64
+    overlap: int = 16
+    device: str = "auto"
+    precision: str = "auto"
+    backend: str = "auto"
+    formats: tuple[str, ...] = ALL_FORMATS
+    conf_threshold: float = 1.5
+    voxel_size: float | None = None
+    resume: bool = True
+    demo: bool = False
+    demo_frames: int = 24
+
+
+@dataclass
+class RunSummary:
+    frames: int
+    new_frames: int
+    fps: float
+    out: Path
+    outputs: dict[str, Path] = field(default_factory=dict)
+    model: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _source(opts: RunOptions):
+    from ..io.sources import open_source
+
+    kwargs = dict(mode=opts.preprocess, image_size=opts.image_size, stride=opts.stride, first_k=opts.first_k)
+    if opts.demo:
+        folder = _demo_input(opts.out / "input", opts.demo_frames)
+        kwargs["image_size"] = DEMO_HW[1]  # the demo runs at its rendered size
+        return open_source(str(folder), **kwargs)
+    if opts.input is None:
+        raise ValueError("no input: give a folder, video, glob, webcam index or URL (or --demo)")
+    return open_source(opts.input, fps=opts.fps, **kwargs)
+
+
+def _demo_input(folder: Path, frames: int) -> Path:
+    """A short synthetic sequence the project renders itself (no download)."""
+    from PIL import Image
+
+    from ..export.atomic import atomic_path, prepare_dir
+    from ..synthetic import render_sequence
+
+    folder = prepare_dir(folder)
+    if len(list(folder.glob("*.png"))) == frames:
+        return folder
+    seq = render_sequence(frames, image_hw=DEMO_HW, seed=0)
+    for i, rgb in enumerate(seq.rgb):
+        with atomic_path(folder / f"{i:06d}.png") as tmp:
+            Image.fromarray(rgb).save(tmp, format="PNG")
+    return folder
+
+
+def _keyframe_interval(opts: RunOptions, length: int | None):
+    if opts.keyframe_interval is not None:
+        return opts.keyframe_interval
+    if length is None:
+        return "auto" if opts.mode == "streaming" else 1
+    # Keep the stored frames within the views the model was trained on (reference rule).
+    return max(1, math.ceil(length / TRAINED_VIEWS)) if opts.mode == "streaming" else 1
+
+
+def _record(pred: FramePrediction, frame: torch.Tensor) -> dict[str, Any]:
+    image = (frame.permute(1, 2, 0).clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
+    return {
+        "image": image,
+        "depth": pred.depth.float().cpu().numpy(),
+        "depth_conf": pred.depth_conf.float().cpu().numpy(),
+        "T_world_cam": pred.T_world_cam.float().cpu().numpy(),
+        "K": pred.K.float().cpu().numpy(),
+        "pose_enc": pred.pose_enc.float().cpu().numpy(),
+        "keyframe": bool(pred.keyframe),
+        "index": int(pred.index),
+        "name": pred.name or f"frame_{pred.index:06d}",
+    }
+
+
+def _as_prediction(record: dict[str, Any]) -> FramePrediction:
+    t = {k: torch.as_tensor(np.asarray(record[k])) for k in ("pose_enc", "depth", "depth_conf", "T_world_cam", "K")}
+    return FramePrediction(
+        index=int(record["index"]), pose_enc=t["pose_enc"], T_world_cam=t["T_world_cam"], T_cam_world=t["T_world_cam"],
+        K=t["K"], depth=t["depth"], depth_conf=t["depth_conf"], keyframe=bool(record["keyframe"]), scale_frame=False,
+    )
+
+
+def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
+    """Run the whole job; see the module docstring. Returns what was done and where."""
+    started = time.perf_counter()
+    out = Path(opts.out)
+    device = _device(opts.device)
+    source = _source(opts)
+    model, model_desc, warnings = resolve_model(
+        opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.backend
+    )
+    from ..session import resolve_precision
+
+    precision = resolve_precision(opts.precision, device)
+    if precision in ("bf16", "fp16"):
+        model.cast_for_inference(precision)
+    interval = _keyframe_interval(opts, source.length)
+    config = {
+        "input": opts.input if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
+        "image_size": opts.image_size, "preprocess": opts.preprocess, "fps": opts.fps, "stride": opts.stride,
+        "first_k": opts.first_k, "num_scale_frames": opts.num_scale_frames, "keyframe_interval": interval,
+        "window_size": opts.window_size, "overlap": opts.overlap, "precision": precision,
+    }
+    store = FrameStore(out, config, resume=opts.resume)
+    loaded = time.perf_counter()
+
+    if opts.mode == "windowed":
+        session = WindowedSession(
+            model, window_size=opts.window_size, overlap_size=opts.overlap, num_scale_frames=opts.num_scale_frames,
+            keyframe_interval=interval if isinstance(interval, int) else 1, output_device="cpu", precision=precision,
+        )
+    elif opts.mode == "streaming":
+        session = model.session(
+            num_scale_frames=opts.num_scale_frames, keyframe_interval=interval, output_device="cpu", precision=precision
+        )
+    else:
+        raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
+
+    resume_at = store.finished
+    overlap = min(resume_at, max(opts.num_scale_frames, 2))
+    anchors = store.last_records(overlap) if resume_at else []
+    realign = _Realigner(anchors, resume_at - overlap) if resume_at else None
+    frames_iter: Iterator = iter(source)
+    new = 0
+    try:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=source.length, initial=resume_at, unit="frame", disable=not progress, desc="mapstream")
+        frames: dict[int, torch.Tensor] = {}
+        for index, (name, frame) in enumerate(frames_iter):
+            if index < resume_at - overlap:
+                continue
+            frames[index] = frame
+            for pred in _step(session, frame, name):
+                seq_index = pred.index + (resume_at - overlap if realign else 0)
+                if realign is not None:
+                    pred = realign.take(pred, seq_index)
+                    if pred is None:
+                        continue
+                store.add(_record(pred, frames.pop(seq_index)))
+                new += 1
+                bar.update(1)
+            for stale in [i for i in frames if i < index - 4 * max(opts.num_scale_frames, opts.overlap, 8)]:
+                frames.pop(stale)
+        for pred in session.flush():
+            seq_index = pred.index + (resume_at - overlap if realign else 0)
+            if realign is not None:
+                pred = realign.take(pred, seq_index)
+                if pred is None:
+                    continue
+            store.add(_record(pred, frames.pop(seq_index)))
+            new += 1
+            bar.update(1)
+        bar.close()
+    finally:
+        store.flush()
+        session.close()
+    inferred = time.perf_counter()
+
+    recon = store.assemble(fps=opts.fps)
+    outputs = export_all(recon, out, formats=opts.formats, conf_threshold=opts.conf_threshold, voxel_size=opts.voxel_size)
+    exported = time.perf_counter()
+    fps = new / max(inferred - loaded, 1e-9)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    info = {
+        "config": {**config, "options": {k: str(v) for k, v in asdict(opts).items()}},
+        "versions": runtime_versions(),
+        "device": str(device),
+        "frames": len(recon),
+        "new_frames": new,
+        "resumed_from": resume_at,
+        "timings_s": {"setup": loaded - started, "inference": inferred - loaded, "export": exported - inferred},
+        "fps": fps,
+        "peak_gpu_memory_bytes": peak,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "warnings": warnings,
+        "outputs": {k: str(v) for k, v in outputs.items()},
+    }
+    outputs["run_json"] = write_run_json(info, out / "run.json")
+    return RunSummary(len(recon), new, fps, out, outputs, model_desc, warnings)
+
+
+def _step(session, frame: torch.Tensor, name: str) -> list[FramePrediction]:
+    return session.step(frame, name=name)
+
+
+class _Realigner:
+    """Maps a resumed stream onto the finished frames: predictions of the re-fed frames
+    (those already finished) only estimate the Sim(3); later ones are warped by it."""
+
+    def __init__(self, anchors: list[dict[str, Any]], first_index: int) -> None:
+        self.anchors = [_as_prediction(r) for r in anchors]
+        self.first_index = first_index
+        self.shared: list[FramePrediction] = []
+        self.sim = None
+
+    def take(self, pred: FramePrediction, seq_index: int) -> FramePrediction | None:
+        if self.sim is None and len(self.shared) < len(self.anchors):
+            self.shared.append(pred)
+            if len(self.shared) == len(self.anchors):
+                self.sim = pairwise_alignment(
+                    predictions_as_window(self.anchors), predictions_as_window(self.shared), len(self.shared)
+                )
+                log.info("resumed stream aligned: scale %.4f", float(self.sim.scale[0]))
+            return None
+        return warp_prediction(pred, self.sim, index=seq_index)
