@@ -12,8 +12,11 @@ from __future__ import annotations
 import logging
 
 from .config import CacheConfig, ModelConfig, get_preset, preset_names
+from .io.images import list_images, load_images
 from .models import GCTStream, StreamState, fill_synthetic_
+from .models.checkpoint import CheckpointError, convert_checkpoint, load_model
 from .session import FramePrediction, Session
+from .windowed import WindowedSession
 
 __version__ = "0.1.0"
 
@@ -21,6 +24,12 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "CacheConfig",
+    "CheckpointError",
+    "WindowedSession",
+    "convert_checkpoint",
+    "list_images",
+    "load_images",
+    "load_model",
     "FramePrediction",
     "GCTStream",
     "ModelConfig",

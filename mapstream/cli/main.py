@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     command = tyro.cli(_commands(), args=argv, prog="mapstream")
     try:
         return int(command.main() or 0)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
+    except (ValueError, OSError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,16 @@ _ARRAYS = ("image", "depth", "depth_conf", "T_world_cam", "K", "pose_enc", "keyf
 
 
 class FrameStore:
-    def __init__(self, out_dir: Path, config: dict[str, Any], *, shard_frames: int = 64, resume: bool = True) -> None:
+    def __init__(
+        self, out_dir: Path, config: dict[str, Any], *, shard_frames: int = 64, shard_seconds: float = 2.0,
+        resume: bool = True,
+    ) -> None:
         self.out = prepare_dir(out_dir)
         self.dir = prepare_dir(self.out / ".frames")
         self.config = config
         self.shard_frames = shard_frames
+        self.shard_seconds = shard_seconds  # an interruption loses at most this much work
+        self._last_flush = time.monotonic()
         self._buffer: list[FrameRecord] = []
         self._shards: list[tuple[Path, int]] = []  # (path, frames)
         self._names: list[str] = []
@@ -63,11 +69,12 @@ class FrameStore:
 
     def add(self, record: FrameRecord) -> None:
         self._buffer.append(record)
-        if len(self._buffer) >= self.shard_frames:
+        if len(self._buffer) >= self.shard_frames or time.monotonic() - self._last_flush > self.shard_seconds:
             self.flush()
 
     def flush(self) -> None:
         """Write buffered frames as a shard and update progress.json (both atomically)."""
+        self._last_flush = time.monotonic()
         if not self._buffer:
             return
         path = self.dir / f"shard_{len(self._shards):06d}.npz"

@@ -55,5 +55,6 @@ def resolve_model(
         if cached is None:
             return _tiny(device, backend)
         spec = str(cached)
-    model = load_model(spec, filename=filename, device=device, backend=backend)
-    return model, f"{spec} ({filename})" if not Path(spec).is_file() else spec, []
+    if Path(spec).is_file():
+        return load_model(spec, device=device, backend=backend), spec, []
+    return load_model(spec, filename=filename, device=device, backend=backend), f"{spec} ({filename})", []

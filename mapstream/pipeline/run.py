@@ -142,8 +142,10 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
 
 def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     """Run the whole job; see the module docstring. Returns what was done and where."""
+    from ..export.atomic import prepare_dir
+
     started = time.perf_counter()
-    out = Path(opts.out)
+    out = prepare_dir(opts.out)  # fail on an unwritable output before any heavy work
     device = _device(opts.device)
     source = _source(opts)
     model, model_desc, warnings = resolve_model(

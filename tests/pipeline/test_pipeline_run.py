@@ -1,0 +1,147 @@
+"""`mapstream run` end to end on real photos (tiny preset, small frames): every output read
+back with an independent reader; resume after an interruption; bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import DATA
+from mapstream.cli.main import main
+
+
+def photos(tmp_path, n=10):
+    src = DATA / "courthouse"
+    if not src.exists():
+        pytest.skip(f"{src} not found")
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for p in sorted(src.glob("*.png"))[:n]:
+        shutil.copy(p, folder / p.name)
+    return folder
+
+
+def run_cli(*args) -> int:
+    return main(["run", *args, "--model", "tiny", "--image-size", "140", "--num-scale-frames", "2", "--quiet"])
+
+
+def test_run_writes_every_output_readable_by_other_tools(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_cli(str(photos(tmp_path)), "--out", str(out), "--keyframe-interval", "2") == 0
+    printed = capsys.readouterr().out
+    assert "10 frames" in printed and "TINY PRESET" in printed
+
+    npz = np.load(out / "predictions.npz")
+    n, h, w = npz["depth"].shape
+    assert (n, h, w) == (10, 84, 140) and npz["images"].shape == (10, 84, 140, 3)
+    assert list(npz["names"]) == [f"{i:06d}.png" for i in range(10)]
+    assert npz["keyframe"].tolist() == [True, True] + [i % 2 == 0 for i in range(8)]
+    np.testing.assert_allclose(
+        npz["T_cam_world"][:, :3, :3], np.transpose(npz["T_world_cam"][:, :3, :3], (0, 2, 1)), atol=1e-5
+    )
+
+    tum = np.loadtxt(out / "trajectory_tum.txt")
+    assert tum.shape == (10, 8)
+    np.testing.assert_allclose(tum[:, 1:4], npz["T_world_cam"][:, :3, 3], atol=1e-5)
+
+    from plyfile import PlyData
+
+    ply = PlyData.read(str(out / "points.ply"))["vertex"]
+    assert len(ply) > 0 and {"x", "y", "z", "red", "green", "blue"} <= set(ply.data.dtype.names)
+
+    import trimesh
+
+    scene = trimesh.load(out / "scene.glb")
+    assert len(scene.geometry) >= 2
+
+    colmap = out / "sparse" / "0"
+    try:
+        import pycolmap
+
+        rec = pycolmap.Reconstruction(str(colmap))
+        assert rec.num_reg_images() == 10
+    except ImportError:
+        lines = [l for l in (colmap / "images.txt").read_text().splitlines() if l and not l.startswith("#")]
+        assert len(lines) == 20
+
+    transforms = json.loads((out / "transforms.json").read_text())
+    assert len(transforms["frames"]) == 10
+    assert (out / transforms["frames"][0]["file_path"]).exists()
+
+    depth_png = sorted((out / "depth").glob("*.png"))
+    assert len(depth_png) == 10
+    mm = np.asarray(Image.open(depth_png[3]))
+    assert mm.dtype == np.uint16
+    np.testing.assert_allclose(mm / 1000.0, npz["depth"][3], atol=1e-3)
+    assert Image.open(out / "summary.png").size[0] > 100
+
+    info = json.loads((out / "run.json").read_text())
+    assert info["frames"] == 10 and info["fps"] > 0 and info["config"]["keyframe_interval"] == 2
+    assert "torch" in json.dumps(info["versions"])
+
+
+def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch):
+    frames = photos(tmp_path)
+    out = tmp_path / "out"
+    from mapstream import session as session_module
+
+    real_step = session_module.Session.step
+    calls = {"n": 0}
+
+    def failing_step(self, frame, **kw):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real_step(self, frame, **kw)
+
+    monkeypatch.setattr(session_module.Session, "step", failing_step)
+    with pytest.raises(KeyboardInterrupt):
+        run_cli(str(frames), "--out", str(out))
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["frames"] == 7
+    monkeypatch.setattr(session_module.Session, "step", real_step)
+
+    assert run_cli(str(frames), "--out", str(out)) == 0
+    npz = np.load(out / "predictions.npz")
+    assert list(npz["names"]) == [f"{i:06d}.png" for i in range(10)]
+    info = json.loads((out / "run.json").read_text())
+    assert info["resumed_from"] == 7 and info["new_frames"] == 3
+    assert np.isfinite(npz["T_world_cam"]).all()
+
+
+def test_demo_runs_offline(tmp_path):
+    out = tmp_path / "demo"
+    assert main(["run", "--demo", "--out", str(out), "--quiet", "--formats", "npz", "tum"]) == 0
+    assert np.load(out / "predictions.npz")["depth"].shape[0] == 24
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "corrupt", "unwritable"])
+def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
+    folder = tmp_path / "frames"
+    out = tmp_path / "out"
+    if case != "missing":
+        folder.mkdir()
+    if case == "corrupt":
+        (folder / "000000.png").write_bytes(b"not a png")
+    if case == "unwritable":
+        shutil.copy(sorted((DATA / "courthouse").glob("*.png"))[0], folder / "000000.png")
+        out = tmp_path / "file"
+        out.write_text("x")
+    assert run_cli(str(folder), "--out", str(out)) != 0
+    err = capsys.readouterr().err
+    expected = {"missing": "not found", "empty": "no image", "corrupt": "000000.png", "unwritable": str(out)}[case]
+    assert expected.lower() in err.lower()
+
+
+def test_checkpoint_that_does_not_fit_is_reported(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "other.safetensors"
+    save_file({"encoder.weight": torch.zeros(2, 2)}, str(ckpt))
+    code = main(["run", str(photos(tmp_path, 3)), "--out", str(tmp_path / "o"), "--model", str(ckpt), "--quiet"])
+    assert code != 0
+    assert "unexpected" in capsys.readouterr().err.lower()
