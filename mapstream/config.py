@@ -121,7 +121,7 @@ class CacheConfig:
     trajectory_capacity: int | None = 1024
     """Most evicted frames whose special tokens are kept. None = unbounded, as the
     reference. When full, the older half is thinned (every second frame dropped); see
-    docs/STREAMING.md. Outputs equal the reference's until this many frames were evicted."""
+    docs/ARCHITECTURE.md. Outputs equal the reference's until this many frames were evicted."""
 
     def __post_init__(self) -> None:
         if self.scale_frames < 0 or self.sliding_window < 1:

@@ -35,7 +35,7 @@ def aggregator_cache_spec(cache: CacheConfig) -> CacheSpec:
     if cache.include_scale_frames:
         anchors, window = cache.scale_frames, cache.sliding_window
     else:
-        # Scale frames are ordinary window members that age out first (see docs/STREAMING.md).
+        # Scale frames are ordinary window members that age out first (see docs/ARCHITECTURE.md).
         anchors, window = 0, cache.sliding_window + cache.scale_frames
     keep = "none" if not cache.cross_frame_special else ("camera" if cache.camera_only else "specials")
     return CacheSpec(

@@ -48,7 +48,7 @@ def inference_windowed(
     precision: str = "auto",
     return_windows: bool = False,
 ) -> dict:
-    """Windowed inference with the reference's semantics (see docs/WINDOWED.md).
+    """Windowed inference with the reference's semantics (see docs/WINDOWED.md; the spec is shared/spec/WINDOWED.md).
 
     Returns the stitched pose_enc, depth, depth_conf (+ world points), frame_type,
     is_keyframe, and with two or more windows chunk_scales [B, n] and chunk_transforms

@@ -145,3 +145,19 @@ def test_checkpoint_that_does_not_fit_is_reported(tmp_path, capsys):
     code = main(["run", str(photos(tmp_path, 3)), "--out", str(tmp_path / "o"), "--model", str(ckpt), "--quiet"])
     assert code != 0
     assert "unexpected" in capsys.readouterr().err.lower()
+
+
+def test_eval_scores_a_run_on_a_generated_scene(tmp_path, capsys):
+    from mapstream.synthetic import render_sequence, write_sequence
+
+    scene = write_sequence(render_sequence(8, image_hw=(84, 140), seed=3), tmp_path / "scene")
+    rgb = scene / "rgb"
+    out = tmp_path / "run"
+    assert run_cli(str(rgb), "--out", str(out), "--formats", "npz", "tum") == 0
+    capsys.readouterr()
+    assert main(["eval", str(out), "--gt", str(scene), "--out", str(tmp_path / "eval.json")]) == 0
+    table = capsys.readouterr().out
+    assert "ate" in table.lower()
+    report = json.loads((tmp_path / "eval.json").read_text())
+    text = json.dumps(report)
+    assert "sim3" in text and "abs_rel" in text

@@ -1,0 +1,43 @@
+"""`mapstream convert` and `mapstream eval`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import tyro
+
+
+@dataclass
+class Convert:
+    """Write a .safetensors copy of a checkpoint (.pt file, folder or hub repo id)."""
+
+    src: tyro.conf.Positional[str]
+    dst: Optional[str] = None
+    """Output path (default: beside SRC with the suffix .safetensors)."""
+    trust_pickle: bool = False
+    """Allow .pt files that pickle Python objects besides tensors (only from a trusted source)."""
+
+    def main(self) -> int:
+        from ..models.checkpoint import convert_main
+
+        return convert_main(self.src, self.dst, trust_pickle=self.trust_pickle)
+
+
+@dataclass
+class Eval:
+    """Score a run (or a folder of runs) against ground truth: TUM RGB-D or the benchmark
+    layout (traj.txt, intrinsics.txt, depth). Prints a table and writes JSON."""
+
+    pred: tyro.conf.Positional[str]
+    """Run folder written by `mapstream run` (or a folder of per-scene runs)."""
+    gt: str
+    """Ground-truth scene or dataset folder."""
+    out: Optional[str] = None
+    """JSON path (default: PRED/eval.json)."""
+    align: Literal["none", "se3", "sim3"] = "sim3"
+    """Trajectory alignment before ATE/RPE (recorded next to every number)."""
+
+    def main(self) -> int:
+        from ..eval.runner import eval_main
+
+        return eval_main(self.pred, self.gt, self.out, self.align, emit=print)
