@@ -18,9 +18,20 @@ class Convert:
     """Allow .pt files that pickle Python objects besides tensors (only from a trusted source)."""
 
     def main(self) -> int:
-        from ..models.checkpoint import convert_main
+        from ..models.checkpoint import convert_checkpoint
 
-        return convert_main(self.src, self.dst, trust_pickle=self.trust_pickle)
+        path = convert_checkpoint(self.src, self.dst or _default_dst(self.src), trust_pickle=self.trust_pickle)
+        print(f"wrote {path}")
+        return 0
+
+
+def _default_dst(src: str) -> str:
+    from pathlib import Path
+
+    local = Path(src).expanduser()
+    if local.is_file():
+        return str(local.with_suffix(".safetensors"))
+    return str(Path("lingbot-map-long.safetensors"))
 
 
 @dataclass

@@ -77,6 +77,8 @@ class GCTStream(nn.Module):
         **overrides: Any,
     ) -> None:
         super().__init__()
+        if "use_sdpa" in overrides and overrides["use_sdpa"]:
+            backend = "sdpa"  # the reference's switch; False keeps `backend` (FlashInfer when usable)
         preset = get_preset("lingbot-map")
         config, cache, inert = split_overrides(config or preset.model, cache or preset.cache, overrides)
         if inert:

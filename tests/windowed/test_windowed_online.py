@@ -58,3 +58,17 @@ def test_long_stream_runs_in_per_window_memory(model):
                 held = online.stats()["aggregator"].bytes_held
         assert online.stats()["aggregator"].bytes_held == held
         assert online.stats()["windows"] == 1 + (400 - 6 + 3) // 4
+
+
+def test_five_thousand_frames_run_in_per_window_memory(model):
+    """Issue 4: a tiny-preset run over 5,000 frames completes with per-window memory."""
+    x = frames_of(8, seed=11)[:, :, :14, :14]
+    with WindowedSession(model, window_size=8, overlap_size=2, num_scale_frames=2) as online:
+        emitted = 0
+        for i in range(5000):
+            emitted += len(online.step(x[i % 8]))
+            if i == 100:
+                held = (online.stats()["aggregator"].bytes_held, online.stats()["camera"].bytes_held)
+        emitted += len(online.flush())
+        assert (online.stats()["aggregator"].bytes_held, online.stats()["camera"].bytes_held) == held
+    assert emitted == 5000
