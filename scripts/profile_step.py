@@ -12,18 +12,7 @@ import time
 import torch
 
 from mapstream.bench import BenchConfig, build_bench_model
-
-
-def compile_blocks(model) -> None:
-    """torch.compile the per-frame-static parts (as the reference's demo does)."""
-    agg = model.aggregator
-    for i, block in enumerate(agg.patch_embed.blocks):
-        agg.patch_embed.blocks[i] = torch.compile(block, mode="default")
-    for i, block in enumerate(agg.frame_blocks):
-        agg.frame_blocks[i] = torch.compile(block, mode="default")
-    for block in agg.global_blocks:
-        block.attention_inputs = torch.compile(block.attention_inputs, mode="default")
-        block.attention_output = torch.compile(block.attention_output, mode="default")
+from mapstream.models.compile import compile_model
 
 
 def main() -> None:
@@ -36,7 +25,7 @@ def main() -> None:
     cfg = BenchConfig(backend=args.backend)
     model = build_bench_model(cfg, torch.device("cuda"))
     if args.compile:
-        compile_blocks(model)
+        compile_model(model)
     frames = torch.rand(args.frames, 3, cfg.height, cfg.width, device="cuda")
     session = model.session(num_scale_frames=8, precision="bf16")
     t0 = time.time()

@@ -45,9 +45,15 @@ class Run:
     device: str = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     backend: Literal["auto", "sdpa", "flashinfer"] = "auto"
+    compile: bool = False
+    """torch.compile the per-frame static parts (slow start, faster frames on GPUs)."""
     formats: tuple[str, ...] = ALL_FORMATS
     conf_threshold: float = 1.5
     voxel_size: Optional[float] = None
+    sky_mask: bool = False
+    """Segment the sky (ONNX model) and leave it out of the point cloud; masks are cached."""
+    sky_model: Optional[str] = None
+    """Sky-segmentation ONNX file (default: $MAPSTREAM_SKY_MODEL, else the hub's skyseg.onnx)."""
     no_resume: bool = False
     """Start over even if the output folder holds a finished part of this run."""
     quiet: bool = False
@@ -65,6 +71,7 @@ class Run:
             window_size=self.window_size, overlap=self.overlap, device=self.device, precision=self.precision,
             backend=self.backend, formats=self.formats, conf_threshold=self.conf_threshold,
             voxel_size=self.voxel_size, resume=not self.no_resume, demo=self.demo,
+            sky_mask=self.sky_mask, sky_model=self.sky_model, compile=self.compile,
         )
         summary = run(opts, progress=not self.quiet)
         for warning in summary.warnings:

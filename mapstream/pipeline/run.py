@@ -59,6 +59,9 @@ class RunOptions:
     resume: bool = True
     demo: bool = False
     demo_frames: int = 24
+    sky_mask: bool = False
+    sky_model: str | None = None
+    compile: bool = False
 
 
 @dataclass
@@ -156,6 +159,10 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     precision = resolve_precision(opts.precision, device)
     if precision in ("bf16", "fp16"):
         model.cast_for_inference(precision)
+    if opts.compile:
+        from ..models.compile import compile_model
+
+        compile_model(model)
     interval = _keyframe_interval(opts, source.length)
     config = {
         "input": opts.input if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
@@ -220,6 +227,8 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     inferred = time.perf_counter()
 
     recon = store.assemble(fps=opts.fps)
+    if opts.sky_mask:
+        recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
     outputs = export_all(recon, out, formats=opts.formats, conf_threshold=opts.conf_threshold, voxel_size=opts.voxel_size)
     exported = time.perf_counter()
     fps = new / max(inferred - loaded, 1e-9)
@@ -240,6 +249,22 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     }
     outputs["run_json"] = write_run_json(info, out / "run.json")
     return RunSummary(len(recon), new, fps, out, outputs, model_desc, warnings)
+
+
+def _with_sky_masks(recon, out: Path, model_path: str | None, warnings: list[str], progress: bool):
+    """Sky masks for every frame (cached next to the outputs); a missing model is a warning."""
+    import dataclasses
+
+    from ..sky import SKY_CACHE_DIRNAME, SkyMaskError, compute_sky_masks
+
+    try:
+        masks = compute_sky_masks(recon.images, out / SKY_CACHE_DIRNAME, model_path, progress=progress)
+    except SkyMaskError as exc:
+        message = f"sky masking skipped: {exc}"
+        log.warning(message)
+        warnings.append(message)
+        return recon
+    return dataclasses.replace(recon, sky_mask=masks)
 
 
 def _step(session, frame: torch.Tensor, name: str) -> list[FramePrediction]:

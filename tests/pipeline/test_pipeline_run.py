@@ -161,3 +161,30 @@ def test_eval_scores_a_run_on_a_generated_scene(tmp_path, capsys):
     report = json.loads((tmp_path / "eval.json").read_text())
     text = json.dumps(report)
     assert "sim3" in text and "abs_rel" in text
+
+
+def test_sky_masks_are_computed_cached_and_exported(tmp_path, capsys):
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("sky_onnx_builder", REPO / "tests" / "sky" / "sky_onnx_builder.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    (tmp_path / "model").mkdir()
+    model = builder.write_model(tmp_path / "model")
+    out = tmp_path / "out"
+    args = (str(photos(tmp_path, 4)), "--out", str(out), "--sky-mask", "--sky-model", str(model), "--formats", "npz", "ply")
+    assert run_cli(*args) == 0
+    npz = np.load(out / "predictions.npz")
+    assert npz["sky_mask"].shape == npz["depth"].shape and npz["sky_mask"].dtype == bool
+    assert len(list((out / "sky_cache").glob("*.png"))) == 4
+
+
+def test_missing_sky_model_is_a_warning_not_a_failure(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    monkeypatch.delenv("MAPSTREAM_SKY_MODEL", raising=False)
+    out = tmp_path / "out"
+    assert run_cli(str(photos(tmp_path, 3)), "--out", str(out), "--sky-mask", "--formats", "npz") == 0
+    assert "sky masking skipped" in capsys.readouterr().out
