@@ -12,8 +12,7 @@ import json
 import logging
 import math
 import platform
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch

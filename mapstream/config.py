@@ -10,7 +10,7 @@ reference constructor's argument names as overrides (`kv_cache_sliding_window`,
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 __all__ = [

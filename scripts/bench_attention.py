@@ -12,29 +12,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-
-def timeit(fn, reps=50):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2] * 1000.0  # us
-
-
-class Results(dict):
-    """Prints every entry as it arrives, so a crashing kernel still leaves the earlier ones."""
-
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        print(f"{key}: {value}", flush=True)
+from _timing import Results, timeit
 
 
 def main(out_path=None):

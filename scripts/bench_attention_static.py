@@ -16,27 +16,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-
-class Results(dict):
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        print(f"{key}: {value}", flush=True)
-
-
-def timeit(fn, reps=30):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2] * 1000.0
+from _timing import Results, timeit
 
 
 def rel(a, b):

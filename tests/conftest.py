@@ -59,3 +59,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_weights() -> dict[str, torch.Tensor]:
+    """The golden tiny state dict (the weight rule applied to manifest_tiny.json)."""
+    from safetensors.torch import load_file
+
+    path = GOLDEN / "tiny_weights.safetensors"
+    if not path.exists():
+        pytest.skip("tiny golden weights not found")
+    return load_file(str(path))

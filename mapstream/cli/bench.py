@@ -1,8 +1,7 @@
 """`mapstream bench`: GPU streaming throughput (see mapstream.bench)."""
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 

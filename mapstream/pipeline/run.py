@@ -14,7 +14,7 @@ import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -189,39 +189,37 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     overlap = min(resume_at, max(opts.num_scale_frames, 2))
     anchors = store.last_records(overlap) if resume_at else []
     realign = _Realigner(anchors, resume_at - overlap) if resume_at else None
-    frames_iter: Iterator = iter(source)
+    offset = resume_at - overlap if realign is not None else 0
+    frames: dict[int, torch.Tensor] = {}  # inputs awaiting their prediction (scale phase)
     new = 0
-    try:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=source.length, initial=resume_at, unit="frame", disable=not progress, desc="mapstream")
-        frames: dict[int, torch.Tensor] = {}
-        for index, (name, frame) in enumerate(frames_iter):
-            if index < resume_at - overlap:
-                continue
-            frames[index] = frame
-            for pred in _step(session, frame, name):
-                seq_index = pred.index + (resume_at - overlap if realign else 0)
-                if realign is not None:
-                    pred = realign.take(pred, seq_index)
-                    if pred is None:
-                        continue
-                store.add(_record(pred, frames.pop(seq_index)))
-                new += 1
-                bar.update(1)
-            for stale in [i for i in frames if i < index - 4 * max(opts.num_scale_frames, opts.overlap, 8)]:
-                frames.pop(stale)
-        for pred in session.flush():
-            seq_index = pred.index + (resume_at - overlap if realign else 0)
+    def emit(preds: list[FramePrediction]) -> None:
+        nonlocal new
+        for pred in preds:
+            seq_index = pred.index + offset
             if realign is not None:
                 pred = realign.take(pred, seq_index)
-                if pred is None:
+                if pred is None:  # a re-fed frame: it only anchors the alignment
                     continue
             store.add(_record(pred, frames.pop(seq_index)))
             new += 1
             bar.update(1)
-        bar.close()
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=source.length, initial=resume_at, unit="frame", disable=not progress, desc="mapstream")
+    keep = 4 * max(opts.num_scale_frames, opts.overlap, 8)
+    try:
+        for index, (name, frame) in enumerate(source):
+            if index < offset:
+                continue
+            frames[index] = frame
+            emit(session.step(frame, name=name))
+            for stale in [i for i in frames if i < index - keep]:
+                frames.pop(stale)
+        emit(session.flush())
     finally:
+        bar.close()
         store.flush()
         session.close()
     inferred = time.perf_counter()
@@ -265,10 +263,6 @@ def _with_sky_masks(recon, out: Path, model_path: str | None, warnings: list[str
         warnings.append(message)
         return recon
     return dataclasses.replace(recon, sky_mask=masks)
-
-
-def _step(session, frame: torch.Tensor, name: str) -> list[FramePrediction]:
-    return session.step(frame, name=name)
 
 
 class _Realigner:

@@ -1,14 +1,11 @@
 """Parity with the reference's golden outputs, tiny preset (README section 5 and 9 cases)."""
 from __future__ import annotations
 
-from collections import defaultdict
-
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import mapstream
-from conftest import GOLDEN, golden_case, golden_images
+from conftest import golden_case, golden_images
 from golden_helpers import (
     assert_intermediate_close,
     assert_outputs_close,
@@ -18,14 +15,6 @@ from golden_helpers import (
 )
 from mapstream.geometry import invert_se3, pose_encoding_to_extri_intri
 from mapstream.layers import patch_positions_2d, rope3d_angles, token_positions_3d
-
-
-@pytest.fixture(scope="module")
-def tiny_weights():
-    path = GOLDEN / "tiny_weights.safetensors"
-    if not path.exists():
-        pytest.skip("tiny golden weights not found")
-    return load_file(str(path))
 
 
 def tiny_model(weights, meta) -> mapstream.GCTStream:
@@ -139,7 +128,7 @@ def test_intermediates_match_golden(tiny_weights):
     for step, frames in enumerate(calls):
         if f"s{step}.agg.tokens_in" not in ref:
             break
-        out = model(frames, num_frame_for_scale=2, trace=trace)
+        model(frames, num_frame_for_scale=2, trace=trace)
         # The ViT and the RoPE tables, recomputed from the same inputs.
         normed = (frames[0] - model.aggregator._resnet_mean[0]) / model.aggregator._resnet_std[0]
         recorded[f"s{step}.vit.patch_proj"] = vit.patch_embed(normed)

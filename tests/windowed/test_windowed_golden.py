@@ -1,12 +1,10 @@
 """Windowed inference against the golden data (tiny preset)."""
 from __future__ import annotations
 
-import pytest
 import torch
-from safetensors.torch import load_file
 
 import mapstream
-from conftest import GOLDEN, golden_case, golden_images
+from conftest import golden_case, golden_images
 from golden_helpers import assert_outputs_close
 from mapstream.models.gct_stream_window import GCTStreamWindow
 from mapstream.models.gct_stream_window_v2 import GCTStream as GCTStreamV2Alias
@@ -14,14 +12,6 @@ from mapstream.models.gct_stream_window_v2 import GCTStreamWindowV2
 from mapstream.windowed import Sim3, pairwise_alignment, stitch_windows, warp_predictions
 
 TRANSFORM_TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def tiny_weights():
-    path = GOLDEN / "tiny_weights.safetensors"
-    if not path.exists():
-        pytest.skip("tiny golden weights not found")
-    return load_file(str(path))
 
 
 def _tiny(cls, weights=None):
