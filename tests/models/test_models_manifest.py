@@ -68,3 +68,17 @@ def test_weight_rule_fov_special_case():
     g = torch.Generator().manual_seed(__import__("zlib").crc32(b"camera_head.pose_branch.fc2.bias"))
     z = torch.randn((9,), generator=g) * 0.02
     assert torch.equal(b[:7], z[:7]) and torch.equal(b[7:], z[7:] + 0.3125)
+
+
+def test_reference_constructor_arguments_port_unchanged():
+    """Code written for the reference builds the same model by changing the import."""
+    import json as _json
+
+    kwargs = _json.loads((GOLDEN / "manifest_gctstream.json").read_text())["constructor_kwargs"]
+    with torch.device("meta"):
+        model = mapstream.GCTStream(**kwargs)
+    assert [(k, list(v.shape)) for k, v in model.state_dict().items()] == _manifest("manifest_gctstream.json")
+    assert model.backend_name == "sdpa"  # use_sdpa=True
+    assert model.cache_config.sliding_window == kwargs["kv_cache_sliding_window"]
+    with pytest.raises(ValueError, match="Unknown model argument 'kv_cache_sliding_windw'"):
+        mapstream.GCTStream(kv_cache_sliding_windw=3)
