@@ -1,0 +1,67 @@
+"""GPU memory over a long stream with the full model (bf16, synthetic weights).
+
+Streams N random frames through one session and records torch.cuda.memory_allocated /
+memory_reserved every `every` frames; asserts they are flat once the first frame is stored
+(the cache arena is leased up front, the trajectory memory is capped and thinned).
+
+Usage: python scripts/long_run_memory.py [--frames 2000] [--width 504 --height 378] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from mapstream.bench import BenchConfig, build_bench_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frames", type=int, default=2000)
+    ap.add_argument("--width", type=int, default=504)
+    ap.add_argument("--height", type=int, default=378)
+    ap.add_argument("--every", type=int, default=100)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cfg = BenchConfig(width=args.width, height=args.height)
+    model = build_bench_model(cfg, torch.device("cuda"))
+    pool = torch.rand(32, 3, args.height, args.width, device="cuda")
+    marks = []
+    start = time.time()
+    with model.session(num_scale_frames=8, precision="bf16") as session:
+        for i in range(args.frames):
+            preds = session.step(pool[i % 32])
+            for p in preds:
+                if not torch.isfinite(p.depth).all():
+                    raise RuntimeError(f"non-finite depth at frame {p.index}")
+            if (i + 1) % args.every == 0:
+                torch.cuda.synchronize()
+                st = session.stats()["aggregator"]
+                marks.append({
+                    "frame": i + 1,
+                    "allocated": torch.cuda.memory_allocated(),
+                    "reserved": torch.cuda.memory_reserved(),
+                    "trajectory_frames": st.trajectory_frames,
+                    "elapsed_s": time.time() - start,
+                })
+                print(json.dumps(marks[-1]), flush=True)
+    allocated = {m["allocated"] for m in marks[1:]}
+    result = {
+        "frames": args.frames,
+        "size": [args.width, args.height],
+        "marks": marks,
+        "flat_allocated": len(allocated) == 1,
+        "mean_fps": args.frames / (time.time() - start),
+        "peak_allocated": torch.cuda.max_memory_allocated(),
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "marks"}))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    assert result["flat_allocated"], "GPU memory grew during the stream"
+
+
+if __name__ == "__main__":
+    main()
