@@ -246,9 +246,12 @@ class GCTStream(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """Stream a whole sequence: scale frames together, then one frame at a time.
 
-        Cleans the default state first and again at the end (the reference leaves it
-        populated when `output_device` is None; mapstream never does). Frame i >= scale is a
-        keyframe iff keyframe_interval <= 1 or (i - scale) % keyframe_interval == 0.
+        Cleans the default state first and again at the end: afterwards no frame of the
+        sequence is visible to anything (the reference leaves its caches populated when
+        `output_device` is None). What remains is the default state's leased cache pages,
+        kept for the next call (no memory growth across calls); `free_kv_cache()` returns
+        them. Frame i >= scale is a keyframe iff keyframe_interval <= 1 or
+        (i - scale) % keyframe_interval == 0.
 
         Returns pose_enc [B,S,9], depth [B,S,H,W,1], depth_conf [B,S,H,W] (+ world points),
         images; on `output_device` if given, else on the model's device.
