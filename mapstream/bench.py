@@ -39,6 +39,8 @@ class BenchConfig:
     device: str = "cuda"
     images: str | None = None
     """Folder of photos to stream (resized to width x height); default: random frames."""
+    fast: bool = False
+    """Single-frame steps through CUDA graphs (mapstream.fast.GraphedStep)."""
 
 
 def _frames(cfg: BenchConfig, device: torch.device) -> torch.Tensor:
@@ -122,7 +124,7 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         raise ValueError("mapstream bench times CUDA kernels; run it on a CUDA device")
     model = model if model is not None else build_bench_model(cfg, device)
     frames = _frames(cfg, device)
-    session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision)
+    session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=cfg.fast)
 
     def one_pass(n_stream: int, timer=None) -> tuple[float, list[float]]:
         session.reset()
@@ -169,7 +171,7 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         "phase1_ms": phase1,
         "peak_memory_gib": peak / 2**30,
     }
-    if cfg.stage_breakdown:
+    if cfg.stage_breakdown and not cfg.fast:  # stages are timed on the eager path only
         timer = _StageTimer()
         session.reset()
         for i in range(cfg.scale_frames):

@@ -95,6 +95,9 @@ class Session:
         provisional: during the scale phase, also return a provisional prediction for each
             buffered frame right away (the scale frames seen so far, processed together
             without storing); the final predictions follow when the phase completes.
+        fast: run single-frame steps through `mapstream.fast.GraphedStep` (CUDA graphs for
+            everything but the cache attentions and the camera head; on a CPU the same pieces
+            run eagerly). Same function as the plain path.
         cache: cache policy for this session (default: the model's `cache_config`).
         state: caches to use (default: new ones owned by this session).
     """
@@ -108,6 +111,7 @@ class Session:
         output_device: torch.device | str | None = None,
         precision: str = "auto",
         provisional: bool = False,
+        fast: bool = False,
         cache: CacheConfig | None = None,
         state: StreamState | None = None,
     ) -> None:
@@ -123,6 +127,8 @@ class Session:
         self.device = next(model.parameters()).device
         self.precision = resolve_precision(precision, self.device)
         self.provisional = provisional
+        self.fast = fast
+        self._graphed: dict[tuple[int, int], object] = {}  # frame size -> GraphedStep
         self._owns_state = state is None
         self.state = state if state is not None else model.new_state(cache)
         self._closed = False
@@ -301,13 +307,25 @@ class Session:
 
     def _forward(self, frames: torch.Tensor, *, store: bool, scale: int) -> dict[str, torch.Tensor]:
         frames = frames.to(self.device, non_blocking=True)
+        graphs = self._graphs_for(frames) if self.fast and frames.shape[1] == 1 and not self.in_scale_phase else None
         with _autocast(self.device, self.precision):
-            out = self.model(frames, num_frame_for_scale=scale, keyframe=store, state=self.state, validate=False)
+            out = self.model(
+                frames, num_frame_for_scale=scale, keyframe=store, state=self.state, validate=False, graphs=graphs
+            )
         out.pop("images", None)
         out.pop("pose_enc_list", None)
         if self.output_device is not None:
             out = {k: v.to(self.output_device) for k, v in out.items()}
         return out
+
+    def _graphs_for(self, frames: torch.Tensor):
+        from .fast import GraphedStep
+
+        size = tuple(frames.shape[-2:])
+        if size not in self._graphed:
+            with _autocast(self.device, self.precision):
+                self._graphed[size] = GraphedStep(self.model, size, capture=self.device.type == "cuda")
+        return self._graphed[size]
 
     def _split(self, out: dict, names: list, *, first: int, store: bool, scale: bool) -> list[FramePrediction]:
         num = out["pose_enc"].shape[1]

@@ -25,7 +25,9 @@ class Bench:
     out: Path = Path("bench.json")
     """Where the JSON results go."""
     stages: bool = True
-    """Also measure the per-stage breakdown (an extra pass)."""
+    """Also measure the per-stage breakdown (an extra pass, eager path)."""
+    variants: tuple[str, ...] = ("eager", "fast")
+    """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs."""
 
     def main(self) -> int:
         from ..attention import available_backends
@@ -38,12 +40,12 @@ class Bench:
             if reasons:
                 print(f"skipping backend {backend}: {'; '.join(reasons)}")
                 continue
-            for res in self.resolutions:
+            for res, variant in [(r, v) for r in self.resolutions for v in self.variants]:
                 width, height = (int(v) for v in res.lower().split("x"))
                 cfg = BenchConfig(
                     width=width, height=height, backend=backend, precision=self.precision,
                     stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
-                    images=self.images, stage_breakdown=self.stages,
+                    images=self.images, stage_breakdown=self.stages, fast=variant == "fast",
                 )
                 if model is None:
                     from ..bench import build_bench_model
@@ -54,7 +56,7 @@ class Bench:
                 result = run_benchmark(cfg, model)
                 results.append(result)
                 print(
-                    f"{backend:10s} {res:8s} global {result['global_fps']:6.1f} FPS | steady "
+                    f"{backend:10s} {variant:5s} {res:8s} global {result['global_fps']:6.1f} FPS | steady "
                     f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
                     f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB"
                 )

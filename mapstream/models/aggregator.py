@@ -158,44 +158,27 @@ class AggregatorStream(nn.Module):
         grid_h, grid_w = height // p, width // p
         self._check_rope_range(grid_h, grid_w)
 
-        x = (images - self._resnet_mean) / self._resnet_std
-        x = x.to(self.camera_token.dtype)  # weights cast for inference (bf16) take bf16 input
-        patches = self.patch_embed(x.reshape(batch * num_frames, 3, height, width))
         stored = cache.frames_stored
-        special = self._special_tokens(batch, num_frames, stored, num_frame_for_scale).to(patches.dtype)
-        tokens = torch.cat((special, patches), dim=1)  # [B*S, P, C]
+        special = self._special_tokens(batch, num_frames, stored, num_frame_for_scale)
+        tokens = self.embed(images, special, trace)  # [B*S, P, C]
         per_frame = tokens.shape[1]
-        if trace:
-            trace("agg.patch_tokens", patches)
-            trace("agg.tokens_in", tokens)
 
         pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
         frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
         global_rotary = self._global_rotary(stored, num_frames, grid_h, grid_w, pos2d)
 
-        layout = TokenLayout(
-            num_layers=c.depth,
-            num_heads=c.num_heads,
-            head_dim=c.head_dim,
-            tokens_per_frame=per_frame,
-            trajectory_tokens=_TRAJECTORY_TOKENS[cache.spec.trajectory_keep](c.num_special_tokens),
-        )
         step = cache.begin_step(
-            num_frames, store=store, layout=layout, dtype=kv_dtype(tokens), device=tokens.device
+            num_frames, store=store, layout=self.cache_layout(per_frame, cache), dtype=kv_dtype(tokens),
+            device=tokens.device,
         )
         selected: dict[int, torch.Tensor] = {}
         try:
             for i in range(c.depth):
-                tokens = self.frame_blocks[i](tokens, frame_rotary)
-                frame_out = tokens.view(batch, num_frames, per_frame, -1)
-                if trace:
-                    trace(f"agg.frame_blocks.{i}", tokens)
-                seq = tokens.view(batch, num_frames * per_frame, -1)
-                block = self.global_blocks[i]
-                q, k, v = block.attention_inputs(seq, global_rotary)
-                seq = block.attention_output(seq, step.attend(i, q, k, v, backend.attend))
+                frame_out, seq, q, k, v = self.enter_layer(i, tokens, frame_rotary, global_rotary)
+                seq = self.leave_layer(i, seq, step.attend(i, q, k, v, backend.attend))
                 tokens = seq.view(batch * num_frames, per_frame, -1)
                 if trace:
+                    trace(f"agg.frame_blocks.{i}", frame_out.flatten(0, 1))
                     trace(f"agg.global_blocks.{i}", seq)
                 if i in c.selected_layers:
                     selected[i] = torch.cat((frame_out, seq.view(batch, num_frames, per_frame, -1)), dim=-1)
@@ -208,6 +191,48 @@ class AggregatorStream(nn.Module):
             for j, out in enumerate(outputs):
                 trace(f"agg.out.{j}", out)
         return outputs, c.num_special_tokens
+
+    # ------------------------------------------------------------------ the pieces of a step
+    # A step is: embed -> for each layer i: enter_layer(i) -> cache attention -> leave_layer(i).
+    # Everything but the cache attention has shapes fixed by the frame size, which is what
+    # lets a fast path capture these pieces in CUDA graphs (mapstream.fast).
+    def embed(self, images: torch.Tensor, special: torch.Tensor, trace: Trace | None = None) -> torch.Tensor:
+        """Normalised images [B, S, 3, H, W] + special tokens [B*S, 6, C] -> tokens [B*S, P, C]."""
+        batch, num_frames, _, height, width = images.shape
+        x = (images - self._resnet_mean) / self._resnet_std
+        x = x.to(self.camera_token.dtype)  # weights cast for inference (bf16) take bf16 input
+        patches = self.patch_embed(x.reshape(batch * num_frames, 3, height, width))
+        tokens = torch.cat((special.to(patches.dtype), patches), dim=1)
+        if trace:
+            trace("agg.patch_tokens", patches)
+            trace("agg.tokens_in", tokens)
+        return tokens
+
+    def enter_layer(self, i: int, tokens: torch.Tensor, frame_rotary: Rotary, global_rotary: Rotary | None):
+        """Frame block i on tokens [B*S, P, C], then global block i's attention inputs.
+
+        Returns (frame output [B, S, P, C], the global block's input [B, S*P, C], q, k, v)
+        with q, k, v [B, heads, S*P, head_dim]; the batch size is 1 in streaming.
+        """
+        frames = tokens.shape[0]
+        tokens = self.frame_blocks[i](tokens, frame_rotary)
+        seq = tokens.view(1, frames * tokens.shape[1], -1)
+        q, k, v = self.global_blocks[i].attention_inputs(seq, global_rotary)
+        return tokens.view(1, frames, tokens.shape[1], -1), seq, q, k, v
+
+    def leave_layer(self, i: int, seq: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Global block i's output from its input [B, S*P, C] and its attention result."""
+        return self.global_blocks[i].attention_output(seq, attended)
+
+    def cache_layout(self, tokens_per_frame: int, cache: StreamCacheManager) -> TokenLayout:
+        c = self.config
+        return TokenLayout(
+            num_layers=c.depth,
+            num_heads=c.num_heads,
+            head_dim=c.head_dim,
+            tokens_per_frame=tokens_per_frame,
+            trajectory_tokens=_TRAJECTORY_TOKENS[cache.spec.trajectory_keep](c.num_special_tokens),
+        )
 
 
 def kv_dtype(tokens: torch.Tensor) -> torch.dtype:

@@ -181,6 +181,7 @@ class GCTStream(nn.Module):
         state: StreamState | None = None,
         trace: Trace | None = None,
         validate: bool = True,
+        graphs=None,
     ) -> dict[str, torch.Tensor]:
         """One stateful step over the frames in `images` (reference semantics).
 
@@ -193,6 +194,8 @@ class GCTStream(nn.Module):
             keyframe: store these frames in the caches (False: attend, then forget them).
             state: the sequence's caches (default: the model's default state).
             validate: check values (range, NaN) as well as shapes; costs a device sync.
+            graphs: a `mapstream.fast.GraphedStep` for this state and frame size: runs a
+                single frame through it (CUDA graphs) instead of eagerly.
         Returns:
             pose_enc [B,S,9], pose_enc_list (per camera iteration), depth [B,S,H,W,1],
             depth_conf [B,S,H,W], world_points [B,S,H,W,3] and world_points_conf [B,S,H,W]
@@ -211,6 +214,11 @@ class GCTStream(nn.Module):
         state = self.default_state if state is None else state
         nfs = num_frame_for_scale if num_frame_for_scale is not None else self._default_scale_frames()
         backend = self.attention_backend(images.device, kv_dtype(images))
+        if graphs is not None and images.shape[1] == 1 and trace is None:
+            out = graphs(images, state, store=keyframe, backend=backend)
+            if not self.training:
+                out["images"] = images
+            return out
         layers, patch_start = self.aggregator(
             images, num_frame_for_scale=nfs, cache=state.aggregator, store=keyframe, backend=backend, trace=trace
         )

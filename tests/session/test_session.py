@@ -237,3 +237,19 @@ def test_compiled_model_computes_the_same_function():
     b = compiled.inference_streaming(x, num_scale_frames=2)
     torch.testing.assert_close(a["pose_enc"], b["pose_enc"])
     torch.testing.assert_close(a["depth"], b["depth"])
+
+
+@pytest.mark.parametrize("kf", [1, 2])
+def test_fast_path_pieces_compute_the_same_function(model, kf):
+    """The graph decomposition (run eagerly on the CPU) equals the plain forward."""
+    x = frames_of(9, seed=13)
+    cache = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
+    with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache) as plain:
+        want = plain.run_frames(x)
+    with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache, fast=True) as fast:
+        got = fast.run_frames(x)
+        assert fast._graphed  # the pieces were used
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a.depth, b.depth, rtol=1e-5, atol=1e-6)
+        assert a.keyframe == b.keyframe

@@ -1,0 +1,198 @@
+"""Single-frame streaming steps with the cache-free pieces replayed from CUDA graphs.
+
+An eager step launches thousands of small kernels from Python and leaves the GPU idle most
+of the time (docs/BENCHMARKS.md). Everything in a step except the 24 cache attentions and
+the camera head has shapes fixed by the frame size, so it is captured once and replayed:
+
+    graph 0:   embed (ViT, special tokens) -> frame block 0 -> global block 0 inputs (q, k, v)
+    eager:     cache attention of layer 0 (exact visible range, fastest kernel)
+    graph i:   global block i-1 output -> frame block i -> global block i inputs
+    ...
+    graph 24:  global block 23 output -> DPT head(s)
+    eager:     camera head (its own cache), pose conversion
+
+The graphs share one memory pool and are replayed in capture order. Inputs that change per
+frame (the image, the 3D-RoPE angles of the frame's time index, the attention results) are
+copied into static buffers before the replays that read them.
+
+`capture=False` runs the same pieces eagerly (no CUDA needed): the CPU tests use it to show
+the decomposition computes the model's function.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from ..layers import Rotary, patch_positions_2d, rope2d, rope3d, token_positions_3d
+
+__all__ = ["GraphedStep"]
+
+log = logging.getLogger(__name__)
+
+
+class _Piece:
+    """A function of static tensors, run eagerly or replayed from a captured graph."""
+
+    def __init__(self, fn: Callable[[], tuple], capture: bool, pool) -> None:
+        self.fn, self.capture, self.pool = fn, capture, pool
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.outputs: tuple = ()
+
+    def __call__(self) -> tuple:
+        if not self.capture:
+            self.outputs = self.fn()
+        elif self.graph is None:
+            # Warm up on a side stream (cuBLAS/cuDNN handles, autotuning), then capture.
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self.fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=self.pool):
+                self.outputs = self.fn()
+            self.graph.replay()
+        else:
+            self.graph.replay()
+        return self.outputs
+
+
+class GraphedStep:
+    """The single-frame step of one stream at one frame size (see module docstring).
+
+    Valid after the scale phase (every frame gets the special tokens' second copy). Build one
+    per session and frame size; `__call__` replaces `GCTStream.forward` for one frame.
+    """
+
+    def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True) -> None:
+        agg = model.aggregator
+        c = model.config
+        self.model, self.agg, self.config = model, agg, c
+        self.capture = capture
+        device = agg.camera_token.device
+        height, width = image_hw
+        self.image_hw = image_hw
+        grid_h, grid_w = height // c.patch_size, width // c.patch_size
+        self.grid = (grid_h, grid_w)
+        self.frame = torch.zeros(1, 1, 3, height, width, device=device)
+        # After the scale phase every frame takes copy 1 of the camera, register and scale tokens.
+        self.special = agg._special_tokens(1, 1, stored=1, num_frame_for_scale=1).detach().clone()
+        pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, device)
+        self.frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
+        self.tokens_per_frame = pos2d.shape[0]
+        self.global_rotary: Rotary | None = self._global_rotary(0)
+        pool = torch.cuda.graph_pool_handle() if capture else None
+        self.attended: list[torch.Tensor | None] = [None] * c.depth
+        self.pieces = [_Piece(self._first, capture, pool)]
+        self.pieces += [_Piece(self._make_middle(i), capture, pool) for i in range(1, c.depth)]
+        self.pieces.append(_Piece(self._last, capture, pool))
+        self._outputs: list[tuple] = []
+
+    # ------------------------------------------------------------------ per-frame inputs
+    def _global_rotary(self, time_index: int) -> Rotary | None:
+        c = self.config
+        if c.disable_global_rope or not c.enable_3d_rope:
+            if c.disable_global_rope:
+                return None
+            return self.frame_rotary  # 2D RoPE in the global blocks: the same table for one frame
+        pos3d = token_positions_3d(torch.tensor([time_index], device=self.frame.device), *self.grid, c.num_special_tokens)
+        return rope3d(pos3d, c.rope3d_dims, c.rope3d_theta)
+
+    def _set_time_index(self, time_index: int) -> None:
+        new = self._global_rotary(time_index)
+        if new is None or new is self.frame_rotary or self.global_rotary is None:
+            self.global_rotary = new
+            return
+        # In place: the captured graphs read these very buffers.
+        self.global_rotary.cos.copy_(new.cos)
+        self.global_rotary.sin.copy_(new.sin)
+
+    # ------------------------------------------------------------------ the pieces
+    def _first(self) -> tuple:
+        tokens = self.agg.embed(self.frame, self.special)
+        return self.agg.enter_layer(0, tokens, self.frame_rotary, self.global_rotary)
+
+    def _make_middle(self, i: int) -> Callable[[], tuple]:
+        def middle() -> tuple:
+            seq = self._seq(i - 1)
+            leaving = self.agg.leave_layer(i - 1, seq, self.attended[i - 1])
+            tokens = leaving.view(1, self.tokens_per_frame, -1)
+            return (leaving, *self.agg.enter_layer(i, tokens, self.frame_rotary, self.global_rotary))
+
+        return middle
+
+    def _last(self) -> tuple:
+        c = self.config
+        depth = c.depth
+        seq = self._seq(depth - 1)
+        final = self.agg.leave_layer(depth - 1, seq, self.attended[depth - 1])
+        globals_ = [self._outputs[i + 1][0] for i in range(depth - 1)] + [final]
+        frames = [self._frame_out(i) for i in range(depth)]
+        layers = [
+            torch.cat((frames[i], globals_[i].view(1, 1, self.tokens_per_frame, -1)), dim=-1).float()
+            for i in c.selected_layers
+        ]
+        heads = {}
+        with torch.autocast(self.frame.device.type, enabled=False):
+            if self.model.depth_head is not None:
+                heads["depth"], heads["depth_conf"] = self.model.depth_head(layers, self.image_hw, c.num_special_tokens)
+            if self.model.point_head is not None:
+                heads["world_points"], heads["world_points_conf"] = self.model.point_head(
+                    layers, self.image_hw, c.num_special_tokens
+                )
+        return layers, heads
+
+    # Piece 0 returns (frame_out, seq, q, k, v); piece i >= 1 returns (leaving_{i-1}, frame_out,
+    # seq, q, k, v), where seq is global block i's input.
+    def _seq(self, i: int) -> torch.Tensor:
+        return self._outputs[i][1 if i == 0 else 2]
+
+    def _frame_out(self, i: int) -> torch.Tensor:
+        out = self._outputs[i]
+        return out[0] if i == 0 else out[1]
+
+    def _qkv(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self._outputs[i]
+        return out[-3], out[-2], out[-1]
+
+    # ------------------------------------------------------------------ one step
+    def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
+        """frame [1, 1, 3, H, W]; returns the model's outputs for it (pose_enc, depth, ...)."""
+        cache = state.aggregator
+        self.frame.copy_(frame)
+        self._set_time_index(cache.frames_stored)
+        step = cache.begin_step(
+            1, store=store, layout=self.agg.cache_layout(self.tokens_per_frame, cache),
+            dtype=_kv_dtype(self.special), device=self.frame.device,
+        )
+        try:
+            self._outputs = [self.pieces[0]()]
+            for i in range(self.config.depth):
+                q, k, v = self._qkv(i)
+                result = step.attend(i, q, k, v, backend.attend)
+                if self.attended[i] is None or not self.capture:
+                    self.attended[i] = result if not self.capture else result.clone()
+                else:
+                    self.attended[i].copy_(result)
+                self._outputs.append(self.pieces[i + 1]())
+        except BaseException:
+            cache.abort_step(step)
+            raise
+        cache.finish_step(step)
+        layers, heads = self._outputs[-1]
+        out: dict[str, torch.Tensor] = {}
+        model = self.model
+        with torch.autocast(self.frame.device.type, enabled=False):
+            if model.camera_head is not None:
+                poses = model.camera_head(layers[-1][:, :, 0], cache=state.camera, store=store)
+                out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
+        out.update({k: v.clone() for k, v in heads.items()})
+        return out
+
+
+def _kv_dtype(tokens: torch.Tensor) -> torch.dtype:
+    from ..models.aggregator import kv_dtype
+
+    return kv_dtype(tokens)
