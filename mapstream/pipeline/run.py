@@ -62,6 +62,7 @@ class RunOptions:
     sky_mask: bool = False
     sky_model: str | None = None
     compile: bool = False
+    fast: bool = True  # CUDA-graph steps on CUDA devices (no effect on the CPU)
 
 
 @dataclass
@@ -177,10 +178,12 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         session = WindowedSession(
             model, window_size=opts.window_size, overlap_size=opts.overlap, num_scale_frames=opts.num_scale_frames,
             keyframe_interval=interval if isinstance(interval, int) else 1, output_device="cpu", precision=precision,
+            fast=opts.fast and device.type == "cuda",
         )
     elif opts.mode == "streaming":
         session = model.session(
-            num_scale_frames=opts.num_scale_frames, keyframe_interval=interval, output_device="cpu", precision=precision
+            num_scale_frames=opts.num_scale_frames, keyframe_interval=interval, output_device="cpu", precision=precision,
+            fast=opts.fast and device.type == "cuda",
         )
     else:
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")

@@ -47,7 +47,7 @@ class WindowedSession:
             `inference_windowed`; a window spans scale + (window_size - scale) * interval frames.
         overlap_size / overlap_keyframes: frames shared by consecutive windows (default: the
             scale frames; keyframes x interval when overlap_keyframes is given).
-        num_scale_frames, keyframe_interval, output_device, precision, cache: as `Session`.
+        num_scale_frames, keyframe_interval, output_device, precision, cache, fast: as `Session`.
     """
 
     def __init__(
@@ -62,6 +62,7 @@ class WindowedSession:
         output_device=None,
         precision: str = "auto",
         cache=None,
+        fast: bool = False,
     ) -> None:
         if not isinstance(keyframe_interval, int):
             raise ValueError("windowed sessions need a fixed keyframe interval (an int)")
@@ -72,6 +73,7 @@ class WindowedSession:
             output_device=output_device,
             precision=precision,
             cache=cache,
+            fast=fast,
         )
         scale = self._session.num_scale_frames
         interval = max(keyframe_interval, 1)
