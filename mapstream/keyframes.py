@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from .geometry import project_points
+from .geometry import pixel_grid, project_points, unproject_depth
 
 __all__ = ["KeyframePolicy", "FixedInterval", "FlowKeyframes", "mean_flow", "make_policy"]
 
@@ -56,24 +56,16 @@ def mean_flow(depth: torch.Tensor, K: torch.Tensor, T_world_cam: torch.Tensor, K
     in either camera are ignored. Returns 0.0 when nothing is valid.
     """
     d = depth[::stride, ::stride].double()
-    rows, cols = d.shape
-    v, u = torch.meshgrid(
-        torch.arange(0, depth.shape[0], stride, dtype=torch.float64, device=d.device),
-        torch.arange(0, depth.shape[1], stride, dtype=torch.float64, device=d.device),
-        indexing="ij",
-    )
-    K, K_ref = K.double(), K_ref.double()
-    x = (u - K[0, 2]) / K[0, 0] * d
-    y = (v - K[1, 2]) / K[1, 1] * d
-    cam = torch.stack((x, y, d), dim=-1).reshape(-1, 3)
-    T = T_world_cam.double()
-    world = cam @ T[:3, :3].T + T[:3, 3]
-    uv, z = project_points(world, K_ref, T_world_ref.double())
+    # Pixel (j, i) of the subsampled grid is pixel (stride j, stride i): same rays with K / stride.
+    K_grid = K.double().clone()
+    K_grid[:2] /= stride
+    world = unproject_depth(d, K_grid, T_world_cam.double()).reshape(-1, 3)
+    uv, z = project_points(world, K_ref.double(), T_world_ref.double())
     valid = (d.reshape(-1) > 1e-6) & (z > 1e-6)
     if not valid.any():
         return 0.0
-    flow = (uv - torch.stack((u.reshape(-1), v.reshape(-1)), dim=-1))[valid]
-    return float(flow.norm(dim=-1).mean())
+    grid = pixel_grid(*d.shape, device=d.device, dtype=d.dtype).reshape(-1, 2) * stride
+    return float((uv - grid)[valid].norm(dim=-1).mean())
 
 
 class FlowKeyframes(KeyframePolicy):

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from ..layers import Rotary, patch_positions_2d, rope2d, rope3d, token_positions_3d
+from ..layers import Rotary, patch_positions_2d, rope2d
 
 __all__ = ["GraphedStep"]
 
@@ -79,10 +79,10 @@ class GraphedStep:
         self.frame = torch.zeros(1, 1, 3, height, width, device=device)
         # After the scale phase every frame takes copy 1 of the camera, register and scale tokens.
         self.special = agg._special_tokens(1, 1, stored=1, num_frame_for_scale=1).detach().clone()
-        pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, device)
-        self.frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
-        self.tokens_per_frame = pos2d.shape[0]
-        self.global_rotary: Rotary | None = self._global_rotary(0)
+        self.pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, device)
+        self.frame_rotary = rope2d(self.pos2d, c.head_dim, c.rope2d_frequency)
+        self.tokens_per_frame = self.pos2d.shape[0]
+        self.global_rotary: Rotary | None = agg._global_rotary(0, 1, grid_h, grid_w, self.pos2d)
         pool = torch.cuda.graph_pool_handle() if capture else None
         self.attended: list[torch.Tensor | None] = [None] * c.depth
         self.pieces = [_Piece(self._first, capture, pool)]
@@ -91,18 +91,9 @@ class GraphedStep:
         self._outputs: list[tuple] = []
 
     # ------------------------------------------------------------------ per-frame inputs
-    def _global_rotary(self, time_index: int) -> Rotary | None:
-        c = self.config
-        if c.disable_global_rope or not c.enable_3d_rope:
-            if c.disable_global_rope:
-                return None
-            return self.frame_rotary  # 2D RoPE in the global blocks: the same table for one frame
-        pos3d = token_positions_3d(torch.tensor([time_index], device=self.frame.device), *self.grid, c.num_special_tokens)
-        return rope3d(pos3d, c.rope3d_dims, c.rope3d_theta)
-
     def _set_time_index(self, time_index: int) -> None:
-        new = self._global_rotary(time_index)
-        if new is None or new is self.frame_rotary or self.global_rotary is None:
+        new = self.agg._global_rotary(time_index, 1, *self.grid, self.pos2d)
+        if new is None or self.global_rotary is None:
             self.global_rotary = new
             return
         # In place: the captured graphs read these very buffers.

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..export import ALL_FORMATS, export_all, runtime_versions, write_run_json
+from ..geometry import invert_se3
 from ..session import FramePrediction
 from ..windowed import WindowedSession, pairwise_alignment
 from ..windowed.online import predictions_as_window, warp_prediction
@@ -139,7 +140,8 @@ def _record(pred: FramePrediction, frame: torch.Tensor) -> dict[str, Any]:
 def _as_prediction(record: dict[str, Any]) -> FramePrediction:
     t = {k: torch.as_tensor(np.asarray(record[k])) for k in ("pose_enc", "depth", "depth_conf", "T_world_cam", "K")}
     return FramePrediction(
-        index=int(record["index"]), pose_enc=t["pose_enc"], T_world_cam=t["T_world_cam"], T_cam_world=t["T_world_cam"],
+        index=int(record["index"]), pose_enc=t["pose_enc"], T_world_cam=t["T_world_cam"],
+        T_cam_world=invert_se3(t["T_world_cam"]),
         K=t["K"], depth=t["depth"], depth_conf=t["depth_conf"], keyframe=bool(record["keyframe"]), scale_frame=False,
     )
 

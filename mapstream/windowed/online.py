@@ -195,7 +195,7 @@ class WindowedSession:
         assert pending is not None
         prev, curr = self._shared_prev[: len(pending.shared)], pending.shared
         if curr:
-            self._sim = pairwise_alignment(_as_window(prev), _as_window(curr), len(curr))
+            self._sim = pairwise_alignment(predictions_as_window(prev), predictions_as_window(curr), len(curr))
         else:
             self._sim = self.transforms[-1]
         self.transforms.append(self._sim)
@@ -211,7 +211,7 @@ class WindowedSession:
 def warp_prediction(pred: FramePrediction, sim: Sim3, *, index: int | None = None) -> FramePrediction:
     """A FramePrediction mapped by x -> s R x + t (pose re-encoded with a unit quaternion,
     depth scaled, world points mapped); `index` replaces its index if given."""
-    warped = warp_predictions(_as_window([pred]), _to(sim, pred.pose_enc.device))
+    warped = warp_predictions(predictions_as_window([pred]), _to(sim, pred.pose_enc.device))
     pose = warped["pose_enc"][0, 0]
     T_world_cam, K = pose_encoding_to_extri_intri(pose, tuple(pred.depth.shape))
     return FramePrediction(
@@ -232,10 +232,6 @@ def warp_prediction(pred: FramePrediction, sim: Sim3, *, index: int | None = Non
 
 def predictions_as_window(preds: list[FramePrediction]) -> dict[str, torch.Tensor]:
     """Stack FramePredictions into the window dict the alignment functions take."""
-    return _as_window(preds)
-
-
-def _as_window(preds: list[FramePrediction]) -> dict[str, torch.Tensor]:
     out = {
         "pose_enc": torch.stack([p.pose_enc for p in preds])[None],
         "depth": torch.stack([p.depth for p in preds])[None, ..., None],
