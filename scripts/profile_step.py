@@ -15,6 +15,26 @@ from mapstream.bench import BenchConfig, build_bench_model
 from mapstream.models.compile import compile_model
 
 
+# Kernel-name fragments -> a coarse kind, first match wins (names differ across libraries).
+_KINDS = (
+    ("attention", ("flash", "fmha", "attention", "prefill", "_fwd")),
+    ("matmul", ("gemm", "sm90_xmma", "cutlass", "nvjet", "matmul")),
+    ("conv", ("conv", "implicit", "winograd", "dgrad", "wgrad")),
+    ("norm", ("norm",)),
+    ("copy/cast", ("copy", "cast", "convert")),
+    ("upsample", ("upsample", "interpolate")),
+)
+
+
+def _by_kind(rows) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for e in rows:
+        name = e.key.lower()
+        kind = next((k for k, frags in _KINDS if any(f in name for f in frags)), "elementwise/other")
+        totals[kind] = totals.get(kind, 0.0) + e.self_device_time_total / 1e3 / 2
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true")
@@ -58,7 +78,8 @@ def main() -> None:
         "warmup_s": warm_s,
         "wall_ms_per_step": times,
         "gpu_kernel_ms_per_step": total_gpu_ms,
-        "top": [(e.key[:80], e.self_device_time_total / 1e3 / 2, e.count // 2) for e in rows[:18]],
+        "top": [(e.key[:90], e.self_device_time_total / 1e3 / 2, e.count // 2) for e in rows[:40]],
+        "by_kind_ms_per_step": _by_kind(rows),
     }
     print(json.dumps(result, indent=1))
     if args.out:

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 BACKENDS: dict[str, str] = {
     "sdpa": "mapstream.attention.sdpa:SDPABackend",
     "flashinfer": "mapstream.attention.flashinfer:FlashInferBackend",
+    "triton": "mapstream.attention.triton_backend:TritonBackend",
 }
 # Preference order for "auto": fastest first, the reference last.
 _AUTO_ORDER = ("flashinfer", "sdpa")

@@ -1,0 +1,178 @@
+"""Our own flash-attention forward in Triton, shaped for attention over the stream cache.
+
+Why a kernel of our own: the cache attention is one fixed shape (one frame's ~1k queries
+over up to ~71k keys, head dim 64, no mask) and dominates a streaming step. cuDNN plans per
+key count on the host (≈1.8 ms a call, docs/BENCHMARKS.md) and FlashInfer's fa2 kernel is
+slower on Hopper. This kernel
+
+- reads K/V straight from the cache arena's strided [H, T, D] views (no gather, no copy);
+- can read the visible key range [lo, hi) from device memory, so a captured CUDA graph
+  stays valid while the range changes from frame to frame;
+- writes its output token-major ([Nq, H, D]), which is the layout the block's output
+  projection wants, so the usual transpose + copy disappears.
+
+The loop splits full key tiles (no masking) from the one partial tail tile. Softmax runs in
+base 2 with the 1/sqrt(D) scale folded into one fused multiply-add per score.
+
+`TRITON_INTERPRET=1` runs the same kernel on CPU tensors (used by the tests).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["flash_attention", "KernelConfig", "DEFAULT_CONFIG"]
+
+_LOG2E = 1.4426950408889634
+
+
+class KernelConfig:
+    """Tile sizes and launch parameters (tuned on an H200; see docs/BENCHMARKS.md)."""
+
+    def __init__(self, block_m: int = 128, block_n: int = 128, num_warps: int = 8, num_stages: int = 2,
+                 exp_bf16x2: bool = False) -> None:
+        self.block_m, self.block_n = block_m, block_n
+        self.num_warps, self.num_stages = num_warps, num_stages
+        self.exp_bf16x2 = exp_bf16x2
+
+    def __repr__(self) -> str:
+        return (f"KernelConfig(block_m={self.block_m}, block_n={self.block_n}, num_warps={self.num_warps}, "
+                f"num_stages={self.num_stages}, exp_bf16x2={self.exp_bf16x2})")
+
+
+DEFAULT_CONFIG = KernelConfig()
+
+
+@triton.jit
+def _exp2(x, EXP_BF16X2: tl.constexpr):
+    if EXP_BF16X2:
+        # Hopper's packed bf16 exponential: half the special-function issue slots of fp32
+        # exp2. The result feeds a bf16 matmul anyway; only the argument's rounding is new.
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x.to(tl.bfloat16)],
+            dtype=tl.bfloat16, is_pure=True, pack=2,
+        ).to(tl.float32)
+    else:
+        return tl.math.exp2(x)
+
+
+@triton.jit
+def _tile(q, k_ptrs, v_ptrs, key_ok, m_i, l_i, acc, qk_scale,
+          MASKED: tl.constexpr, EXP_BF16X2: tl.constexpr):
+    """One key tile: online-softmax update of (m_i, l_i, acc). Scores are in base-2 units."""
+    if MASKED:
+        k = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    s = tl.dot(q, tl.trans(k))
+    if MASKED:
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = _exp2(s * qk_scale - m_new[:, None], EXP_BF16X2)
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _flash_fwd(
+    Q, K, V, O, RANGE,
+    stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
+    n_q, kv_lo, kv_hi, qk_scale,
+    RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    if RANGE_IN_MEMORY:
+        lo = tl.load(RANGE).to(tl.int32)
+        hi = tl.load(RANGE + 1).to(tl.int32)
+    else:
+        lo = kv_lo
+        hi = kv_hi
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    row_ok = offs_m < n_q
+    q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q = q.to(K.dtype.element_ty)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    k_head = K + head.to(tl.int64) * stride_kh
+    v_head = V + head.to(tl.int64) * stride_vh
+    full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
+    all_keys = offs_n >= 0
+    for start in tl.range(lo, full_end, BLOCK_N):
+        keys = start + offs_n
+        m_i, l_i, acc = _tile(
+            q, k_head + keys[:, None] * stride_kn + offs_d[None, :], v_head + keys[:, None] * stride_vn + offs_d[None, :],
+            all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2,
+        )
+    if full_end < hi:
+        keys = full_end + offs_n
+        m_i, l_i, acc = _tile(
+            q, k_head + keys[:, None] * stride_kn + offs_d[None, :], v_head + keys[:, None] * stride_vn + offs_d[None, :],
+            keys < hi, m_i, l_i, acc, qk_scale, True, EXP_BF16X2,
+        )
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = O + offs_m[:, None] * stride_on + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    kv_range: torch.Tensor | tuple[int, int] | None = None,
+    out: torch.Tensor | None = None,
+    config: KernelConfig = DEFAULT_CONFIG,
+) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(D)) v over keys [lo, hi) of k/v.
+
+    q [H, Nq, D] (any strides, unit last stride; any float dtype, computed in k's dtype);
+    k, v [H, T, D] (unit last stride; fp16/bf16 on CUDA). kv_range: (lo, hi) ints, or an
+    int tensor [2] on q's device (read by the kernel: graph-safe), or None for all T keys.
+    Returns [H, Nq, D] in q's dtype, a transposed view of token-major [Nq, H, D] storage
+    (`out`, if given, must be that storage).
+    """
+    heads, n_q, dim = q.shape
+    if k.shape[0] != heads or v.shape[:2] != k.shape[:2] or k.shape[2] != dim or v.shape[2] != dim:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if dim not in (16, 32, 64, 128, 256):
+        raise ValueError(f"head dim {dim} is not supported (needs a power of two from 16 to 256)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} needs a unit stride in its last dimension")
+    if out is None:
+        out = torch.empty(n_q, heads, dim, device=q.device, dtype=q.dtype)
+    elif out.shape != (n_q, heads, dim) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [Nq, H, D] = {(n_q, heads, dim)} with a unit last stride")
+    in_memory = isinstance(kv_range, torch.Tensor)
+    if kv_range is None:
+        lo, hi = 0, k.shape[1]
+    elif in_memory:
+        lo, hi = 0, 0
+    else:
+        lo, hi = int(kv_range[0]), int(kv_range[1])
+        if not 0 <= lo < hi <= k.shape[1]:
+            raise ValueError(f"key range {(lo, hi)} is empty or outside the {k.shape[1]} keys")
+    range_arg = kv_range if in_memory else out  # any pointer; unused when the range is scalar
+    grid = (triton.cdiv(n_q, config.block_m), heads)
+    _flash_fwd[grid](
+        q, k, v, out, range_arg,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        n_q, lo, hi, _LOG2E / math.sqrt(dim),
+        RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, EXP_BF16X2=config.exp_bf16x2,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out.transpose(0, 1)
