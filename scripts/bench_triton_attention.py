@@ -6,7 +6,6 @@ Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick]
 """
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 
@@ -52,16 +51,16 @@ def main(out_path=None, quick=False):
     except Exception as e:  # noqa: BLE001
         res["flashinfer"] = f"failed: {str(e)[:200]}"
 
-    space = itertools.product((128, 64), (128, 64), (8, 4), (2, 3, 4), (False, True))
+    tiles = [(64, 128, 4), (64, 64, 4), (64, 256, 4), (128, 128, 8), (128, 64, 8)]
+    modes = [dict(), dict(pipeline_qk=True), dict(tma=True)]
+    space = [(t, st, m) for t in tiles for st in (2, 3, 4) for m in modes]
     if quick:
-        space = [(128, 128, 8, 2, False), (128, 64, 4, 3, False), (128, 128, 8, 2, True)]
+        space = [((64, 128, 4), 3, dict())]
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     best = None
-    for bm, bn, warps, stages, bf16x2 in space:
-        if bm == 64 and warps == 8:
-            continue
-        cfg = KernelConfig(bm, bn, warps, stages, bf16x2)
-        name = f"triton_m{bm}_n{bn}_w{warps}_s{stages}" + ("_bf16x2" if bf16x2 else "")
+    for (bm, bn, warps), stages, mode in space:
+        cfg = KernelConfig(bm, bn, warps, stages, **mode)
+        name = f"triton_m{bm}_n{bn}_w{warps}_s{stages}" + "".join(f"_{k}" for k in mode)
         try:
             record(name, lambda: flash_attention(q, k, v, kv_range=(lo, nk), config=cfg))
             same = torch.equal(flash_attention(q, k, v, kv_range=rng, config=cfg),

@@ -19,6 +19,7 @@ base 2 with the 1/sqrt(D) scale folded into one fused multiply-add per score.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -29,18 +30,20 @@ __all__ = ["flash_attention", "KernelConfig", "DEFAULT_CONFIG"]
 _LOG2E = 1.4426950408889634
 
 
+@dataclass(frozen=True)
 class KernelConfig:
     """Tile sizes and launch parameters (tuned on an H200; see docs/BENCHMARKS.md)."""
 
-    def __init__(self, block_m: int = 128, block_n: int = 128, num_warps: int = 8, num_stages: int = 2,
-                 exp_bf16x2: bool = False) -> None:
-        self.block_m, self.block_n = block_m, block_n
-        self.num_warps, self.num_stages = num_warps, num_stages
-        self.exp_bf16x2 = exp_bf16x2
-
-    def __repr__(self) -> str:
-        return (f"KernelConfig(block_m={self.block_m}, block_n={self.block_n}, num_warps={self.num_warps}, "
-                f"num_stages={self.num_stages}, exp_bf16x2={self.exp_bf16x2})")
+    block_m: int = 64
+    block_n: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+    exp_bf16x2: bool = False
+    """Packed bf16 exponentials (sm90 inline PTX). Slower on an H200 (docs/BENCHMARKS.md)."""
+    pipeline_qk: bool = False
+    """Issue the next tile's scores before this tile's softmax."""
+    tma: bool = False
+    """Fetch K/V tiles with the tensor-memory accelerator (sm90)."""
 
 
 DEFAULT_CONFIG = KernelConfig()
@@ -60,16 +63,9 @@ def _exp2(x, EXP_BF16X2: tl.constexpr):
 
 
 @triton.jit
-def _tile(q, k_ptrs, v_ptrs, key_ok, m_i, l_i, acc, qk_scale,
-          MASKED: tl.constexpr, EXP_BF16X2: tl.constexpr):
-    """One key tile: online-softmax update of (m_i, l_i, acc). Scores are in base-2 units."""
-    if MASKED:
-        k = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    s = tl.dot(q, tl.trans(k))
+def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, EXP_BF16X2: tl.constexpr):
+    """Fold one tile of raw scores s [M, N] and its values v [N, D] into (m_i, l_i, acc).
+    Scores are kept in base-2 units: m_i is the running max of s * qk_scale."""
     if MASKED:
         s = tl.where(key_ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
@@ -81,21 +77,24 @@ def _tile(q, k_ptrs, v_ptrs, key_ok, m_i, l_i, acc, qk_scale,
 
 
 @triton.jit
+def _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY: tl.constexpr):
+    if RANGE_IN_MEMORY:
+        return tl.load(RANGE).to(tl.int32), tl.load(RANGE + 1).to(tl.int32)
+    else:
+        return kv_lo, kv_hi
+
+
+@triton.jit
 def _flash_fwd(
     Q, K, V, O, RANGE,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
-    if RANGE_IN_MEMORY:
-        lo = tl.load(RANGE).to(tl.int32)
-        hi = tl.load(RANGE + 1).to(tl.int32)
-    else:
-        lo = kv_lo
-        hi = kv_hi
+    lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
@@ -106,22 +105,74 @@ def _flash_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    k_head = K + head.to(tl.int64) * stride_kh
-    v_head = V + head.to(tl.int64) * stride_vh
+    k_tile = K + head.to(tl.int64) * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+    v_tile = V + head.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
+    full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
+    all_keys = offs_n >= 0
+    if PIPELINE_QK:
+        # Scores of tile j+1 are issued before the softmax of tile j, so the tensor cores
+        # can work while the softmax runs (Hopper's matrix instructions are asynchronous).
+        if lo < full_end:
+            s = tl.dot(q, tl.trans(tl.load(k_tile + lo * stride_kn)))
+            for start in tl.range(lo + BLOCK_N, full_end, BLOCK_N):
+                s_next = tl.dot(q, tl.trans(tl.load(k_tile + start * stride_kn)))
+                v = tl.load(v_tile + (start - BLOCK_N) * stride_vn)
+                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2)
+                s = s_next
+            v = tl.load(v_tile + (full_end - BLOCK_N) * stride_vn)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2)
+    else:
+        for start in tl.range(lo, full_end, BLOCK_N):
+            k = tl.load(k_tile + start * stride_kn)
+            v = tl.load(v_tile + start * stride_vn)
+            s = tl.dot(q, tl.trans(k))
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2)
+    if full_end < hi:
+        key_ok = full_end + offs_n < hi
+        k = tl.load(k_tile + full_end * stride_kn, mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_tile + full_end * stride_vn, mask=key_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = O + offs_m[:, None] * stride_on + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _flash_fwd_tma(
+    Q, k_desc, v_desc, O, RANGE,
+    stride_qh, stride_qn, stride_on, stride_oh,
+    n_q, kv_lo, kv_hi, qk_scale,
+    RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr,
+):
+    """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
+    pid_m = tl.program_id(0)
+    head = tl.program_id(1)
+    lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    row_ok = offs_m < n_q
+    q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q = q.to(k_desc.dtype)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
     all_keys = offs_n >= 0
     for start in tl.range(lo, full_end, BLOCK_N):
-        keys = start + offs_n
-        m_i, l_i, acc = _tile(
-            q, k_head + keys[:, None] * stride_kn + offs_d[None, :], v_head + keys[:, None] * stride_vn + offs_d[None, :],
-            all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2,
-        )
+        k = k_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
+        v = v_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
+        s = tl.dot(q, tl.trans(k))
+        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2)
     if full_end < hi:
-        keys = full_end + offs_n
-        m_i, l_i, acc = _tile(
-            q, k_head + keys[:, None] * stride_kn + offs_d[None, :], v_head + keys[:, None] * stride_vn + offs_d[None, :],
-            keys < hi, m_i, l_i, acc, qk_scale, True, EXP_BF16X2,
-        )
+        # Rows past the descriptor's end read as zeros; keys in [hi, end) are masked.
+        key_ok = full_end + offs_n < hi
+        k = k_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
+        v = v_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
+        s = tl.dot(q, tl.trans(k))
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_ptrs = O + offs_m[:, None] * stride_on + head * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
@@ -167,12 +218,25 @@ def flash_attention(
             raise ValueError(f"key range {(lo, hi)} is empty or outside the {k.shape[1]} keys")
     range_arg = kv_range if in_memory else out  # any pointer; unused when the range is scalar
     grid = (triton.cdiv(n_q, config.block_m), heads)
-    _flash_fwd[grid](
-        q, k, v, out, range_arg,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        n_q, lo, hi, _LOG2E / math.sqrt(dim),
-        RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, EXP_BF16X2=config.exp_bf16x2,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+    scalars = (n_q, lo, hi, _LOG2E / math.sqrt(dim))
+    meta = dict(
+        RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        EXP_BF16X2=config.exp_bf16x2, num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if config.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        block = [1, config.block_n, dim]
+        k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block)
+        v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
+        _flash_fwd_tma[grid](
+            q, k_desc, v_desc, out, range_arg, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            *scalars, **meta,
+        )
+    else:
+        _flash_fwd[grid](
+            q, k, v, out, range_arg,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+            *scalars, PIPELINE_QK=config.pipeline_qk, **meta,
+        )
     return out.transpose(0, 1)

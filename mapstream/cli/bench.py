@@ -8,6 +8,9 @@ from typing import Literal
 from ..bench import BenchConfig, run_benchmark, write_result
 
 
+_VARIANT_ORDER = ("eager", "fast", "compiled")
+
+
 @dataclass
 class Bench:
     """Time streaming inference on a CUDA GPU with the protocol of shared/bench/README.md."""
@@ -26,42 +29,56 @@ class Bench:
     """Where the JSON results go."""
     stages: bool = True
     """Also measure the per-stage breakdown (an extra pass, eager path)."""
-    variants: tuple[str, ...] = ("eager", "fast")
-    """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs."""
+    variants: tuple[str, ...] = ("eager", "fast", "compiled")
+    """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs; compiled: fast
+    with the graph pieces' blocks compiled by torch.compile (run last: compiling changes the
+    model in place)."""
 
     def main(self) -> int:
         from ..attention import available_backends
         import torch
 
+        unknown = set(self.variants) - set(_VARIANT_ORDER)
+        if unknown:
+            raise SystemExit(f"unknown variant(s) {sorted(unknown)}; valid: {', '.join(_VARIANT_ORDER)}")
         results = []
         model = None
+        backends = []
         for backend in self.backends:
             reasons = available_backends(torch.device("cuda"), torch.bfloat16).get(backend)
-            if reasons:
-                print(f"skipping backend {backend}: {'; '.join(reasons)}")
-                continue
-            for res, variant in [(r, v) for r in self.resolutions for v in self.variants]:
-                width, height = (int(v) for v in res.lower().split("x"))
-                cfg = BenchConfig(
-                    width=width, height=height, backend=backend, precision=self.precision,
-                    stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
-                    images=self.images, stage_breakdown=self.stages, fast=variant == "fast",
-                )
-                if model is None:
-                    from ..bench import build_bench_model
+            if reasons is None or reasons:
+                print(f"skipping backend {backend}: {'; '.join(reasons or ['unknown backend'])}")
+            else:
+                backends.append(backend)
+        variants = sorted(set(self.variants), key=_VARIANT_ORDER.index)
+        for variant, backend, res in [(v, b, r) for v in variants for b in backends for r in self.resolutions]:
+            width, height = (int(v) for v in res.lower().split("x"))
+            cfg = BenchConfig(
+                width=width, height=height, backend=backend, precision=self.precision,
+                stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
+                images=self.images, stage_breakdown=self.stages and variant == "eager",
+                fast=variant != "eager",
+            )
+            if model is None:
+                from ..bench import build_bench_model
 
-                    model = build_bench_model(cfg, torch.device("cuda"))
-                model.backend_name = backend
-                model._backends.clear()
-                result = run_benchmark(cfg, model)
-                results.append(result)
-                print(
-                    f"{backend:10s} {variant:5s} {res:8s} global {result['global_fps']:6.1f} FPS | steady "
-                    f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
-                    f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB"
-                )
-                if "stages_ms" in result:
-                    print("   stages (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in result["stages_ms"].items()))
+                model = build_bench_model(cfg, torch.device("cuda"))
+            if variant == "compiled":
+                from ..models.compile import compile_model
+
+                compile_model(model)
+            model.backend_name = backend
+            model._backends.clear()
+            result = run_benchmark(cfg, model)
+            result["variant"] = variant
+            results.append(result)
+            print(
+                f"{backend:10s} {variant:8s} {res:8s} global {result['global_fps']:6.1f} FPS | steady "
+                f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
+                f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB"
+            )
+            if "stages_ms" in result:
+                print("   stages (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in result["stages_ms"].items()))
         write_result({"results": results}, self.out)
         print(f"wrote {self.out}")
         return 0
