@@ -4,17 +4,26 @@ Streams N random frames through one session and records torch.cuda.memory_alloca
 memory_reserved every `every` frames; asserts they are flat once the first frame is stored
 (the cache arena is leased up front, the trajectory memory is capped and thinned).
 
-Usage: python scripts/long_run_memory.py [--frames 2000] [--width 504 --height 378] [--out FILE]
+Usage: python scripts/long_run_memory.py [--frames 2000] [--width 504 --height 378]
+           [--backend auto] [--fast] [--compile] [--out FILE]
+The JSON file is rewritten at every mark, so an interrupted run keeps what it measured.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
 
 from mapstream.bench import BenchConfig, build_bench_model
+
+
+def _write(path: str, data: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def main() -> None:
@@ -23,14 +32,21 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=504)
     ap.add_argument("--height", type=int, default=378)
     ap.add_argument("--every", type=int, default=100)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--fast", action="store_true", help="CUDA-graph single-frame steps")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the graph pieces' blocks")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    cfg = BenchConfig(width=args.width, height=args.height)
+    cfg = BenchConfig(width=args.width, height=args.height, backend=args.backend)
     model = build_bench_model(cfg, torch.device("cuda"))
+    if args.compile:
+        from mapstream.models.compile import compile_model
+
+        compile_model(model)
     pool = torch.rand(32, 3, args.height, args.width, device="cuda")
     marks = []
     start = time.time()
-    with model.session(num_scale_frames=8, precision="bf16") as session:
+    with model.session(num_scale_frames=8, precision="bf16", fast=args.fast) as session:
         for i in range(args.frames):
             preds = session.step(pool[i % 32])
             for p in preds:
@@ -47,6 +63,8 @@ def main() -> None:
                     "elapsed_s": time.time() - start,
                 })
                 print(json.dumps(marks[-1]), flush=True)
+                if args.out:
+                    _write(args.out, {"frames_done": i + 1, "options": vars(args), "marks": marks})
     allocated = {m["allocated"] for m in marks[1:]}
     result = {
         "frames": args.frames,
@@ -57,9 +75,9 @@ def main() -> None:
         "peak_allocated": torch.cuda.max_memory_allocated(),
     }
     print(json.dumps({k: v for k, v in result.items() if k != "marks"}))
+    result["options"] = vars(args)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        _write(args.out, result)
     assert result["flat_allocated"], "GPU memory grew during the stream"
 
 

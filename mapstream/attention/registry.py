@@ -18,8 +18,9 @@ BACKENDS: dict[str, str] = {
     "flashinfer": "mapstream.attention.flashinfer:FlashInferBackend",
     "triton": "mapstream.attention.triton_backend:TritonBackend",
 }
-# Preference order for "auto": fastest first, the reference last.
-_AUTO_ORDER = ("flashinfer", "sdpa")
+# Preference order for "auto": fastest first (H200 measurements, docs/BENCHMARKS.md), the
+# reference last.
+_AUTO_ORDER = ("triton", "flashinfer", "sdpa")
 
 
 def _load(name: str) -> type[AttentionBackend]:

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["flash_attention", "KernelConfig", "DEFAULT_CONFIG"]
+__all__ = ["flash_attention", "KernelConfig", "default_config"]
 
 _LOG2E = 1.4426950408889634
 
@@ -44,9 +44,18 @@ class KernelConfig:
     """Issue the next tile's scores before this tile's softmax."""
     tma: bool = False
     """Fetch K/V tiles with the tensor-memory accelerator (sm90)."""
+    warp_specialize: bool = False
+    """Let Triton split producer and consumer warps in the TMA loop."""
 
 
-DEFAULT_CONFIG = KernelConfig()
+def default_config(device: torch.device) -> KernelConfig:
+    """The fastest measured configuration for `device` (H200 sweep, docs/BENCHMARKS.md):
+    64x128 tiles, 4 warps, 3 stages, with TMA loads where the GPU has them (sm90+)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0):
+        return KernelConfig(tma=True)
+    return KernelConfig()
+
+
 
 
 @triton.jit
@@ -144,7 +153,7 @@ def _flash_fwd_tma(
     stride_qh, stride_qn, stride_on, stride_oh,
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
     pid_m = tl.program_id(0)
@@ -161,7 +170,7 @@ def _flash_fwd_tma(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
     all_keys = offs_n >= 0
-    for start in tl.range(lo, full_end, BLOCK_N):
+    for start in tl.range(lo, full_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         k = k_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
@@ -185,7 +194,7 @@ def flash_attention(
     *,
     kv_range: torch.Tensor | tuple[int, int] | None = None,
     out: torch.Tensor | None = None,
-    config: KernelConfig = DEFAULT_CONFIG,
+    config: KernelConfig | None = None,
 ) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(D)) v over keys [lo, hi) of k/v.
 
@@ -193,9 +202,10 @@ def flash_attention(
     k, v [H, T, D] (unit last stride; fp16/bf16 on CUDA). kv_range: (lo, hi) ints, or an
     int tensor [2] on q's device (read by the kernel: graph-safe), or None for all T keys.
     Returns [H, Nq, D] in q's dtype, a transposed view of token-major [Nq, H, D] storage
-    (`out`, if given, must be that storage).
+    (`out`, if given, must be that storage). config: None picks `default_config(q.device)`.
     """
     heads, n_q, dim = q.shape
+    config = config or default_config(q.device)
     if k.shape[0] != heads or v.shape[:2] != k.shape[:2] or k.shape[2] != dim or v.shape[2] != dim:
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if dim not in (16, 32, 64, 128, 256):
@@ -231,7 +241,7 @@ def flash_attention(
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
         _flash_fwd_tma[grid](
             q, k_desc, v_desc, out, range_arg, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            *scalars, **meta,
+            *scalars, WARP_SPECIALIZE=config.warp_specialize, **meta,
         )
     else:
         _flash_fwd[grid](

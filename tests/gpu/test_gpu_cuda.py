@@ -31,9 +31,10 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
 
 
+@pytest.mark.parametrize("backend", ["flashinfer", "triton"])
 @pytest.mark.parametrize("kv_len", [54, 97, 1000, 7000])
-def test_flashinfer_matches_sdpa_at_awkward_sizes(kv_len):
-    reasons = available_backends(torch.device("cuda"), torch.bfloat16)["flashinfer"]
+def test_backends_match_sdpa_at_awkward_sizes(kv_len, backend):
+    reasons = available_backends(torch.device("cuda"), torch.bfloat16)[backend]
     if reasons:
         pytest.skip("; ".join(reasons))
     g = torch.Generator(device="cuda").manual_seed(kv_len)
@@ -41,10 +42,35 @@ def test_flashinfer_matches_sdpa_at_awkward_sizes(kv_len):
     k, v = storage[0, :, 5 : 5 + kv_len][None], storage[1, :, 5 : 5 + kv_len][None]  # strided views
     q = torch.randn(1, 16, 37, 64, device="cuda", generator=g)
     ref = SDPABackend().attend(q.double(), k.double(), v.double())
-    got = select_backend("flashinfer", torch.device("cuda"), torch.bfloat16).attend(q, k, v)
+    got = select_backend(backend, torch.device("cuda"), torch.bfloat16).attend(q, k, v)
     err = _rel(got, ref)
-    _report(f"flashinfer_vs_sdpa_fp64_kv{kv_len}", err)
+    _report(f"{backend}_vs_sdpa_fp64_kv{kv_len}", err)
     assert torch.isfinite(got).all() and err < 1e-2
+
+
+@pytest.mark.parametrize("variant", ["plain", "pipeline_qk", "tma"])
+def test_triton_kernel_variants_with_the_key_range_in_device_memory(variant):
+    if available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
+        pytest.skip("triton unavailable")
+    from mapstream.attention.triton_flash import KernelConfig, flash_attention
+
+    config = KernelConfig(**({} if variant == "plain" else {variant: True}))
+    g = torch.Generator(device="cuda").manual_seed(7)
+    storage = torch.randn(2, 16, 9000, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    q = torch.randn(1000, 3, 16, 64, device="cuda", generator=g, dtype=torch.bfloat16)[:, 0].transpose(0, 1)
+    kv_range = torch.zeros(2, dtype=torch.int32, device="cuda")
+    out = torch.full((1000, 16, 64), float("nan"), device="cuda", dtype=torch.bfloat16)  # poisoned
+    graph = torch.cuda.CUDAGraph()
+    flash_attention(q, storage[0], storage[1], kv_range=torch.tensor([0, 5], device="cuda"), config=config)
+    with torch.cuda.graph(graph):
+        flash_attention(q, storage[0], storage[1], kv_range=kv_range, out=out, config=config)
+    for lo, hi in [(978, 8999), (0, 1), (131, 4000), (0, 9000)]:
+        kv_range.copy_(torch.tensor([lo, hi]))
+        graph.replay()  # one captured graph serves every range
+        ref = SDPABackend().attend(q[None].double(), storage[None, 0, :, lo:hi].double(), storage[None, 1, :, lo:hi].double())
+        err = _rel(out.transpose(0, 1), ref[0])
+        _report(f"triton_{variant}_graph_range_{lo}_{hi}", err)
+        assert torch.isfinite(out).all() and err < 1e-2, (lo, hi, err)
 
 
 def _photos(n=12):
@@ -62,8 +88,8 @@ def full_fp32():
     return model.cuda().eval()
 
 
-def _stream(model, images, precision, keyframe_interval=1):
-    with model.session(num_scale_frames=4, keyframe_interval=keyframe_interval, precision=precision) as s:
+def _stream(model, images, precision, keyframe_interval=1, fast=False):
+    with model.session(num_scale_frames=4, keyframe_interval=keyframe_interval, precision=precision, fast=fast) as s:
         return s.run(images.cuda())
 
 
@@ -72,18 +98,30 @@ def test_bf16_fast_paths_agree_with_fp32_on_real_photos(full_fp32):
     ref = _stream(full_fp32, images, "fp32", keyframe_interval=2)
     fast = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map")).cuda().eval().cast_for_inference("bf16")
     results = {}
-    for backend in ("sdpa", "flashinfer"):
+    variants = [(b, False) for b in ("sdpa", "flashinfer", "triton")] + [("flashinfer", True), ("triton", True)]
+    for backend, graphs in variants:
         if available_backends(torch.device("cuda"), torch.bfloat16)[backend]:
             continue
         fast.backend_name = backend
         fast._backends.clear()
-        out = _stream(fast, images, "bf16", keyframe_interval=2)
+        out = _stream(fast, images, "bf16", keyframe_interval=2, fast=graphs)
         for key in ("pose_enc", "depth", "depth_conf"):
             assert torch.isfinite(out[key]).all(), (backend, key)
         errs = {key: _rel(out[key], ref[key]) for key in ("pose_enc", "depth", "depth_conf")}
         errs["depth_median_abs_rel"] = float(((out["depth"] - ref["depth"]).abs() / ref["depth"]).median())
-        results[backend] = errs
-        assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, (backend, errs)
+        results[backend + ("+graphs" if graphs else "")] = errs
+        assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, (backend, graphs, errs)
+    if not available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
+        # The headline variant: triton attention + CUDA graphs + torch.compile'd pieces.
+        from mapstream.models.compile import compile_model
+
+        fast.backend_name = "triton"
+        fast._backends.clear()
+        out = _stream(compile_model(fast), images, "bf16", keyframe_interval=2, fast=True)
+        errs = {key: _rel(out[key], ref[key]) for key in ("pose_enc", "depth", "depth_conf")}
+        assert all(torch.isfinite(out[k]).all() for k in ("pose_enc", "depth", "depth_conf"))
+        results["triton+graphs+compile"] = errs
+        assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, errs
     _report("bf16_vs_fp32_real_photos", results)
     assert results
 

@@ -1,0 +1,60 @@
+"""Run mapstream's Triton attention kernel under Triton's CPU interpreter and print, as JSON,
+its relative error against float64 attention for a grid of key ranges and kernel variants.
+
+Started by test_attention_backends.py in a fresh process with TRITON_INTERPRET=1 (the
+variable must be set before Triton is imported).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+import triton.runtime.interpreter as interpreter
+
+
+def _numpy_compat() -> None:
+    # Triton 3.6's interpreter converts its one-element scalar arrays with int(array), which
+    # NumPy >= 2.4 refuses for 1-d arrays; loop bounds read from memory hit this.
+    if tuple(int(p) for p in np.__version__.split(".")[:2]) < (2, 4):
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+def main() -> None:
+    _numpy_compat()
+    from mapstream.attention.triton_flash import KernelConfig, flash_attention
+
+    torch.manual_seed(0)
+    heads, total, dim, n_q = 2, 200, 32, 21
+    storage = torch.randn(2, heads, total + 7, dim)[:, :, 3 : 3 + total]  # strided, offset views
+    qkv = torch.randn(1, n_q, 3, heads, dim)
+    q = qkv[0, :, 0].transpose(0, 1)  # [H, Nq, D] as a block produces it
+    configs = {
+        "plain": KernelConfig(block_m=16, block_n=32, num_warps=4),
+        "pipelined": KernelConfig(block_m=16, block_n=32, pipeline_qk=True),
+        "tma": KernelConfig(block_m=16, block_n=32, tma=True),
+    }
+    report = {}
+    for lo, hi in [(0, total), (13, 150), (40, 41), (0, 32), (5, 69), (31, 200)]:
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.double(), storage[0, :, lo:hi].double(), storage[1, :, lo:hi].double()
+        )
+        for name, config in configs.items():
+            for how, kv_range in (("ints", (lo, hi)), ("tensor", torch.tensor([lo, hi], dtype=torch.int32))):
+                out = flash_attention(q, storage[0], storage[1], kv_range=kv_range, config=config)
+                token_major = out.transpose(0, 1).is_contiguous()
+                err = float((out.double() - ref).norm() / ref.norm())
+                report[f"{name}/{how}/{lo}-{hi}"] = {"err": err, "token_major": token_major,
+                                                      "shape": list(out.shape)}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Attention backends: capability reasons and selection (CPU), and our Triton kernel's
+arithmetic under Triton's CPU interpreter (the compiled kernel is tested on the GPU)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mapstream.attention import SDPABackend, available_backends, select_backend
+
+
+def test_every_backend_states_why_it_cannot_serve_a_cpu():
+    reasons = available_backends(torch.device("cpu"), torch.bfloat16)
+    assert reasons["sdpa"] == []
+    assert "needs a CUDA device (got cpu)" in reasons["triton"]
+    assert "needs a CUDA device (got cpu)" in reasons["flashinfer"]
+    assert "needs fp16/bf16 K/V (got torch.float32)" in available_backends(torch.device("cpu"), torch.float32)["triton"]
+
+
+def test_auto_falls_back_to_sdpa_and_named_backends_explain_refusals():
+    assert isinstance(select_backend("auto", torch.device("cpu"), torch.float32), SDPABackend)
+    with pytest.raises(ValueError, match="cannot run on cpu.*needs a CUDA device"):
+        select_backend("triton", torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(ValueError, match="Unknown attention backend: 'flash'. Valid options are: auto, sdpa"):
+        select_backend("flash", torch.device("cpu"), torch.bfloat16)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
+    script = Path(__file__).with_name("interpret_triton_kernel.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(report) == 6 * 3 * 2
+    for case, row in report.items():
+        # float32 inputs: the interpreter's dots are exact float32 products.
+        assert row["err"] < 1e-5, (case, row)
+        assert row["token_major"] and row["shape"] == [2, 21, 32], (case, row)
+
+
+def test_triton_kernel_rejects_bad_arguments():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from mapstream.attention.triton_flash import flash_attention
+
+    q, k = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        flash_attention(q, k, torch.randn(3, 9, 32))
+    with pytest.raises(ValueError, match="head dim 24 is not supported"):
+        flash_attention(torch.randn(2, 5, 24), torch.randn(2, 9, 24), torch.randn(2, 9, 24))
+    with pytest.raises(ValueError, match=r"key range \(4, 4\) is empty"):
+        flash_attention(q, k, k, kv_range=(4, 4))
+    with pytest.raises(ValueError, match="unit stride"):
+        flash_attention(q, k.transpose(1, 2).contiguous().transpose(1, 2), k)
