@@ -2,7 +2,7 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from _timing import timeit
 from mapstream.attention.triton_flash import KernelConfig, flash_attention
 
 
-def main(out_path=None, quick=False):
+def main(out_path=None, quick=False, tma_only=False):
     torch.manual_seed(0)
     nq, heads, d = 978, 16, 64
     nk = 72 * 978 + 128 * 6  # 8 anchors + 64 window frames + 128 trajectory frames
@@ -56,6 +56,10 @@ def main(out_path=None, quick=False):
     space = [(t, st, m) for t in tiles for st in (2, 3, 4) for m in modes]
     if quick:
         space = [((64, 128, 4), 3, dict())]
+    if tma_only:  # second sweep: around the first sweep's winner (TMA), with warp specialization
+        space = [((64, 128, 4), st, dict(tma=True, warp_specialize=ws)) for st in (2, 3, 4) for ws in (False, True)]
+        space += [((128, 128, 8), st, dict(tma=True, warp_specialize=True)) for st in (2, 3)]
+        space += [((64, 64, 4), 4, dict(tma=True, warp_specialize=True)), ((128, 64, 4), 3, dict(tma=True))]
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     best = None
     for (bm, bn, warps), stages, mode in space:
@@ -83,4 +87,4 @@ def main(out_path=None, quick=False):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    main(args[0] if args else None, quick="--quick" in sys.argv)
+    main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv)
