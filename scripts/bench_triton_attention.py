@@ -64,7 +64,7 @@ def main(out_path=None, quick=False, tma_only=False):
     best = None
     for (bm, bn, warps), stages, mode in space:
         cfg = KernelConfig(bm, bn, warps, stages, **mode)
-        name = f"triton_m{bm}_n{bn}_w{warps}_s{stages}" + "".join(f"_{k}" for k in mode)
+        name = f"triton_m{bm}_n{bn}_w{warps}_s{stages}" + "".join(f"_{k}" for k, on in mode.items() if on)
         try:
             record(name, lambda: flash_attention(q, k, v, kv_range=(lo, nk), config=cfg))
             same = torch.equal(flash_attention(q, k, v, kv_range=rng, config=cfg),

@@ -17,7 +17,7 @@ class Bench:
 
     resolutions: tuple[str, ...] = ("504x378", "518x378")
     """Frame sizes WxH to measure."""
-    backends: tuple[str, ...] = ("sdpa", "flashinfer")
+    backends: tuple[str, ...] = ("sdpa", "flashinfer", "triton")
     """Attention backends to measure (unavailable ones are reported and skipped)."""
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     stream_frames: int = 192

@@ -44,7 +44,7 @@ class Run:
     overlap: int = 16
     device: str = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    backend: Literal["auto", "sdpa", "flashinfer"] = "auto"
+    backend: Literal["auto", "sdpa", "flashinfer", "triton"] = "auto"
     compile: bool = False
     """torch.compile the per-frame static parts (slow start, faster frames on GPUs)."""
     formats: tuple[str, ...] = ALL_FORMATS

@@ -60,7 +60,7 @@ class GCTStream(nn.Module):
     Args:
         config: architecture (default: the official `lingbot-map` preset).
         cache: streaming-cache policy (default: the preset's).
-        backend: attention backend for the global blocks: "auto", "sdpa", "flashinfer".
+        backend: attention backend for the global blocks: "auto", "sdpa", "flashinfer", "triton".
         num_frame_for_scale: default number of scale frames for `inference_streaming`
             (default: `cache.scale_frames`).
         **overrides: reference constructor arguments (`kv_cache_sliding_window`,
@@ -78,7 +78,7 @@ class GCTStream(nn.Module):
     ) -> None:
         super().__init__()
         if "use_sdpa" in overrides and overrides["use_sdpa"]:
-            backend = "sdpa"  # the reference's switch; False keeps `backend` (FlashInfer when usable)
+            backend = "sdpa"  # the reference's switch; False keeps `backend` (the fastest usable)
         preset = get_preset("lingbot-map")
         config, cache, inert = split_overrides(config or preset.model, cache or preset.cache, overrides)
         if inert:
