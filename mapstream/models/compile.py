@@ -1,8 +1,10 @@
 """torch.compile of the per-frame parts whose shapes are static within a phase.
 
-The ViT blocks, the frame blocks and the global blocks' parts before and after their cache
-attention are compiled; the cache attention itself (its key count changes every frame) and
-the heads stay eager, so compilation never sees a dynamic shape.
+The ViT blocks, the frame blocks, and the parts before and after the cache attention of the
+global blocks and of the camera head's trunk blocks are compiled; the cache attentions
+themselves (their key counts change every frame) and the DPT head stay eager, so compilation
+never sees a dynamic shape. The camera head runs eagerly after the CUDA graphs of the fast
+path, so fusing its trunk's small kernels shortens the host's launch work there.
 """
 from __future__ import annotations
 
@@ -25,8 +27,12 @@ def compile_model(model: GCTStream, *, backend: str = "inductor", mode: str | No
     for blocks in (agg.patch_embed.blocks, agg.frame_blocks):
         for i, block in enumerate(blocks):
             blocks[i] = compiled(block)
-    for block in agg.global_blocks:
-        block.attention_inputs = compiled(block.attention_inputs)
-        block.attention_output = compiled(block.attention_output)
+    trunks = [agg.global_blocks]
+    if model.camera_head is not None:
+        trunks.append(model.camera_head.trunk)
+    for blocks in trunks:
+        for block in blocks:
+            block.attention_inputs = compiled(block.attention_inputs)
+            block.attention_output = compiled(block.attention_output)
     model._mapstream_compiled = True
     return model
