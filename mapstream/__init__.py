@@ -15,6 +15,7 @@ from .config import CacheConfig, ModelConfig, get_preset, preset_names
 from .io.images import list_images, load_images
 from .models import GCTStream, StreamState, fill_synthetic_
 from .models.checkpoint import CheckpointError, convert_checkpoint, load_model
+from .multistream import step_together
 from .session import FramePrediction, Session
 from .windowed import WindowedSession
 
@@ -34,6 +35,7 @@ __all__ = [
     "GCTStream",
     "ModelConfig",
     "Session",
+    "step_together",
     "StreamState",
     "build_model",
     "fill_synthetic_",

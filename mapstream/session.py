@@ -80,6 +80,14 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
 
 
+@dataclass(frozen=True)
+class _StepPlan:
+    index: int
+    store: bool  # stored during the forward
+    decide_after: bool  # the policy decides after seeing the prediction (store_last)
+    name: str | None
+
+
 class Session:
     """An online stream over a `GCTStream` (see module docstring).
 
@@ -194,38 +202,51 @@ class Session:
         this frame's. `keyframe` overrides the policy after the scale phase.
         """
         self._check_open()
-        frames = check_images(frame if frame.dim() == 4 else frame.unsqueeze(0), self.model.config.patch_size)
-        if frames.shape[:2] != (1, 1):
-            raise ValueError(f"step takes one frame [3, H, W]; got shape {list(frame.shape)}")
+        frames = self._check_frame(frame)
         if self.in_scale_phase:
-            if self._buffer and self._buffer[0].shape != frames.shape:
-                raise ValueError(
-                    f"frame of size {tuple(frames.shape[-2:])} differs from the sequence's "
-                    f"{tuple(self._buffer[0].shape[-2:])}; call reset() before changing resolution"
-                )
             self._buffer.append(frames)
             self._names.append(name)
             if len(self._buffer) >= self.num_scale_frames:
                 return self.flush()
             return self._provisional() if self.provisional else []
+        plan = self._plan(keyframe, name)
+        return self._complete(plan, self._forward(frames, store=plan.store, scale=self._scale))
+
+    def _check_frame(self, frame: torch.Tensor) -> torch.Tensor:
+        """A valid frame for this sequence as [1, 1, 3, H, W], or a clear error."""
+        frames = check_images(frame if frame.dim() == 4 else frame.unsqueeze(0), self.model.config.patch_size)
+        if frames.shape[:2] != (1, 1):
+            raise ValueError(f"step takes one frame [3, H, W]; got shape {list(frame.shape)}")
+        if self.in_scale_phase and self._buffer and self._buffer[0].shape != frames.shape:
+            raise ValueError(
+                f"frame of size {tuple(frames.shape[-2:])} differs from the sequence's "
+                f"{tuple(self._buffer[0].shape[-2:])}; call reset() before changing resolution"
+            )
+        return frames
+
+    def _plan(self, keyframe: bool | None, name: str | None) -> "_StepPlan":
+        """What the next single-frame step after the scale phase stores (decided now, or after
+        seeing the prediction for policies that need it)."""
         index = self._count
-        if keyframe is None and self.policy.needs_prediction:
-            out = self._forward(frames, store=False, scale=self._scale)
-            self._count += 1
-            pred = self._split(out, [name], first=index, store=False, scale=False)[0]
-            if self.policy.decide(index, self._scale, pred):
-                self.state.aggregator.store_last()
-                if self.state.camera is not None:
-                    self.state.camera.store_last()
-                pred.keyframe = True
-                self.policy.stored(index, pred)
-            return [pred]
-        store = self.policy.decide(index, self._scale) if keyframe is None else bool(keyframe)
-        out = self._forward(frames, store=store, scale=self._scale)
+        decide_after = keyframe is None and self.policy.needs_prediction
+        if decide_after:
+            store = False
+        else:
+            store = self.policy.decide(index, self._scale) if keyframe is None else bool(keyframe)
+        return _StepPlan(index, store, decide_after, name)
+
+    def _complete(self, plan: "_StepPlan", out: dict[str, torch.Tensor]) -> list[FramePrediction]:
+        """Turn a planned step's model outputs into its prediction and update the policy."""
         self._count += 1
-        pred = self._split(out, [name], first=index, store=store, scale=False)[0]
-        if store:
-            self.policy.stored(index, pred)
+        pred = self._split(out, [plan.name], first=plan.index, store=plan.store, scale=False)[0]
+        if plan.decide_after and self.policy.decide(plan.index, self._scale, pred):
+            self.state.aggregator.store_last()
+            if self.state.camera is not None:
+                self.state.camera.store_last()
+            pred.keyframe = True
+            self.policy.stored(plan.index, pred)
+        elif plan.store:
+            self.policy.stored(plan.index, pred)
         return [pred]
 
     def flush(self) -> list[FramePrediction]:
@@ -314,6 +335,9 @@ class Session:
             )
         out.pop("images", None)
         out.pop("pose_enc_list", None)
+        return self._to_output(out)
+
+    def _to_output(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.output_device is not None:
             out = {k: v.to(self.output_device) for k, v in out.items()}
         return out

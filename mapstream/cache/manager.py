@@ -37,9 +37,10 @@ storage.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -148,6 +149,46 @@ class Step:
             return out
         mgr._apply(kv, self.ops, k[0], v[0])
         return attend_fn(q, kv[0, :, lo:hi].unsqueeze(0), kv[1, :, lo:hi].unsqueeze(0))
+
+
+def attend_streams(
+    steps: Sequence[Step], layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend_fn: AttendFn
+) -> torch.Tensor:
+    """Cache attention for a batch of independent streams: row b of q, k, v [B, H, N, D]
+    belongs to the stream of `steps[b]` and attends only to that stream's cache."""
+    if len(steps) != q.shape[0]:
+        raise CacheStateError(f"{len(steps)} cache steps for a batch of {q.shape[0]} streams")
+    if len(steps) == 1:
+        return steps[0].attend(layer, q, k, v, attend_fn)
+    rows = [
+        step.attend(layer, q[b : b + 1], k[b : b + 1], v[b : b + 1], attend_fn) for b, step in enumerate(steps)
+    ]
+    return torch.cat(rows, dim=0)
+
+
+@contextlib.contextmanager
+def open_steps(
+    caches: Sequence["StreamCacheManager"],
+    stores: Sequence[bool],
+    *,
+    num_frames: int,
+    layout: Callable[["StreamCacheManager"], TokenLayout],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Iterator[list[Step]]:
+    """Begin one step per cache (`layout(cache)` gives its token layout) and finish them all
+    when the block exits; if it raises, every step begun is aborted (see `abort_step`)."""
+    steps: list[Step] = []
+    try:
+        for cache, store in zip(caches, stores, strict=True):
+            steps.append(cache.begin_step(num_frames, store=store, layout=layout(cache), dtype=dtype, device=device))
+        yield steps
+    except BaseException:
+        for cache, step in zip(caches, steps):
+            cache.abort_step(step)
+        raise
+    for cache, step in zip(caches, steps):
+        cache.finish_step(step)
 
 
 def _cat(cached: torch.Tensor, current: torch.Tensor) -> torch.Tensor:

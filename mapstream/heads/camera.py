@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import SDPABackend
-from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout
+from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
 from ..layers import Block, Mlp
 
 __all__ = ["CameraCausalHead", "activate_pose"]
@@ -79,6 +79,18 @@ class CameraCausalHead(nn.Module):
         Returns the activated pose encoding [B, S, 9] after every iteration (last = final).
         """
         cache = self.kv_cache if cache is None else cache
+        return self._refine(camera_tokens, [cache], [store], trace)
+
+    def forward_streams(
+        self, camera_tokens: torch.Tensor, *, caches: list[StreamCacheManager], stores: list[bool]
+    ) -> list[torch.Tensor]:
+        """One frame of N independent streams: camera_tokens [N, 1, 2C], row b refined with
+        the cache `caches[b]` (see `AggregatorStream.forward_streams`)."""
+        if camera_tokens.shape[:2] != (len(caches), 1):
+            raise ValueError(f"camera tokens {list(camera_tokens.shape)} for {len(caches)} streams of one frame")
+        return self._refine(camera_tokens, caches, stores, None)
+
+    def _refine(self, camera_tokens: torch.Tensor, caches, stores, trace) -> list[torch.Tensor]:
         batch, num_frames, dim = camera_tokens.shape
         depth = len(self.trunk)
         layout = TokenLayout(
@@ -88,10 +100,10 @@ class CameraCausalHead(nn.Module):
             tokens_per_frame=1,
             trajectory_tokens=1,
         )
-        step = cache.begin_step(
-            num_frames, store=store, layout=layout, dtype=camera_tokens.dtype, device=camera_tokens.device
-        )
-        try:
+        with open_steps(
+            caches, stores, num_frames=num_frames, layout=lambda cache: layout,
+            dtype=camera_tokens.dtype, device=camera_tokens.device,
+        ) as steps:
             base = self.token_norm(camera_tokens)
             normed = self.adaln_norm(base)
             if trace:
@@ -104,7 +116,8 @@ class CameraCausalHead(nn.Module):
                 x = gate * (normed * (1 + scale) + shift) + base
                 for j, block in enumerate(self.trunk):
                     q, k, v = block.attention_inputs(x)
-                    x = block.attention_output(x, step.attend(it * depth + j, q, k, v, self._attention.attend))
+                    attended = attend_streams(steps, it * depth + j, q, k, v, self._attention.attend)
+                    x = block.attention_output(x, attended)
                     if trace:
                         trace(f"cam.trunk.{j}.it{it}", x)
                 delta = self.pose_branch(self.trunk_norm(x))
@@ -113,8 +126,4 @@ class CameraCausalHead(nn.Module):
                 if trace:
                     trace(f"cam.delta.it{it}", delta)
                     trace(f"cam.pose_enc.it{it}", poses[-1])
-        except BaseException:
-            cache.abort_step(step)
-            raise
-        cache.finish_step(step)
         return poses

@@ -11,13 +11,14 @@ the cache (3D video RoPE in the official model). The outputs of the selected lay
 """
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 from ..attention import AttentionBackend, SDPABackend
-from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout
+from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
 from ..config import CacheConfig, ModelConfig
 from ..layers import Block, PatchEmbedViT, Rotary, patch_positions_2d, rope2d, rope3d, token_positions_3d
 
@@ -161,31 +162,76 @@ class AggregatorStream(nn.Module):
         stored = cache.frames_stored
         special = self._special_tokens(batch, num_frames, stored, num_frame_for_scale)
         tokens = self.embed(images, special, trace)  # [B*S, P, C]
-        per_frame = tokens.shape[1]
-
         pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
-        frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
         global_rotary = self._global_rotary(stored, num_frames, grid_h, grid_w, pos2d)
+        return self._layers(tokens, pos2d, global_rotary, [cache], [store], num_frames, backend, trace)
 
-        step = cache.begin_step(
-            num_frames, store=store, layout=self.cache_layout(per_frame, cache), dtype=kv_dtype(tokens),
-            device=tokens.device,
-        )
+    def forward_streams(
+        self,
+        images: torch.Tensor,
+        *,
+        num_frame_for_scale: Sequence[int],
+        caches: Sequence[StreamCacheManager],
+        stores: Sequence[bool],
+        backend: AttentionBackend | None = None,
+    ) -> tuple[list[torch.Tensor], int]:
+        """One single-frame step of N independent streams in one pass.
+
+        images [N, 1, 3, H, W]: frame b belongs to the stream of `caches[b]` (one frame per
+        stream). Everything per frame (ViT, frame blocks, projections, MLPs) runs batched;
+        each stream's global attention reads and writes only its own cache, with its own
+        3D-RoPE time index. Returns what `forward` returns, with B = N and S = 1.
+        """
+        c = self.config
+        backend = backend or self.backend
+        streams, num_frames, _, height, width = images.shape
+        if num_frames != 1 or not streams == len(caches) == len(stores) == len(num_frame_for_scale):
+            raise ValueError(
+                f"forward_streams takes one frame per stream: images {list(images.shape)} for "
+                f"{len(caches)} caches, {len(stores)} store flags, {len(num_frame_for_scale)} scale counts"
+            )
+        if len({id(cache) for cache in caches}) != streams:
+            raise ValueError("each stream needs its own cache (the same cache appears twice)")
+        grid_h, grid_w = height // c.patch_size, width // c.patch_size
+        self._check_rope_range(grid_h, grid_w)
+        special = torch.cat([
+            self._special_tokens(1, 1, cache.frames_stored, nfs) for cache, nfs in zip(caches, num_frame_for_scale)
+        ])
+        tokens = self.embed(images, special)  # [N, P, C]
+        pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
+        rotaries = [self._global_rotary(cache.frames_stored, 1, grid_h, grid_w, pos2d) for cache in caches]
+        return self._layers(tokens, pos2d, stack_rotary(rotaries), caches, stores, 1, backend, None)
+
+    def _layers(
+        self,
+        tokens: torch.Tensor,
+        pos2d: torch.Tensor,
+        global_rotary: Rotary | None,
+        caches: Sequence[StreamCacheManager],
+        stores: Sequence[bool],
+        frames_per_stream: int,
+        backend: AttentionBackend,
+        trace: Trace | None,
+    ) -> tuple[list[torch.Tensor], int]:
+        """The 24 frame/global layer pairs on tokens [streams * frames, P, C]."""
+        c = self.config
+        streams = len(caches)
+        per_frame = tokens.shape[1]
+        frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
         selected: dict[int, torch.Tensor] = {}
-        try:
+        with open_steps(
+            caches, stores, num_frames=frames_per_stream, layout=lambda cache: self.cache_layout(per_frame, cache),
+            dtype=kv_dtype(tokens), device=tokens.device,
+        ) as steps:
             for i in range(c.depth):
-                frame_out, seq, q, k, v = self.enter_layer(i, tokens, frame_rotary, global_rotary)
-                seq = self.leave_layer(i, seq, step.attend(i, q, k, v, backend.attend))
-                tokens = seq.view(batch * num_frames, per_frame, -1)
+                frame_out, seq, q, k, v = self.enter_layer(i, tokens, frame_rotary, global_rotary, streams=streams)
+                seq = self.leave_layer(i, seq, attend_streams(steps, i, q, k, v, backend.attend))
+                tokens = seq.view(streams * frames_per_stream, per_frame, -1)
                 if trace:
                     trace(f"agg.frame_blocks.{i}", frame_out.flatten(0, 1))
                     trace(f"agg.global_blocks.{i}", seq)
                 if i in c.selected_layers:
-                    selected[i] = torch.cat((frame_out, seq.view(batch, num_frames, per_frame, -1)), dim=-1)
-        except BaseException:
-            cache.abort_step(step)
-            raise
-        cache.finish_step(step)
+                    selected[i] = torch.cat((frame_out, seq.view(streams, frames_per_stream, per_frame, -1)), dim=-1)
         outputs = [selected[i] for i in c.selected_layers]
         if trace:
             for j, out in enumerate(outputs):
@@ -208,17 +254,20 @@ class AggregatorStream(nn.Module):
             trace("agg.tokens_in", tokens)
         return tokens
 
-    def enter_layer(self, i: int, tokens: torch.Tensor, frame_rotary: Rotary, global_rotary: Rotary | None):
-        """Frame block i on tokens [B*S, P, C], then global block i's attention inputs.
+    def enter_layer(
+        self, i: int, tokens: torch.Tensor, frame_rotary: Rotary, global_rotary: Rotary | None, *, streams: int = 1
+    ):
+        """Frame block i on tokens [B*S, P, C] (B streams of S frames), then global block i's
+        attention inputs.
 
         Returns (frame output [B, S, P, C], the global block's input [B, S*P, C], q, k, v)
-        with q, k, v [B, heads, S*P, head_dim]; the batch size is 1 in streaming.
+        with q, k, v [B, heads, S*P, head_dim].
         """
-        frames = tokens.shape[0]
+        frames = tokens.shape[0] // streams
         tokens = self.frame_blocks[i](tokens, frame_rotary)
-        seq = tokens.view(1, frames * tokens.shape[1], -1)
+        seq = tokens.view(streams, frames * tokens.shape[1], -1)
         q, k, v = self.global_blocks[i].attention_inputs(seq, global_rotary)
-        return tokens.view(1, frames, tokens.shape[1], -1), seq, q, k, v
+        return tokens.view(streams, frames, tokens.shape[1], -1), seq, q, k, v
 
     def leave_layer(self, i: int, seq: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Global block i's output from its input [B, S*P, C] and its attention result."""
@@ -233,6 +282,20 @@ class AggregatorStream(nn.Module):
             tokens_per_frame=tokens_per_frame,
             trajectory_tokens=_TRAJECTORY_TOKENS[cache.spec.trajectory_keep](c.num_special_tokens),
         )
+
+
+def stack_rotary(rotaries: Sequence[Rotary | None]) -> Rotary | None:
+    """Per-stream rotation tables [N_tokens, D/2] -> one table [streams, 1, N_tokens, D/2] that
+    broadcasts over the heads of q, k [streams, heads, N_tokens, D]."""
+    if rotaries[0] is None:
+        return None
+    if len(rotaries) == 1:
+        return rotaries[0]
+    return dataclasses.replace(
+        rotaries[0],
+        cos=torch.stack([r.cos for r in rotaries]).unsqueeze(1),
+        sin=torch.stack([r.sin for r in rotaries]).unsqueeze(1),
+    )
 
 
 def kv_dtype(tokens: torch.Tensor) -> torch.dtype:

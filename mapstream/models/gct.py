@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -238,6 +238,46 @@ class GCTStream(nn.Module):
                 out["world_points"], out["world_points_conf"] = points, conf
         if not self.training:
             out["images"] = images
+        return out
+
+    def forward_streams(
+        self,
+        images: torch.Tensor,
+        states: Sequence[StreamState],
+        *,
+        keyframes: Sequence[bool],
+        num_frame_for_scale: Sequence[int],
+        validate: bool = True,
+    ) -> dict[str, torch.Tensor]:
+        """One frame of each of N independent streams in one batched pass.
+
+        images [N, 3, H, W] or [N, 1, 3, H, W]: frame b continues the sequence held by
+        `states[b]` (past its scale phase) and is stored there if `keyframes[b]`. Each stream
+        gets what a single-stream `forward` would give it: per-frame work is batched, cache
+        attention stays per stream. Returns pose_enc [N, 1, 9], depth [N, 1, H, W, 1], ...
+        (no images, no pose_enc_list).
+        """
+        if images.dim() == 4:
+            images = images.unsqueeze(1)
+        images = check_images(images, self.config.patch_size, check_values=validate)
+        backend = self.attention_backend(images.device, kv_dtype(images))
+        layers, patch_start = self.aggregator.forward_streams(
+            images, num_frame_for_scale=num_frame_for_scale, caches=[s.aggregator for s in states],
+            stores=keyframes, backend=backend,
+        )
+        out: dict[str, torch.Tensor] = {}
+        image_hw = (images.shape[-2], images.shape[-1])
+        with _fp32_heads(images.device):
+            layers = [t.float() for t in layers]
+            if self.camera_head is not None:
+                poses = self.camera_head.forward_streams(
+                    layers[-1][:, :, 0], caches=[s.camera for s in states], stores=list(keyframes)
+                )
+                out["pose_enc"] = poses[-1]
+            if self.depth_head is not None:
+                out["depth"], out["depth_conf"] = self.depth_head(layers, image_hw, patch_start)
+            if self.point_head is not None:
+                out["world_points"], out["world_points_conf"] = self.point_head(layers, image_hw, patch_start)
         return out
 
     def _default_scale_frames(self) -> int:
