@@ -44,6 +44,12 @@ def step_together(
             f"{count} sessions need as many frames, keyframe flags and names "
             f"(got {len(frames)}, {len(keyframes)}, {len(names)})"
         )
+    for b, session in enumerate(sessions):
+        if not isinstance(session, Session):
+            raise TypeError(
+                f"sessions[{b}] is a {type(session).__name__}; step_together takes mapstream.Session objects "
+                "(step other kinds of stream on their own)"
+            )
     if len({id(s) for s in sessions}) != count:
         raise ValueError("a session appears twice; its frames are sequential, step them in separate calls")
     checked = []

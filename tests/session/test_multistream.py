@@ -112,6 +112,8 @@ def test_misuse_is_refused_before_any_session_moves(model):
     mapstream.step_together([a, b], [x[0], x[1]])
     with pytest.raises(ValueError, match="a session appears twice"):
         mapstream.step_together([a, a], [x[0], x[1]])
+    with pytest.raises(TypeError, match=r"sessions\[1\] is a str; step_together takes mapstream.Session"):
+        mapstream.step_together([a, "camera"], [x[0], x[1]])
     with pytest.raises(ValueError, match="2 sessions need as many frames"):
         mapstream.step_together([a, b], [x[0]])
     bad = x[1].clone()
