@@ -132,3 +132,20 @@ def test_forward_streams_refuses_a_shared_cache(model):
     state = model.new_state(CACHE)
     with pytest.raises(ValueError, match="each stream needs its own cache"):
         model.forward_streams(frames_of(2, seed=1), [state, state], keyframes=[True, True], num_frame_for_scale=[1, 1])
+
+
+@pytest.mark.parametrize("overrides", [dict(enable_point=True), dict(enable_3d_rope=False), dict(camera_num_iterations=2)])
+def test_other_architectures_batch_the_same(overrides):
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny", **overrides)).eval()
+    streams = [frames_of(6, seed=40 + b) for b in range(3)]
+    want = [solo(model, s, 2)[0] for s in streams]
+    assert (want[0][-1][0].world_points is not None) == bool(overrides.get("enable_point"))
+    sessions = [model.session(num_scale_frames=2, keyframe_interval=2, cache=CACHE) for _ in range(3)]
+    for i in range(6):
+        got = mapstream.step_together(sessions, [s[i] for s in streams], names=[f"f{i}"] * 3)
+        for b in range(3):
+            assert_same(got[b], want[b][i])
+            for a, w in zip(got[b], want[b][i]):
+                if w.world_points is not None:
+                    torch.testing.assert_close(a.world_points, w.world_points, rtol=1e-4, atol=1e-5)
+                    torch.testing.assert_close(a.world_points_conf, w.world_points_conf, rtol=1e-4, atol=1e-5)
