@@ -9,7 +9,9 @@
 The first `num_scale_frames` frames are buffered and processed together (the scale phase:
 they attend to each other bidirectionally and become the sequence's anchors); every later
 frame is processed on arrival. `reset()` starts a new sequence (a scene cut); `close()`
-returns the cache pages to the pool.
+returns the cache pages to the pool. Several sessions can share one batched forward per
+frame: `mapstream.step_together` (mapstream/multistream.py), which drives the plan /
+forward / complete parts of a step separately.
 """
 from __future__ import annotations
 
