@@ -3,6 +3,7 @@ the CUDA-graph fast path) against `mapstream.step_together` (one batched eager f
 all N). Full model, rule weights, bf16, 504x378 random frames, window 64.
 
 Usage: python scripts/bench_multistream.py [--streams 4] [--frames 40] [--out FILE]
+       python scripts/bench_multistream.py --device cpu --preset tiny --size 168x112 (mechanism check)
 """
 from __future__ import annotations
 
@@ -16,25 +17,31 @@ import mapstream
 from mapstream.bench import BenchConfig, build_bench_model
 
 
-def _run(model, frames, together: bool, fast: bool):
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _run(model, frames, together: bool, fast: bool, scale: int):
     streams, count = frames.shape[:2]
-    sessions = [model.session(num_scale_frames=8, precision="bf16", fast=fast) for _ in range(streams)]
+    precision = "bf16" if frames.is_cuda else "fp32"
+    sessions = [model.session(num_scale_frames=scale, precision=precision, fast=fast) for _ in range(streams)]
     preds = [[] for _ in range(streams)]
     times = []
     for i in range(count):
-        torch.cuda.synchronize()
+        _sync(frames.device)
         start = time.perf_counter()
         if together:
             out = mapstream.step_together(sessions, list(frames[:, i]))
         else:
             out = [s.step(frames[b, i]) for b, s in enumerate(sessions)]
-        torch.cuda.synchronize()
+        _sync(frames.device)
         times.append(time.perf_counter() - start)
         for b in range(streams):
             preds[b].extend(out[b])
     for s in sessions:
         s.close()
-    steady = sorted(times[12:])  # past the scale phase and warm-up
+    steady = sorted(times[scale + 4 :])  # past the scale phase and warm-up
     step_ms = steady[len(steady) // 2] * 1e3
     return preds, {"median_ms_per_round": step_ms, "stream_frames_per_s": streams * 1e3 / step_ms}
 
@@ -43,16 +50,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--frames", type=int, default=40)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="lingbot-map")
+    ap.add_argument("--size", default="504x378", help="WxH")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    cfg = BenchConfig()
-    model = build_bench_model(cfg, torch.device("cuda"))
-    g = torch.Generator(device="cuda").manual_seed(0)
-    frames = torch.rand(args.streams, args.frames, 3, cfg.height, cfg.width, device="cuda", generator=g)
-    result = {"streams": args.streams, "frames": args.frames, "size": [cfg.width, cfg.height]}
-    solo, result["one_after_another_fast"] = _run(model, frames, together=False, fast=True)
+    width, height = (int(v) for v in args.size.split("x"))
+    device = torch.device(args.device)
+    cfg = BenchConfig(preset=args.preset, width=width, height=height, device=args.device,
+                      precision="bf16" if device.type == "cuda" else "fp32")
+    model = build_bench_model(cfg, device)
+    scale = cfg.scale_frames
+    g = torch.Generator(device=device).manual_seed(0)
+    frames = torch.rand(args.streams, args.frames, 3, height, width, device=device, generator=g)
+    result = {"streams": args.streams, "frames": args.frames, "size": [width, height], "preset": args.preset,
+              "device": str(device)}
+    fast = device.type == "cuda"
+    solo, result["one_after_another"] = _run(model, frames, together=False, fast=fast, scale=scale)
+    result["one_after_another"]["fast_path"] = fast
     print(json.dumps(result), flush=True)
-    batched, result["step_together"] = _run(model, frames, together=True, fast=False)
+    batched, result["step_together"] = _run(model, frames, together=True, fast=False, scale=scale)
     errs = []
     for a_list, b_list in zip(solo, batched):
         for a, b in zip(a_list, b_list):
