@@ -78,7 +78,7 @@ class GraphedStep:
         self.grid = (grid_h, grid_w)
         self.frame = torch.zeros(1, 1, 3, height, width, device=device)
         # After the scale phase every frame takes copy 1 of the camera, register and scale tokens.
-        self.special = agg._special_tokens(1, 1, stored=1, num_frame_for_scale=1).detach().clone()
+        self.special = agg._special_tokens(1, stored=1, num_frame_for_scale=1).detach().clone()
         self.pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, device)
         self.frame_rotary = rope2d(self.pos2d, c.head_dim, c.rope2d_frequency)
         self.tokens_per_frame = self.pos2d.shape[0]

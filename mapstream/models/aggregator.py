@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..attention import AttentionBackend, SDPABackend
-from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
+from ..cache import CacheSpec, CacheStateError, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
 from ..config import CacheConfig, ModelConfig
 from ..layers import Block, PatchEmbedViT, Rotary, patch_positions_2d, rope2d, rope3d, token_positions_3d
 
@@ -100,8 +100,8 @@ class AggregatorStream(nn.Module):
         return self.kv_cache.frames_stored
 
     # ------------------------------------------------------------------ tokens
-    def _special_tokens(self, batch: int, num_frames: int, stored: int, num_frame_for_scale: int) -> torch.Tensor:
-        """Special tokens [B*S, 6, C] for frames with global indices stored .. stored+S-1."""
+    def _special_tokens(self, num_frames: int, stored: int, num_frame_for_scale: int) -> torch.Tensor:
+        """Special tokens [S, 6, C] for one stream's frames with indices stored .. stored+S-1."""
         index = torch.arange(stored, stored + num_frames, device=self.camera_token.device)
         first = (index == 0).long()  # copy 0 only for the very first frame of a sequence
         scale_limit = max(min(num_frame_for_scale, stored + num_frames), 1)
@@ -109,8 +109,7 @@ class AggregatorStream(nn.Module):
         camera = self.camera_token[0, 1 - first]  # [S, 1, C]
         registers = self.register_token[0, 1 - first]
         scale = self.scale_token[0, scale_copy]
-        special = torch.cat((camera, registers, scale), dim=1)  # [S, 6, C]
-        return special.unsqueeze(0).expand(batch, -1, -1, -1).reshape(batch * num_frames, -1, special.shape[-1])
+        return torch.cat((camera, registers, scale), dim=1)  # [S, 6, C]
 
     def _global_rotary(self, stored: int, num_frames: int, grid_h: int, grid_w: int, pos2d: torch.Tensor) -> Rotary | None:
         c = self.config
@@ -151,20 +150,8 @@ class AggregatorStream(nn.Module):
         Returns:
             ([B, S, P, 2C] for each selected layer], patch_start_idx).
         """
-        c = self.config
         cache = self.kv_cache if cache is None else cache
-        backend = backend or self.backend
-        batch, num_frames, _, height, width = images.shape
-        p = c.patch_size
-        grid_h, grid_w = height // p, width // p
-        self._check_rope_range(grid_h, grid_w)
-
-        stored = cache.frames_stored
-        special = self._special_tokens(batch, num_frames, stored, num_frame_for_scale)
-        tokens = self.embed(images, special, trace)  # [B*S, P, C]
-        pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
-        global_rotary = self._global_rotary(stored, num_frames, grid_h, grid_w, pos2d)
-        return self._layers(tokens, pos2d, global_rotary, [cache], [store], num_frames, backend, trace)
+        return self._step(images, [cache], [store], [num_frame_for_scale], backend or self.backend, trace)
 
     def forward_streams(
         self,
@@ -182,9 +169,7 @@ class AggregatorStream(nn.Module):
         each stream's global attention reads and writes only its own cache, with its own
         3D-RoPE time index. Returns what `forward` returns, with B = N and S = 1.
         """
-        c = self.config
-        backend = backend or self.backend
-        streams, num_frames, _, height, width = images.shape
+        streams, num_frames = images.shape[:2]
         if num_frames != 1 or not streams == len(caches) == len(stores) == len(num_frame_for_scale):
             raise ValueError(
                 f"forward_streams takes one frame per stream: images {list(images.shape)} for "
@@ -192,46 +177,50 @@ class AggregatorStream(nn.Module):
             )
         if len({id(cache) for cache in caches}) != streams:
             raise ValueError("each stream needs its own cache (the same cache appears twice)")
-        grid_h, grid_w = height // c.patch_size, width // c.patch_size
-        self._check_rope_range(grid_h, grid_w)
-        special = torch.cat([
-            self._special_tokens(1, 1, cache.frames_stored, nfs) for cache, nfs in zip(caches, num_frame_for_scale)
-        ])
-        tokens = self.embed(images, special)  # [N, P, C]
-        pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
-        rotaries = [self._global_rotary(cache.frames_stored, 1, grid_h, grid_w, pos2d) for cache in caches]
-        return self._layers(tokens, pos2d, stack_rotary(rotaries), caches, stores, 1, backend, None)
+        return self._step(images, caches, stores, num_frame_for_scale, backend or self.backend, None)
 
-    def _layers(
+    def _step(
         self,
-        tokens: torch.Tensor,
-        pos2d: torch.Tensor,
-        global_rotary: Rotary | None,
+        images: torch.Tensor,
         caches: Sequence[StreamCacheManager],
         stores: Sequence[bool],
-        frames_per_stream: int,
+        scale_counts: Sequence[int],
         backend: AttentionBackend,
         trace: Trace | None,
     ) -> tuple[list[torch.Tensor], int]:
-        """The 24 frame/global layer pairs on tokens [streams * frames, P, C]."""
+        """One step of B streams (batch row b: S frames of the stream of `caches[b]`)."""
         c = self.config
-        streams = len(caches)
+        streams, num_frames, _, height, width = images.shape
+        if streams != len(caches):
+            raise CacheStateError("a streaming cache serves one sequence (batch size 1); use one session per stream")
+        grid_h, grid_w = height // c.patch_size, width // c.patch_size
+        self._check_rope_range(grid_h, grid_w)
+        # Each stream's special-token copies and 3D-RoPE time indices follow its own count of
+        # stored frames.
+        special = torch.cat([
+            self._special_tokens(num_frames, cache.frames_stored, nfs) for cache, nfs in zip(caches, scale_counts)
+        ])
+        tokens = self.embed(images, special, trace)  # [B*S, P, C]
         per_frame = tokens.shape[1]
+        pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
         frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
+        global_rotary = stack_rotary(
+            [self._global_rotary(cache.frames_stored, num_frames, grid_h, grid_w, pos2d) for cache in caches]
+        )
         selected: dict[int, torch.Tensor] = {}
         with open_steps(
-            caches, stores, num_frames=frames_per_stream, layout=lambda cache: self.cache_layout(per_frame, cache),
+            caches, stores, num_frames=num_frames, layout=lambda cache: self.cache_layout(per_frame, cache),
             dtype=kv_dtype(tokens), device=tokens.device,
         ) as steps:
             for i in range(c.depth):
                 frame_out, seq, q, k, v = self.enter_layer(i, tokens, frame_rotary, global_rotary, streams=streams)
                 seq = self.leave_layer(i, seq, attend_streams(steps, i, q, k, v, backend.attend))
-                tokens = seq.view(streams * frames_per_stream, per_frame, -1)
+                tokens = seq.view(streams * num_frames, per_frame, -1)
                 if trace:
                     trace(f"agg.frame_blocks.{i}", frame_out.flatten(0, 1))
                     trace(f"agg.global_blocks.{i}", seq)
                 if i in c.selected_layers:
-                    selected[i] = torch.cat((frame_out, seq.view(streams, frames_per_stream, per_frame, -1)), dim=-1)
+                    selected[i] = torch.cat((frame_out, seq.view(streams, num_frames, per_frame, -1)), dim=-1)
         outputs = [selected[i] for i in c.selected_layers]
         if trace:
             for j, out in enumerate(outputs):
