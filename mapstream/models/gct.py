@@ -222,20 +222,12 @@ class GCTStream(nn.Module):
         layers, patch_start = self.aggregator(
             images, num_frame_for_scale=nfs, cache=state.aggregator, store=keyframe, backend=backend, trace=trace
         )
-        out: dict[str, torch.Tensor] = {}
-        image_hw = (images.shape[-2], images.shape[-1])
-        with _fp32_heads(images.device):
-            layers = [t.float() for t in layers]
-            if self.camera_head is not None:
-                poses = self.camera_head(layers[-1][:, :, 0], cache=state.camera, store=keyframe, trace=trace)
-                out["pose_enc"] = poses[-1]
-                out["pose_enc_list"] = poses
-            if self.depth_head is not None:
-                depth, conf = self.depth_head(layers, image_hw, patch_start, trace=trace)
-                out["depth"], out["depth_conf"] = depth, conf
-            if self.point_head is not None:
-                points, conf = self.point_head(layers, image_hw, patch_start)
-                out["world_points"], out["world_points_conf"] = points, conf
+        out, poses = self._heads(
+            layers, images, patch_start,
+            lambda tokens: self.camera_head(tokens, cache=state.camera, store=keyframe, trace=trace), trace,
+        )
+        if poses is not None:
+            out["pose_enc_list"] = poses
         if not self.training:
             out["images"] = images
         return out
@@ -265,20 +257,32 @@ class GCTStream(nn.Module):
             images, num_frame_for_scale=num_frame_for_scale, caches=[s.aggregator for s in states],
             stores=keyframes, backend=backend,
         )
+        out, _ = self._heads(
+            layers, images, patch_start,
+            lambda tokens: self.camera_head.forward_streams(
+                tokens, caches=[s.camera for s in states], stores=list(keyframes)
+            ),
+            None,
+        )
+        return out
+
+    def _heads(self, layers, images, patch_start, camera, trace):
+        """The heads (fp32) on the aggregator's selected layers [B, S, P, 2C]. `camera` runs
+        the camera head on the camera tokens with the right caches. Returns (outputs, the
+        camera head's per-iteration poses or None)."""
         out: dict[str, torch.Tensor] = {}
+        poses = None
         image_hw = (images.shape[-2], images.shape[-1])
         with _fp32_heads(images.device):
             layers = [t.float() for t in layers]
             if self.camera_head is not None:
-                poses = self.camera_head.forward_streams(
-                    layers[-1][:, :, 0], caches=[s.camera for s in states], stores=list(keyframes)
-                )
+                poses = camera(layers[-1][:, :, 0])
                 out["pose_enc"] = poses[-1]
             if self.depth_head is not None:
-                out["depth"], out["depth_conf"] = self.depth_head(layers, image_hw, patch_start)
+                out["depth"], out["depth_conf"] = self.depth_head(layers, image_hw, patch_start, trace=trace)
             if self.point_head is not None:
                 out["world_points"], out["world_points_conf"] = self.point_head(layers, image_hw, patch_start)
-        return out
+        return out, poses
 
     def _default_scale_frames(self) -> int:
         return self.num_frame_for_scale if self.num_frame_for_scale is not None else self.cache_config.scale_frames
