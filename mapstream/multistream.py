@@ -23,6 +23,7 @@ from .session import FramePrediction, Session, _autocast
 __all__ = ["step_together"]
 
 
+@torch.no_grad()
 def step_together(
     sessions: Sequence[Session],
     frames: Sequence[torch.Tensor],
@@ -60,27 +61,27 @@ def step_together(
         except ValueError as err:
             raise ValueError(f"frame {b}: {err}") from err
 
-    results: list[list[FramePrediction] | None] = [None] * count
+    results: list[list[FramePrediction]] = [[] for _ in range(count)]
     groups: dict[tuple, list[int]] = {}
     for b, session in enumerate(sessions):
         if session.in_scale_phase:
-            results[b] = session.step(checked[b][0], keyframe=keyframes[b], name=names[b])
+            results[b] = session._step_checked(checked[b], keyframes[b], names[b])
         else:
             key = (id(session.model), tuple(checked[b].shape[-2:]), session.device, session.precision)
             groups.setdefault(key, []).append(b)
     for members in groups.values():
         if len(members) == 1:
             b = members[0]
-            results[b] = sessions[b].step(checked[b][0], keyframe=keyframes[b], name=names[b])
+            results[b] = sessions[b]._step_checked(checked[b], keyframes[b], names[b])
             continue
-        _step_batch([sessions[b] for b in members], [checked[b] for b in members],
-                    [keyframes[b] for b in members], [names[b] for b in members],
-                    results, members)
-    return [r if r is not None else [] for r in results]
+        batched = _step_batch([sessions[b] for b in members], [checked[b] for b in members],
+                              [keyframes[b] for b in members], [names[b] for b in members])
+        for b, preds in zip(members, batched):
+            results[b] = preds
+    return results
 
 
-@torch.no_grad()
-def _step_batch(sessions, frames, keyframes, names, results, members) -> None:
+def _step_batch(sessions, frames, keyframes, names) -> list[list[FramePrediction]]:
     """One batched forward for sessions past their scale phase sharing model, size, precision."""
     lead = sessions[0]
     plans = [s._plan(k, n) for s, k, n in zip(sessions, keyframes, names)]
@@ -90,6 +91,7 @@ def _step_batch(sessions, frames, keyframes, names, results, members) -> None:
             batch, [s.state for s in sessions], keyframes=[p.store for p in plans],
             num_frame_for_scale=[s._scale for s in sessions], validate=False,
         )
-    for row, (b, session, plan) in enumerate(zip(members, sessions, plans)):
-        own = session._to_output({k: v[row : row + 1] for k, v in out.items()})
-        results[b] = session._complete(plan, own)
+    return [
+        session._complete(plan, session._to_output({k: v[row : row + 1] for k, v in out.items()}))
+        for row, (session, plan) in enumerate(zip(sessions, plans))
+    ]

@@ -204,7 +204,10 @@ class Session:
         this frame's. `keyframe` overrides the policy after the scale phase.
         """
         self._check_open()
-        frames = self._check_frame(frame)
+        return self._step_checked(self._check_frame(frame), keyframe, name)
+
+    def _step_checked(self, frames: torch.Tensor, keyframe: bool | None, name: str | None) -> list[FramePrediction]:
+        """`step` for a frame that already passed `_check_frame` ([1, 1, 3, H, W])."""
         if self.in_scale_phase:
             self._buffer.append(frames)
             self._names.append(name)
@@ -251,6 +254,7 @@ class Session:
             self.policy.stored(plan.index, pred)
         return [pred]
 
+    @torch.no_grad()
     def flush(self) -> list[FramePrediction]:
         """Run the scale phase on the frames buffered so far (e.g. a stream shorter than
         `num_scale_frames`). No-op outside the scale phase."""
