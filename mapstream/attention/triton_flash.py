@@ -94,6 +94,29 @@ def _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY: tl.constexpr):
 
 
 @triton.jit
+def _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """This program's query rows (block program_id(0) of head program_id(1)) and an empty
+    online-softmax state for them."""
+    head = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < n_q
+    q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    return q, offs_m, row_ok, m_i, l_i, acc
+
+
+@triton.jit
+def _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM: tl.constexpr):
+    """Normalise and store this program's rows token-major: O[row, head, :]."""
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = O + offs_m[:, None] * stride_on + tl.program_id(1) * stride_oh + tl.arange(0, HEAD_DIM)[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
 def _flash_fwd(
     Q, K, V, O, RANGE,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
@@ -101,19 +124,12 @@ def _flash_fwd(
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM)
+    q = q.to(K.dtype.element_ty)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    row_ok = offs_m < n_q
-    q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    q = q.to(K.dtype.element_ty)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     k_tile = K + head.to(tl.int64) * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
     v_tile = V + head.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
@@ -142,9 +158,7 @@ def _flash_fwd(
         v = tl.load(v_tile + full_end * stride_vn, mask=key_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k))
         m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_ptrs = O + offs_m[:, None] * stride_on + head * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
 
 
 @triton.jit
@@ -156,18 +170,11 @@ def _flash_fwd_tma(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
-    pid_m = tl.program_id(0)
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
-    row_ok = offs_m < n_q
-    q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM)
     q = q.to(k_desc.dtype)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
     all_keys = offs_n >= 0
     for start in tl.range(lo, full_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
@@ -182,9 +189,7 @@ def _flash_fwd_tma(
         v = v_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
         m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_ptrs = O + offs_m[:, None] * stride_on + head * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
 
 
 def flash_attention(
