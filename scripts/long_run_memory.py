@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
 
-from mapstream.bench import BenchConfig, build_bench_model
-
-
-def _write(path: str, data: dict) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(path + ".tmp", path)
+from mapstream.bench import BenchConfig, build_bench_model, write_result
 
 
 def main() -> None:
@@ -65,7 +58,7 @@ def main() -> None:
                 })
                 print(json.dumps(marks[-1]), flush=True)
                 if args.out:
-                    _write(args.out, {"frames_done": i + 1, "options": vars(args), "marks": marks})
+                    write_result({"frames_done": i + 1, "options": vars(args), "marks": marks}, args.out)
     allocated = {m["allocated"] for m in marks[1:]}
     result = {
         "frames": args.frames,
@@ -78,7 +71,7 @@ def main() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "marks"}))
     result["options"] = vars(args)
     if args.out:
-        _write(args.out, result)
+        write_result(result, args.out)
     assert result["flat_allocated"], "GPU memory grew during the stream"
 
 
