@@ -2,7 +2,7 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from _timing import timeit
 from mapstream.attention.triton_flash import KernelConfig, flash_attention
 
 
-def main(out_path=None, quick=False, tma_only=False):
+def main(out_path=None, quick=False, tma_only=False, splits=False):
     torch.manual_seed(0)
     nq, heads, d = 978, 16, 64
     nk = 72 * 978 + 128 * 6  # 8 anchors + 64 window frames + 128 trajectory frames
@@ -60,11 +60,15 @@ def main(out_path=None, quick=False, tma_only=False):
         space = [((64, 128, 4), st, dict(tma=True, warp_specialize=ws)) for st in (2, 3, 4) for ws in (False, True)]
         space += [((128, 128, 8), st, dict(tma=True, warp_specialize=True)) for st in (2, 3)]
         space += [((64, 64, 4), 4, dict(tma=True, warp_specialize=True)), ((128, 64, 4), 3, dict(tma=True))]
+    if splits:  # third sweep: key shares (more programs in flight per multiprocessor)
+        space = [((64, 128, 4), st, dict(tma=True, splits=n)) for st in (2, 3) for n in (1, 2, 3, 4, 6)]
+        space += [((128, 128, 8), 2, dict(tma=True, splits=n)) for n in (2, 3)]
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     best = None
     for (bm, bn, warps), stages, mode in space:
         cfg = KernelConfig(bm, bn, warps, stages, **mode)
-        name = f"triton_m{bm}_n{bn}_w{warps}_s{stages}" + "".join(f"_{k}" for k, on in mode.items() if on)
+        name = f"triton_m{bm}_n{bn}_w{warps}_s{stages}" + "".join(
+            f"_{k}" if on is True else f"_{k}{on}" for k, on in mode.items() if on and on != 1)
         try:
             record(name, lambda: flash_attention(q, k, v, kv_range=(lo, nk), config=cfg))
             same = torch.equal(flash_attention(q, k, v, kv_range=rng, config=cfg),
@@ -87,4 +91,5 @@ def main(out_path=None, quick=False, tma_only=False):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv)
+    main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
+         splits="--splits" in sys.argv)

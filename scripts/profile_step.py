@@ -78,7 +78,7 @@ def main() -> None:
         "warmup_s": warm_s,
         "wall_ms_per_step": times,
         "gpu_kernel_ms_per_step": total_gpu_ms,
-        "top": [(e.key[:90], e.self_device_time_total / 1e3 / 2, e.count // 2) for e in rows[:40]],
+        "top": [(e.key[:140], e.self_device_time_total / 1e3 / 2, e.count // 2) for e in rows[:80]],
         "by_kind_ms_per_step": _by_kind(rows),
     }
     print(json.dumps(result, indent=1))

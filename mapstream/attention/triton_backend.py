@@ -16,6 +16,7 @@ __all__ = ["TritonBackend"]
 class TritonBackend(AttentionBackend):
     name = "triton"
     description = "mapstream's Triton flash attention over the strided cache view (CUDA sm80+, fp16/bf16)"
+    device_range = True
 
     @classmethod
     def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:
@@ -39,3 +40,8 @@ class TritonBackend(AttentionBackend):
         if q.shape[0] != 1:
             raise ValueError("the triton backend serves one sequence at a time (batch size 1)")
         return self._flash(q[0], k[0], v[0]).unsqueeze(0)
+
+    def attend_range(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor) -> torch.Tensor:
+        if q.shape[0] != 1:
+            raise ValueError("the triton backend serves one sequence at a time (batch size 1)")
+        return self._flash(q[0], k[0], v[0], kv_range=kv_range).unsqueeze(0)

@@ -46,6 +46,9 @@ class KernelConfig:
     """Fetch K/V tiles with the tensor-memory accelerator (sm90)."""
     warp_specialize: bool = False
     """Let Triton split producer and consumer warps in the TMA loop."""
+    splits: int = 1
+    """Split each row block's keys over this many programs (more programs in flight per
+    multiprocessor to hide latency); a second kernel merges their partial results."""
 
 
 def default_config(device: torch.device) -> KernelConfig:
@@ -94,6 +97,18 @@ def _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY: tl.constexpr):
 
 
 @triton.jit
+def _split_range(lo, hi, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """This program's share of [lo, hi): whole tiles, share program_id(2) of SPLITS (the
+    last share takes the partial tile; a share may be empty)."""
+    if SPLITS == 1:
+        return lo, hi
+    else:
+        per = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), SPLITS) * BLOCK_N
+        start = tl.minimum(hi, lo + tl.program_id(2) * per)
+        return start, tl.minimum(hi, start + per)
+
+
+@triton.jit
 def _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """This program's query rows (block program_id(0) of head program_id(1)) and an empty
     online-softmax state for them."""
@@ -117,15 +132,52 @@ def _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM: tl
 
 
 @triton.jit
+def _store_partial(ACC, ML, acc, m_i, l_i, offs_m, row_ok, n_q, HEAD_DIM: tl.constexpr):
+    """One share's unnormalised result: ACC[share, head, row, :] and ML[share, head, row, (m, l)]."""
+    rows = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q + offs_m
+    tl.store(ACC + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], acc, mask=row_ok[:, None])
+    tl.store(ML + rows * 2, m_i, mask=row_ok)
+    tl.store(ML + rows * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits(
+    ACC, ML, O, stride_on, stride_oh, n_q, n_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr,
+):
+    """out = sum_s 2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s with m = max_s m_s; an empty
+    share has m_s = -inf and weighs nothing."""
+    head = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < n_q
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for share in tl.static_range(SPLITS):
+        rows = (share * n_heads + head).to(tl.int64) * n_q + offs_m
+        m = tl.maximum(m, tl.load(ML + rows * 2, mask=row_ok, other=0.0))
+    num = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    den = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for share in tl.static_range(SPLITS):
+        rows = (share * n_heads + head).to(tl.int64) * n_q + offs_m
+        w = tl.math.exp2(tl.load(ML + rows * 2, mask=row_ok, other=0.0) - m)
+        den += w * tl.load(ML + rows * 2 + 1, mask=row_ok, other=0.0)
+        num += w[:, None] * tl.load(ACC + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    out = num / tl.where(den > 0, den, 1.0)[:, None]
+    o_ptrs = O + offs_m[:, None] * stride_on + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
 def _flash_fwd(
-    Q, K, V, O, RANGE,
+    Q, K, V, O, RANGE, ACC, ML,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
     n_q, kv_lo, kv_hi, qk_scale,
-    RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr,
+    RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr, SPLITS: tl.constexpr,
 ):
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
+    lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
     q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM)
     q = q.to(K.dtype.element_ty)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -158,20 +210,24 @@ def _flash_fwd(
         v = tl.load(v_tile + full_end * stride_vn, mask=key_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k))
         m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2)
-    _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
+    if SPLITS == 1:
+        _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
+    else:
+        _store_partial(ACC, ML, acc, m_i, l_i, offs_m, row_ok, n_q, HEAD_DIM)
 
 
 @triton.jit
 def _flash_fwd_tma(
-    Q, k_desc, v_desc, O, RANGE,
+    Q, k_desc, v_desc, O, RANGE, ACC, ML,
     stride_qh, stride_qn, stride_on, stride_oh,
     n_q, kv_lo, kv_hi, qk_scale,
-    RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLITS: tl.constexpr,
 ):
     """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
+    lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
     q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM)
     q = q.to(k_desc.dtype)
     offs_n = tl.arange(0, BLOCK_N)
@@ -189,7 +245,10 @@ def _flash_fwd_tma(
         v = v_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
         m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2)
-    _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
+    if SPLITS == 1:
+        _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
+    else:
+        _store_partial(ACC, ML, acc, m_i, l_i, offs_m, row_ok, n_q, HEAD_DIM)
 
 
 def flash_attention(
@@ -232,11 +291,17 @@ def flash_attention(
         if not 0 <= lo < hi <= k.shape[1]:
             raise ValueError(f"key range {(lo, hi)} is empty or outside the {k.shape[1]} keys")
     range_arg = kv_range if in_memory else out  # any pointer; unused when the range is scalar
-    grid = (triton.cdiv(n_q, config.block_m), heads)
+    splits = config.splits
+    if splits > 1:
+        partial_acc = torch.empty(splits, heads, n_q, dim, device=q.device, dtype=torch.float32)
+        partial_ml = torch.empty(splits, heads, n_q, 2, device=q.device, dtype=torch.float32)
+    else:
+        partial_acc = partial_ml = out  # unused
+    grid = (triton.cdiv(n_q, config.block_m), heads, splits)
     scalars = (n_q, lo, hi, _LOG2E / math.sqrt(dim))
     meta = dict(
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        EXP_BF16X2=config.exp_bf16x2, num_warps=config.num_warps, num_stages=config.num_stages,
+        EXP_BF16X2=config.exp_bf16x2, SPLITS=splits, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if config.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -245,13 +310,18 @@ def flash_attention(
         k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block)
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
         _flash_fwd_tma[grid](
-            q, k_desc, v_desc, out, range_arg, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            q, k_desc, v_desc, out, range_arg, partial_acc, partial_ml, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             *scalars, WARP_SPECIALIZE=config.warp_specialize, **meta,
         )
     else:
         _flash_fwd[grid](
-            q, k, v, out, range_arg,
+            q, k, v, out, range_arg, partial_acc, partial_ml,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
             *scalars, PIPELINE_QK=config.pipeline_qk, **meta,
+        )
+    if splits > 1:
+        _merge_splits[grid[:2]](
+            partial_acc, partial_ml, out, out.stride(0), out.stride(1), n_q, heads,
+            HEAD_DIM=dim, BLOCK_M=config.block_m, SPLITS=splits, num_warps=4,
         )
     return out.transpose(0, 1)

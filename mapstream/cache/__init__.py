@@ -1,5 +1,6 @@
 """The streaming KV-cache subsystem: a spec, a page pool, and a manager that decides what is
 visible. Pure bookkeeping plus copies; no attention math lives here."""
+from .device_step import DeviceStep
 from .manager import CacheStateError, CacheStats, Step, StreamCacheManager, attend_streams, open_steps, thin_trajectory
 from .page_pool import PagePool, PageRun, PoolRegistry, PoolStats
 from .spec import CacheSpec, StorageKey, TokenLayout
@@ -8,6 +9,7 @@ __all__ = [
     "CacheSpec",
     "CacheStateError",
     "CacheStats",
+    "DeviceStep",
     "PagePool",
     "PageRun",
     "PoolRegistry",

@@ -151,6 +151,23 @@ class Step:
         return attend_fn(q, kv[0, :, lo:hi].unsqueeze(0), kv[1, :, lo:hi].unsqueeze(0))
 
 
+    # ---- the split used by graph-safe execution (`DeviceStep`)
+    def write_slot(self) -> int:
+        """The slot the frame of a single-frame step is written to (0 = the spare slot)."""
+        writes = [op for op in self.ops if isinstance(op, _Write)]
+        if self.block or len(writes) != 1:
+            raise CacheStateError("write_slot() is defined for single-frame steps only")
+        return writes[0].slot
+
+    def apply_moves(self) -> None:
+        """Run, on every layer at once, the copies that do not involve this step's frame
+        (trajectory keep/compaction, moves). They precede the frame's write in the plan, so
+        running them first and writing afterwards gives the same cache."""
+        moves = [op for op in self.ops if not isinstance(op, _Write)]
+        if moves:
+            self.manager._apply(self.storage, moves, None, None)
+
+
 def attend_streams(
     steps: Sequence[Step], layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend_fn: AttendFn
 ) -> torch.Tensor:

@@ -1,8 +1,18 @@
-"""Single-frame streaming steps with the cache-free pieces replayed from CUDA graphs.
+"""Single-frame streaming steps replayed from CUDA graphs.
 
 An eager step launches thousands of small kernels from Python and leaves the GPU idle most
-of the time (docs/BENCHMARKS.md). Everything in a step except the 24 cache attentions and
-the camera head has shapes fixed by the frame size, so it is captured once and replayed:
+of the time (docs/BENCHMARKS.md). Two ways to replay a step, chosen by the attention
+backend's capability:
+
+**Whole step** (backends with `device_range`, e.g. our Triton kernel): the entire step —
+embedding, 48 blocks, the 24 cache writes and attentions, the heads, the camera head with
+its own cache — is one graph. What changes from frame to frame lives in device tensors
+(`mapstream.cache.DeviceStep`: write offsets and visible key ranges; the RoPE angles);
+the cache copies that do not involve the frame (trajectory bookkeeping) run eagerly
+before the replay. A new capture happens only when a cache's storage moves (new lease).
+
+**Pieces** (other backends): the cache attentions and the camera head run eagerly; the
+rest, whose shapes are fixed by the frame size, is captured in pieces between them:
 
     graph 0:   embed (ViT, special tokens) -> frame block 0 -> global block 0 inputs (q, k, v)
     eager:     cache attention of layer 0 (exact visible range, fastest kernel)
@@ -15,8 +25,8 @@ The graphs share one memory pool and are replayed in capture order. Inputs that 
 frame (the image, the 3D-RoPE angles of the frame's time index, the attention results) are
 copied into static buffers before the replays that read them.
 
-`capture=False` runs the same pieces eagerly (no CUDA needed): the CPU tests use it to show
-the decomposition computes the model's function.
+`capture=False` runs the same code eagerly (no CUDA needed): the CPU tests use it to show
+both decompositions compute the model's function.
 """
 from __future__ import annotations
 
@@ -25,6 +35,7 @@ from typing import Callable
 
 import torch
 
+from ..cache import DeviceStep, open_steps
 from ..layers import Rotary, patch_positions_2d, rope2d
 
 __all__ = ["GraphedStep"]
@@ -66,7 +77,9 @@ class GraphedStep:
     per session and frame size; `__call__` replaces `GCTStream.forward` for one frame.
     """
 
-    def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True) -> None:
+    def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True, whole: bool | None = None) -> None:
+        """whole: replay the whole step as one graph (True), in pieces around eager
+        attention (False), or as the backend allows (None: whole when it has `device_range`)."""
         agg = model.aggregator
         c = model.config
         self.model, self.agg, self.config = model, agg, c
@@ -89,6 +102,13 @@ class GraphedStep:
         self.pieces += [_Piece(self._make_middle(i), capture, pool) for i in range(1, c.depth)]
         self.pieces.append(_Piece(self._last, capture, pool))
         self._outputs: list[tuple] = []
+        self.whole = whole
+        self.pool = pool
+        self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
+        self.camera_device_step = DeviceStep(1, device)
+        self._whole_piece: _Piece | None = None
+        self._whole_key: tuple | None = None
+        self._backend = None
 
     # ------------------------------------------------------------------ per-frame inputs
     def _set_time_index(self, time_index: int) -> None:
@@ -115,12 +135,16 @@ class GraphedStep:
         return middle
 
     def _last(self) -> tuple:
-        c = self.config
-        depth = c.depth
+        depth = self.config.depth
         seq = self._seq(depth - 1)
         final = self.agg.leave_layer(depth - 1, seq, self.attended[depth - 1])
         globals_ = [self._outputs[i + 1][0] for i in range(depth - 1)] + [final]
         frames = [self._frame_out(i) for i in range(depth)]
+        return self._heads(frames, globals_)
+
+    def _heads(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> tuple:
+        """The selected layers (frame and global outputs side by side, fp32) and the dense heads."""
+        c = self.config
         layers = [
             torch.cat((frames[i], globals_[i].view(1, 1, self.tokens_per_frame, -1)), dim=-1).float()
             for i in c.selected_layers
@@ -151,6 +175,67 @@ class GraphedStep:
     # ------------------------------------------------------------------ one step
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
         """frame [1, 1, 3, H, W]; returns the model's outputs for it (pose_enc, depth, ...)."""
+        whole = backend.device_range if self.whole is None else self.whole
+        if whole:
+            return self._call_whole(frame, state, store, backend)
+        return self._call_pieces(frame, state, store, backend)
+
+    # ------------------------------------------------------------------ whole-step mode
+    def _whole_step(self) -> tuple:
+        agg, depth, backend = self.agg, self.config.depth, self._backend
+        tokens = agg.embed(self.frame, self.special)
+        frames, globals_ = [], []
+        for i in range(depth):
+            frame_out, seq, q, k, v = agg.enter_layer(i, tokens, self.frame_rotary, self.global_rotary)
+            leaving = agg.leave_layer(i, seq, self.agg_device_step.attend(i, q, k, v, backend))
+            frames.append(frame_out)
+            globals_.append(leaving)
+            tokens = leaving.view(1, self.tokens_per_frame, -1)
+        layers, heads = self._heads(frames, globals_)
+        poses = None
+        head = self.model.camera_head
+        if head is not None:
+            with torch.autocast(self.frame.device.type, enabled=False):
+                poses = head.refine(
+                    layers[-1][:, :, 0],
+                    lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, head.attention_backend),
+                )
+        return heads, poses
+
+    def _call_whole(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
+        agg_cache, camera_cache = state.aggregator, state.camera
+        head = self.model.camera_head
+        device = self.frame.device
+        self.frame.copy_(frame)
+        self._set_time_index(agg_cache.frames_stored)
+        agg_layout = self.agg.cache_layout(self.tokens_per_frame, agg_cache)
+        caches = [camera_cache] if head is not None else []
+        with open_steps(
+            [agg_cache], [store], num_frames=1, layout=lambda _: agg_layout, dtype=_kv_dtype(self.special), device=device
+        ) as (agg_step,), open_steps(
+            caches, [store] * len(caches), num_frames=1,
+            layout=lambda _: head.cache_layout(2 * self.config.embed_dim), dtype=torch.float32, device=device,
+        ) as camera_steps:
+            self.agg_device_step.prepare(agg_step)
+            for step in camera_steps:
+                self.camera_device_step.prepare(step)
+            # A graph holds the storage addresses and the backend it was captured with.
+            key = (self.agg_device_step.storage_ptr, self.camera_device_step.storage_ptr, type(backend))
+            if self._whole_piece is None or key != self._whole_key:
+                if self._whole_piece is not None:
+                    log.debug("cache storage moved: capturing the step again")
+                self._backend = backend
+                self._whole_piece = _Piece(self._whole_step, self.capture, self.pool)
+                self._whole_key = key
+            heads, poses = self._whole_piece()
+        out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
+        if poses is not None:
+            poses = [p.clone() for p in poses]
+            out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
+        return out
+
+    # ------------------------------------------------------------------ pieces mode
+    def _call_pieces(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
         cache = state.aggregator
         self.frame.copy_(frame)
         self._set_time_index(cache.frames_stored)

@@ -56,7 +56,7 @@ class CameraCausalHead(nn.Module):
         self.pose_branch = Mlp(dim_in, dim_in // 2, POSE_DIM)
         self.pools = pools if pools is not None else PoolRegistry()
         self.kv_cache = self.new_cache()
-        self._attention = SDPABackend()  # fp32 head: the reference math, any device
+        self.attention_backend = SDPABackend()  # fp32 head: the reference math, any device
 
     def new_cache(self, spec: CacheSpec | None = None) -> StreamCacheManager:
         """An empty cache for one sequence; `spec` must match the aggregator cache's policy."""
@@ -90,40 +90,54 @@ class CameraCausalHead(nn.Module):
             raise ValueError(f"camera tokens {list(camera_tokens.shape)} for {len(caches)} streams of one frame")
         return self._refine(camera_tokens, caches, stores, None)
 
-    def _refine(self, camera_tokens: torch.Tensor, caches, stores, trace) -> list[torch.Tensor]:
-        batch, num_frames, dim = camera_tokens.shape
-        depth = len(self.trunk)
-        layout = TokenLayout(
-            num_layers=self.num_iterations * depth,
+    def cache_layout(self, dim: int) -> TokenLayout:
+        """The camera cache's layout for camera tokens `dim` wide: one token a frame, one
+        cache layer per (iteration, trunk block)."""
+        return TokenLayout(
+            num_layers=self.num_iterations * len(self.trunk),
             num_heads=self.num_heads,
             head_dim=dim // self.num_heads,
             tokens_per_frame=1,
             trajectory_tokens=1,
         )
+
+    def _refine(self, camera_tokens: torch.Tensor, caches, stores, trace) -> list[torch.Tensor]:
+        layout = self.cache_layout(camera_tokens.shape[-1])
         with open_steps(
-            caches, stores, num_frames=num_frames, layout=lambda cache: layout,
+            caches, stores, num_frames=camera_tokens.shape[1], layout=lambda cache: layout,
             dtype=camera_tokens.dtype, device=camera_tokens.device,
         ) as steps:
-            base = self.token_norm(camera_tokens)
-            normed = self.adaln_norm(base)
-            if trace:
-                trace("cam.pose_tokens_normed", base)
-            raw = None
-            poses = []
-            for it in range(self.num_iterations):
-                pose_in = self.empty_pose_tokens.expand(batch, num_frames, -1) if raw is None else raw
-                shift, scale, gate = self.poseLN_modulation(self.embed_pose(pose_in)).chunk(3, dim=-1)
-                x = gate * (normed * (1 + scale) + shift) + base
-                for j, block in enumerate(self.trunk):
-                    q, k, v = block.attention_inputs(x)
-                    attended = attend_streams(steps, it * depth + j, q, k, v, self._attention.attend)
-                    x = block.attention_output(x, attended)
-                    if trace:
-                        trace(f"cam.trunk.{j}.it{it}", x)
-                delta = self.pose_branch(self.trunk_norm(x))
-                raw = delta if raw is None else raw + delta
-                poses.append(activate_pose(raw))
+            return self.refine(
+                camera_tokens,
+                lambda layer, q, k, v: attend_streams(steps, layer, q, k, v, self.attention_backend.attend),
+                trace,
+            )
+
+    def refine(self, camera_tokens: torch.Tensor, attend, trace=None) -> list[torch.Tensor]:
+        """The refinement passes with the trunk's cache attention delegated to
+        `attend(layer, q, k, v)` (the caller owns the cache steps: eager `Step`s here, a
+        graph-safe `DeviceStep` in `mapstream.fast`). Returns the pose after every pass."""
+        batch, num_frames, _ = camera_tokens.shape
+        depth = len(self.trunk)
+        base = self.token_norm(camera_tokens)
+        normed = self.adaln_norm(base)
+        if trace:
+            trace("cam.pose_tokens_normed", base)
+        raw = None
+        poses = []
+        for it in range(self.num_iterations):
+            pose_in = self.empty_pose_tokens.expand(batch, num_frames, -1) if raw is None else raw
+            shift, scale, gate = self.poseLN_modulation(self.embed_pose(pose_in)).chunk(3, dim=-1)
+            x = gate * (normed * (1 + scale) + shift) + base
+            for j, block in enumerate(self.trunk):
+                q, k, v = block.attention_inputs(x)
+                x = block.attention_output(x, attend(it * depth + j, q, k, v))
                 if trace:
-                    trace(f"cam.delta.it{it}", delta)
-                    trace(f"cam.pose_enc.it{it}", poses[-1])
+                    trace(f"cam.trunk.{j}.it{it}", x)
+            delta = self.pose_branch(self.trunk_norm(x))
+            raw = delta if raw is None else raw + delta
+            poses.append(activate_pose(raw))
+            if trace:
+                trace(f"cam.delta.it{it}", delta)
+                trace(f"cam.pose_enc.it{it}", poses[-1])
         return poses

@@ -40,6 +40,9 @@ def main() -> None:
         "plain": KernelConfig(block_m=16, block_n=32, num_warps=4),
         "pipelined": KernelConfig(block_m=16, block_n=32, pipeline_qk=True),
         "tma": KernelConfig(block_m=16, block_n=32, tma=True),
+        # Key shares merged by a second kernel; (40, 41) and (0, 32) leave shares empty.
+        "split3": KernelConfig(block_m=16, block_n=32, splits=3),
+        "tma_split4": KernelConfig(block_m=16, block_n=32, tma=True, splits=4),
     }
     report = {}
     for lo, hi in [(0, total), (13, 150), (40, 41), (0, 32), (5, 69), (31, 200)]:

@@ -239,16 +239,28 @@ def test_compiled_model_computes_the_same_function():
     torch.testing.assert_close(a["depth"], b["depth"])
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole-step"])
 @pytest.mark.parametrize("kf", [1, 2])
-def test_fast_path_pieces_compute_the_same_function(model, kf):
-    """The graph decomposition (run eagerly on the CPU) equals the plain forward."""
-    x = frames_of(9, seed=13)
+def test_fast_path_computes_the_same_function(model, kf, whole, monkeypatch):
+    """Both graph decompositions (run eagerly on the CPU) equal the plain forward, through
+    window eviction, trajectory thinning and unstored frames. The whole-step mode reads
+    write offsets and key ranges from device tensors (masked SDPA here)."""
+    import functools
+
+    import mapstream.fast
+
+    monkeypatch.setattr(mapstream.fast, "GraphedStep", functools.partial(mapstream.fast.GraphedStep, whole=whole))
+    x = frames_of(16, seed=13)
     cache = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
     with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache) as plain:
         want = plain.run_frames(x)
+        want_stats = plain.state.aggregator.stats(), plain.state.camera.stats()
     with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache, fast=True) as fast:
         got = fast.run_frames(x)
-        assert fast._graphed  # the pieces were used
+        (graphed,) = fast._graphed.values()  # the decomposition was used
+        assert (graphed._whole_piece is not None) == whole
+        assert (fast.state.aggregator.stats(), fast.state.camera.stats()) == want_stats
+        assert want_stats[0].trajectory_frames >= 3  # thinning happened (capacity 4)
     for a, b in zip(got, want):
         torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(a.depth, b.depth, rtol=1e-5, atol=1e-6)
