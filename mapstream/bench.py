@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BenchConfig", "run_benchmark"]
+__all__ = ["BenchConfig", "run_benchmark", "reference_samples", "compare_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ class BenchConfig:
     """Folder of photos to stream (resized to width x height); default: random frames."""
     fast: bool = False
     """Single-frame steps through CUDA graphs (mapstream.fast.GraphedStep)."""
+    check_every: int = 24
+    """Keep the predictions of every this-many streaming frames of the timed pass (for the
+    correctness check against a reference pass, `reference_samples`)."""
 
 
 def _frames(cfg: BenchConfig, device: torch.device) -> torch.Tensor:
@@ -126,6 +129,8 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
     frames = _frames(cfg, device)
     session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=cfg.fast)
 
+    samples: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
     def one_pass(n_stream: int, timer=None) -> tuple[float, list[float]]:
         session.reset()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -145,6 +150,8 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
             end.record()
             torch.cuda.synchronize()
             per_frame.append(start.elapsed_time(end))
+            if (i - cfg.scale_frames) % cfg.check_every == 0:
+                samples[i] = (pred.pose_enc.float().cpu(), pred.depth.float().cpu())
             if not (torch.isfinite(pred.pose_enc).all() and torch.isfinite(pred.depth).all()):
                 raise RuntimeError(f"non-finite prediction at frame {i}")
         return phase1, per_frame
@@ -187,7 +194,43 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         tail = stages[len(stages) // 2 :]
         result["stages_ms"] = {k: sum(s[k] for s in tail) / len(tail) for k in tail[0]}
     session.close()
+    result["_samples"] = samples  # tensors: popped by the caller before writing JSON
     return result
+
+
+@torch.no_grad()
+def reference_samples(cfg: BenchConfig, model) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The predictions `run_benchmark` keeps, from an eager pass with PyTorch's SDPA (the
+    reference backend) over the same frames and weights."""
+    device = torch.device(cfg.device)
+    frames = _frames(cfg, device)
+    saved = model.backend_name
+    model.set_backend("sdpa")
+    samples = {}
+    try:
+        with model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision) as session:
+            session.run_frames(frames[: cfg.scale_frames])
+            for i in range(cfg.scale_frames, cfg.scale_frames + cfg.stream_frames):
+                (pred,) = session.step(frames[i])
+                if (i - cfg.scale_frames) % cfg.check_every == 0:
+                    samples[i] = (pred.pose_enc.float().cpu(), pred.depth.float().cpu())
+    finally:
+        model.set_backend(saved)
+    return samples
+
+
+def compare_samples(got: dict, want: dict) -> dict[str, float]:
+    """Largest relative L2 error over the sampled frames: {"pose_enc": ..., "depth": ...}."""
+    if set(got) != set(want):
+        raise ValueError(f"sampled frames differ: {sorted(got)} vs {sorted(want)}")
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).norm() / b.norm().clamp_min(1e-12)) if torch.isfinite(a).all() else math.inf
+
+    return {
+        "pose_enc": max(rel(got[i][0], want[i][0]) for i in want),
+        "depth": max(rel(got[i][1], want[i][1]) for i in want),
+    }
 
 
 def write_result(result: dict, path: str | Path) -> None:

@@ -5,10 +5,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..bench import BenchConfig, run_benchmark, write_result
+from ..bench import BenchConfig, compare_samples, reference_samples, run_benchmark, write_result
 
 
 _VARIANT_ORDER = ("eager", "fast", "compiled")
+# Largest relative error against the eager SDPA pass that a bf16 variant may show (the
+# bf16 fast paths measure ~1e-2 on pose and ~5e-3 on depth, docs/BENCHMARKS.md).
+_TOLERANCE = {"pose_enc": 1e-1, "depth": 5e-2}
 
 
 @dataclass
@@ -29,6 +32,8 @@ class Bench:
     """Where the JSON results go."""
     stages: bool = True
     """Also measure the per-stage breakdown (an extra pass, eager path)."""
+    check: bool = True
+    """Check every variant's predictions against an eager SDPA pass over the same frames."""
     variants: tuple[str, ...] = ("eager", "fast", "compiled")
     """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs; compiled: fast
     with the graph pieces' blocks compiled by torch.compile (run last: compiling changes the
@@ -51,7 +56,10 @@ class Bench:
             else:
                 backends.append(backend)
         variants = sorted(set(self.variants), key=_VARIANT_ORDER.index)
-        for variant, backend, res in [(v, b, r) for v in variants for b in backends for r in self.resolutions]:
+        runs = [(v, b, r) for v in variants for b in backends for r in self.resolutions]
+        references: dict[str, dict] = {}
+        failed = []
+        for variant, backend, res in runs:
             width, height = (int(v) for v in res.lower().split("x"))
             cfg = BenchConfig(
                 width=width, height=height, backend=backend, precision=self.precision,
@@ -63,22 +71,39 @@ class Bench:
                 from ..bench import build_bench_model
 
                 model = build_bench_model(cfg, torch.device("cuda"))
+                if self.check:  # before any compilation changes the model
+                    for size in self.resolutions:
+                        w, h = (int(v) for v in size.lower().split("x"))
+                        references[size] = reference_samples(
+                            BenchConfig(**{**cfg.__dict__, "width": w, "height": h}), model
+                        )
             if variant == "compiled":
                 from ..models.compile import compile_model
 
                 compile_model(model)
-            model.backend_name = backend
-            model._backends.clear()
+            model.set_backend(backend)
             result = run_benchmark(cfg, model)
+            samples = result.pop("_samples")
             result["variant"] = variant
+            check = ""
+            if res in references:
+                errors = compare_samples(samples, references[res])
+                ok = all(errors[k] <= _TOLERANCE[k] for k in _TOLERANCE)
+                result["check_vs_sdpa_eager"] = {"max_rel_err": errors, "tolerance": _TOLERANCE, "passed": ok}
+                check = f" | vs SDPA: pose {errors['pose_enc']:.1e} depth {errors['depth']:.1e}" + ("" if ok else " FAILED")
+                if not ok:
+                    failed.append(f"{backend}/{variant}/{res}")
             results.append(result)
             print(
                 f"{backend:10s} {variant:8s} {res:8s} global {result['global_fps']:6.1f} FPS | steady "
                 f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
-                f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB"
+                f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB{check}"
             )
             if "stages_ms" in result:
                 print("   stages (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in result["stages_ms"].items()))
         write_result({"results": results}, self.out)
         print(f"wrote {self.out}")
+        if failed:
+            print(f"correctness check FAILED for {', '.join(failed)}")
+            return 1
         return 0

@@ -1,10 +1,11 @@
 """torch.compile of the per-frame parts whose shapes are static within a phase.
 
-The ViT blocks, the frame blocks, and the parts before and after the cache attention of the
-global blocks and of the camera head's trunk blocks are compiled; the cache attentions
-themselves (their key counts change every frame) and the DPT head stay eager, so compilation
-never sees a dynamic shape. The camera head runs eagerly after the CUDA graphs of the fast
-path, so fusing its trunk's small kernels shortens the host's launch work there.
+The ViT blocks, the frame blocks, the parts before and after the cache attention of the
+global blocks and of the camera head's trunk blocks, and the DPT heads' per-chunk forward
+are compiled; the cache attentions themselves (their key counts change every frame) stay
+eager, so compilation never sees a dynamic shape. Compiling the DPT head fuses its
+full-resolution elementwise work (ReLUs, residual adds, position embeddings) and lets
+Inductor keep its convolutions in one memory layout instead of converting around each.
 """
 from __future__ import annotations
 
@@ -34,5 +35,8 @@ def compile_model(model: GCTStream, *, backend: str = "inductor", mode: str | No
         for block in blocks:
             block.attention_inputs = compiled(block.attention_inputs)
             block.attention_output = compiled(block.attention_output)
+    for head in (model.depth_head, model.point_head):
+        if head is not None:
+            head._forward_frames = compiled(head._forward_frames)
     model._mapstream_compiled = True
     return model

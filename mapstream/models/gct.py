@@ -163,6 +163,11 @@ class GCTStream(nn.Module):
             param.data = param.data.to(dtype)
         return self
 
+    def set_backend(self, name: str) -> None:
+        """Use attention backend `name` ("auto", "sdpa", "triton", ...) from the next step on."""
+        self.backend_name = name
+        self._backends.clear()
+
     def attention_backend(self, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
         key = (self.backend_name, torch.device(device).type, dtype)
         if key not in self._backends:

@@ -104,8 +104,7 @@ def test_bf16_fast_paths_agree_with_fp32_on_real_photos(full_fp32):
     for backend, graphs in variants:
         if available_backends(torch.device("cuda"), torch.bfloat16)[backend]:
             continue
-        fast.backend_name = backend
-        fast._backends.clear()
+        fast.set_backend(backend)
         out = _stream(fast, images, "bf16", keyframe_interval=2, fast=graphs)
         for key in ("pose_enc", "depth", "depth_conf"):
             assert torch.isfinite(out[key]).all(), (backend, key)
@@ -117,8 +116,7 @@ def test_bf16_fast_paths_agree_with_fp32_on_real_photos(full_fp32):
         # The headline variant: triton attention + CUDA graphs + torch.compile'd pieces.
         from mapstream.models.compile import compile_model
 
-        fast.backend_name = "triton"
-        fast._backends.clear()
+        fast.set_backend("triton")
         out = _stream(compile_model(fast), images, "bf16", keyframe_interval=2, fast=True)
         errs = {key: _rel(out[key], ref[key]) for key in ("pose_enc", "depth", "depth_conf")}
         assert all(torch.isfinite(out[k]).all() for k in ("pose_enc", "depth", "depth_conf"))

@@ -1,0 +1,46 @@
+"""The benchmark's correctness check (the timing itself needs CUDA: tests/gpu and the device)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mapstream
+from mapstream.bench import BenchConfig, compare_samples, reference_samples
+
+
+def _sample(pose, depth):
+    return torch.tensor(pose, dtype=torch.float32), torch.tensor(depth, dtype=torch.float32)
+
+
+def test_compare_samples_reports_the_largest_relative_error():
+    want = {8: _sample([3.0, 4.0], [[1.0, 0.0]]), 32: _sample([0.0, 1.0], [[2.0, 0.0]])}
+    assert compare_samples(want, want) == {"pose_enc": 0.0, "depth": 0.0}
+    got = {8: _sample([3.0, 4.5], [[1.0, 0.0]]), 32: _sample([0.0, 1.0], [[2.0, 1.0]])}
+    errors = compare_samples(got, want)
+    assert errors["pose_enc"] == pytest.approx(0.5 / 5.0)  # frame 8: |(0, .5)| / |(3, 4)|
+    assert errors["depth"] == pytest.approx(1.0 / 2.0)  # frame 32
+    nan = {8: _sample([float("nan"), 4.0], [[1.0, 0.0]]), 32: want[32]}
+    assert compare_samples(nan, want)["pose_enc"] == math.inf
+    with pytest.raises(ValueError, match="sampled frames differ"):
+        compare_samples({8: want[8]}, want)
+
+
+def test_reference_samples_are_an_eager_sdpa_pass_over_the_bench_frames():
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+    model.set_backend("auto")
+    cfg = BenchConfig(
+        preset="tiny", width=42, height=28, scale_frames=2, stream_frames=7, window=3,
+        precision="fp32", device="cpu", check_every=3,
+    )
+    samples = reference_samples(cfg, model)
+    assert sorted(samples) == [2, 5, 8]  # streaming frames 0, 3, 6 after the 2 scale frames
+    assert model.backend_name == "auto"  # restored
+    g = torch.Generator().manual_seed(0)  # the bench's frames
+    frames = torch.rand(9, 3, 28, 42, generator=g)
+    with model.session(num_scale_frames=2) as session:
+        preds = session.run_frames(frames)
+    for i, (pose, depth) in samples.items():
+        torch.testing.assert_close(pose, preds[i].pose_enc)
+        torch.testing.assert_close(depth, preds[i].depth)
