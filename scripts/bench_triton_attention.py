@@ -2,7 +2,10 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range]
+
+--range: A/B of the default configuration with the key range as host integers, from device
+memory, and from device memory replayed in a CUDA graph, interleaved over several rounds.
 """
 from __future__ import annotations
 
@@ -16,7 +19,28 @@ from _timing import timeit
 from mapstream.attention.triton_flash import KernelConfig, flash_attention
 
 
-def main(out_path=None, quick=False, tma_only=False, splits=False):
+def range_ab(q, k, v, lo, nk, rounds=5):
+    rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
+    out = torch.empty(q.shape[1], q.shape[0], q.shape[2], device="cuda", dtype=q.dtype)
+    flash_attention(q, k, v, kv_range=rng, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flash_attention(q, k, v, kv_range=rng, out=out)
+    variants = {
+        "ints": lambda: flash_attention(q, k, v, kv_range=(lo, nk), out=out),
+        "device": lambda: flash_attention(q, k, v, kv_range=rng, out=out),
+        "device_graph": graph.replay,
+    }
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            times[name].append(timeit(fn))
+    for name, ts in times.items():
+        print(f"range {name:14s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   median {sorted(ts)[len(ts) // 2]:7.1f} us")
+    return times
+
+
+def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False):
     torch.manual_seed(0)
     nq, heads, d = 978, 16, 64
     nk = 72 * 978 + 128 * 6  # 8 anchors + 64 window frames + 128 trajectory frames
@@ -28,6 +52,12 @@ def main(out_path=None, quick=False, tma_only=False, splits=False):
     q = qkv[0, :, 0].transpose(0, 1)  # [H, Nq, D] strided, as the block produces it
     ref = F.scaled_dot_product_attention(q.double()[None], k[:, lo:nk].double()[None], v[:, lo:nk].double()[None])[0]
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
+    if range_only:
+        res["range_ab_us"] = range_ab(q, k, v, lo, nk)
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(res, f, indent=1)
+        return
 
     def record(name, fn):
         out = fn()
@@ -92,4 +122,4 @@ def main(out_path=None, quick=False, tma_only=False, splits=False):
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
-         splits="--splits" in sys.argv)
+         splits="--splits" in sys.argv, range_only="--range" in sys.argv)

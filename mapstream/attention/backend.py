@@ -11,7 +11,6 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
 __all__ = ["AttentionBackend"]
 
@@ -38,14 +37,18 @@ class AttentionBackend(ABC):
         tensor [2] on the device (no host sync, graph-safe). Same result as
         `attend(q, k[:, :, lo:hi], v[:, :, lo:hi])`.
 
-        This default masks the keys outside the range, so it costs attention over all T;
-        backends with `device_range` read only the range.
+        This default is plain masked attention over all T keys, in k's dtype: time and memory
+        grow with Nq x T, which suits small problems (the camera head: one query a frame over
+        about a thousand keys; a fused masked kernel measured 8x slower there). Backends with
+        `device_range` read only the range.
         """
+        out_dtype = q.dtype
+        q, v = q.to(k.dtype), v.to(k.dtype)
         position = torch.arange(k.shape[-2], device=k.device)
-        visible = (position >= kv_range[0]) & (position < kv_range[1])
-        if q.dtype != k.dtype:
-            q = q.to(k.dtype)
-        return F.scaled_dot_product_attention(q, k, v.to(k.dtype), attn_mask=visible[None, :])
+        hidden = (position < kv_range[0]) | (position >= kv_range[1])
+        scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        weights = scores.masked_fill(hidden, float("-inf")).softmax(dim=-1)
+        return torch.matmul(weights, v).to(out_dtype)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

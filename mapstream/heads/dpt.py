@@ -146,7 +146,10 @@ class DPTHead(nn.Module):
         maps = []
         for i, tokens in enumerate(layers):
             x = self.norm(tokens[:, patch_start_idx:])
-            x = x.transpose(1, 2).reshape(x.shape[0], x.shape[-1], grid_h, grid_w)
+            # [N, h*w, C] -> [N, C, h, w] as a channels-last view, no copy: with the weights
+            # channels-last too (`GCTStream.cast_for_inference`), cuDNN's NHWC convolutions
+            # run without converting layouts around every call.
+            x = x.reshape(x.shape[0], grid_h, grid_w, x.shape[-1]).permute(0, 3, 1, 2)
             x = self.projects[i](x)
             if trace:
                 trace(f"dpt.projects.{i}", x)

@@ -1,11 +1,11 @@
 """torch.compile of the per-frame parts whose shapes are static within a phase.
 
-The ViT blocks, the frame blocks, the parts before and after the cache attention of the
-global blocks and of the camera head's trunk blocks, and the DPT heads' per-chunk forward
-are compiled; the cache attentions themselves (their key counts change every frame) stay
-eager, so compilation never sees a dynamic shape. Compiling the DPT head fuses its
-full-resolution elementwise work (ReLUs, residual adds, position embeddings) and lets
-Inductor keep its convolutions in one memory layout instead of converting around each.
+The ViT blocks, the frame blocks, and the parts before and after the cache attention of the
+global blocks and of the camera head's trunk blocks are compiled; the cache attentions
+themselves (their key counts change every frame) stay eager, so compilation never sees a
+dynamic shape. The DPT heads stay eager by default: compiled, their fp32 convolutions
+measured 2.7 ms a frame against 1.0 ms eager on an H200 (docs/BENCHMARKS.md), more than
+the fused elementwise work saves; `heads=True` compiles them anyway.
 """
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ from .gct import GCTStream
 __all__ = ["compile_model"]
 
 
-def compile_model(model: GCTStream, *, backend: str = "inductor", mode: str | None = None) -> GCTStream:
-    """Compile `model`'s static parts in place (idempotent) and return it."""
+def compile_model(
+    model: GCTStream, *, backend: str = "inductor", mode: str | None = None, heads: bool = False
+) -> GCTStream:
+    """Compile `model`'s static parts in place (idempotent) and return it; `heads=True`
+    compiles the DPT heads too."""
     if getattr(model, "_mapstream_compiled", False):
         return model
     agg = model.aggregator
@@ -35,7 +38,7 @@ def compile_model(model: GCTStream, *, backend: str = "inductor", mode: str | No
         for block in blocks:
             block.attention_inputs = compiled(block.attention_inputs)
             block.attention_output = compiled(block.attention_output)
-    for head in (model.depth_head, model.point_head):
+    for head in (model.depth_head, model.point_head) if heads else ():
         if head is not None:
             head._forward_frames = compiled(head._forward_frames)
     model._mapstream_compiled = True

@@ -152,7 +152,8 @@ class GCTStream(nn.Module):
     def cast_for_inference(self, dtype: torch.dtype | str) -> "GCTStream":
         """Cast the aggregator's weights to `dtype` (bf16/fp16 for GPU inference, as the
         reference demo does); the heads stay fp32 and so do the normalisation constants
-        (the reference rounds those to bf16 as a side effect; we do not). Returns self."""
+        (the reference rounds those to bf16 as a side effect; we do not). The dense heads'
+        convolution weights are laid out channels-last. Returns self."""
         if isinstance(dtype, str):
             names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                      "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
@@ -161,6 +162,9 @@ class GCTStream(nn.Module):
             dtype = names[dtype]
         for param in self.aggregator.parameters():
             param.data = param.data.to(dtype)
+        for head in (self.depth_head, self.point_head):
+            if head is not None:  # values unchanged; NHWC convolutions (see DPTHead)
+                head.to(memory_format=torch.channels_last)
         return self
 
     def set_backend(self, name: str) -> None:

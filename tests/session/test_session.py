@@ -231,7 +231,7 @@ def test_compiled_model_computes_the_same_function():
 
     plain = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
     compiled = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
-    compile_model(compiled, backend="eager")  # dynamo tracing only: fast, exercises the wiring
+    compile_model(compiled, backend="eager", heads=True)  # dynamo tracing only: fast, exercises the wiring
     x = frames_of(5, seed=12)
     a = plain.inference_streaming(x, num_scale_frames=2)
     b = compiled.inference_streaming(x, num_scale_frames=2)
@@ -265,3 +265,16 @@ def test_fast_path_computes_the_same_function(model, kf, whole, monkeypatch):
         torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(a.depth, b.depth, rtol=1e-5, atol=1e-6)
         assert a.keyframe == b.keyframe
+
+
+def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_changing_outputs():
+    plain = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+    cast = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval().cast_for_inference("fp32")
+    conv = cast.depth_head.scratch.output_conv1.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert cast.state_dict().keys() == plain.state_dict().keys()
+    x = frames_of(4, seed=21)
+    a = plain.inference_streaming(x, num_scale_frames=2)
+    b = cast.inference_streaming(x, num_scale_frames=2)
+    torch.testing.assert_close(b["depth"], a["depth"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(b["depth_conf"], a["depth_conf"], rtol=1e-5, atol=1e-6)
