@@ -5,7 +5,8 @@ FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention
 Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range]
 
 --range: A/B of the default configuration with the key range as host integers, from device
-memory, and from device memory replayed in a CUDA graph, interleaved over several rounds.
+memory, and from device memory replayed in a CUDA graph, interleaved over several rounds;
+then key shares (splits) against none, all replayed from graphs.
 """
 from __future__ import annotations
 
@@ -17,6 +18,31 @@ import torch.nn.functional as F
 
 from _timing import timeit
 from mapstream.attention.triton_flash import KernelConfig, flash_attention
+
+
+def splits_ab(q, k, v, lo, nk, rounds=5):
+    """Key shares against none, interleaved, all replayed from CUDA graphs with the range in
+    device memory (as in the whole-step graph)."""
+    rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
+    out = torch.empty(q.shape[1], q.shape[0], q.shape[2], device="cuda", dtype=q.dtype)
+    graphs = {}
+    for name, cfg in {
+        "s3": KernelConfig(tma=True), "s3_splits2": KernelConfig(tma=True, splits=2),
+        "s3_splits3": KernelConfig(tma=True, splits=3), "s3_splits4": KernelConfig(tma=True, splits=4),
+        "s2_splits3": KernelConfig(tma=True, num_stages=2, splits=3),
+    }.items():
+        flash_attention(q, k, v, kv_range=rng, out=out, config=cfg)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            flash_attention(q, k, v, kv_range=rng, out=out, config=cfg)
+        graphs[name] = graph
+    times = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            times[name].append(timeit(graph.replay))
+    for name, ts in times.items():
+        print(f"splits {name:12s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   median {sorted(ts)[len(ts) // 2]:7.1f} us")
+    return times
 
 
 def range_ab(q, k, v, lo, nk, rounds=5):
@@ -54,6 +80,7 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
     if range_only:
         res["range_ab_us"] = range_ab(q, k, v, lo, nk)
+        res["splits_ab_us"] = splits_ab(q, k, v, lo, nk)
         if out_path:
             with open(out_path, "w") as f:
                 json.dump(res, f, indent=1)
