@@ -105,9 +105,12 @@ class Session:
         provisional: during the scale phase, also return a provisional prediction for each
             buffered frame right away (the scale frames seen so far, processed together
             without storing); the final predictions follow when the phase completes.
-        fast: run single-frame steps through `mapstream.fast.GraphedStep` (CUDA graphs for
-            everything but the cache attentions and the camera head; on a CPU the same pieces
-            run eagerly). Same function as the plain path.
+        fast: run single-frame steps from CUDA graphs (`mapstream.fast.GraphedStep`; on a
+            CPU the same code runs eagerly). Same function as the plain path. True or
+            "pieces": graphs between the eager cache attentions and camera head (fastest on
+            an H200 with a free host CPU); "whole": the entire step as one graph (least host
+            work: for busy hosts; needs a backend that reads key ranges on the device,
+            such as "triton", to be fast).
         cache: cache policy for this session (default: the model's `cache_config`).
         state: caches to use (default: new ones owned by this session).
     """
@@ -121,7 +124,7 @@ class Session:
         output_device: torch.device | str | None = None,
         precision: str = "auto",
         provisional: bool = False,
-        fast: bool = False,
+        fast: bool | str = False,
         cache: CacheConfig | None = None,
         state: StreamState | None = None,
     ) -> None:
@@ -137,6 +140,8 @@ class Session:
         self.device = next(model.parameters()).device
         self.precision = resolve_precision(precision, self.device)
         self.provisional = provisional
+        if fast not in (False, True, "pieces", "whole"):
+            raise ValueError(f"fast must be False, True, 'pieces' or 'whole', got {fast!r}")
         self.fast = fast
         self._graphed: dict[tuple[int, int], object] = {}  # frame size -> GraphedStep
         self._owns_state = state is None
@@ -354,7 +359,9 @@ class Session:
         size = tuple(frames.shape[-2:])
         if size not in self._graphed:
             with _autocast(self.device, self.precision):
-                self._graphed[size] = GraphedStep(self.model, size, capture=self.device.type == "cuda")
+                self._graphed[size] = GraphedStep(
+                    self.model, size, capture=self.device.type == "cuda", whole=self.fast == "whole"
+                )
         return self._graphed[size]
 
     def _split(self, out: dict, names: list, *, first: int, store: bool, scale: bool) -> list[FramePrediction]:

@@ -42,21 +42,15 @@ def main() -> None:
     ap.add_argument("--backend", default="sdpa")
     ap.add_argument("--frames", type=int, default=90)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--pieces", action="store_true", help="graphs in pieces around eager attention, not one whole-step graph")
+    ap.add_argument("--whole", action="store_true", help="with --fast: the whole step as one CUDA graph (fast='whole')")
     ap.add_argument("--compile-heads", action="store_true", help="with --compile: compile the DPT heads too")
     args = ap.parse_args()
-    if args.pieces:
-        import functools
-
-        import mapstream.fast
-
-        mapstream.fast.GraphedStep = functools.partial(mapstream.fast.GraphedStep, whole=False)
     cfg = BenchConfig(backend=args.backend)
     model = build_bench_model(cfg, torch.device("cuda"))
     if args.compile:
         compile_model(model, heads=args.compile_heads)
     frames = torch.rand(args.frames, 3, cfg.height, cfg.width, device="cuda")
-    session = model.session(num_scale_frames=8, precision="bf16", fast=args.fast)
+    session = model.session(num_scale_frames=8, precision="bf16", fast=("whole" if args.whole else True) if args.fast else False)
     t0 = time.time()
     for i in range(args.frames - 5):
         session.step(frames[i])
@@ -83,7 +77,7 @@ def main() -> None:
         "compile": args.compile,
         "fast": args.fast,
         "backend": args.backend,
-        "pieces": args.pieces,
+        "whole": args.whole,
         "compile_heads": args.compile_heads,
         "warmup_s": warm_s,
         "wall_ms_per_step": times,

@@ -8,7 +8,7 @@ from typing import Literal
 from ..bench import BenchConfig, compare_samples, reference_samples, run_benchmark, write_result
 
 
-_VARIANT_ORDER = ("eager", "fast", "compiled")
+_VARIANT_ORDER = ("eager", "fast", "compiled", "whole")
 # Largest relative error against the eager SDPA pass that a bf16 variant may show (the
 # bf16 fast paths measure ~1e-2 on pose and ~5e-3 on depth, docs/BENCHMARKS.md).
 _TOLERANCE = {"pose_enc": 1e-1, "depth": 5e-2}
@@ -35,9 +35,10 @@ class Bench:
     check: bool = True
     """Check every variant's predictions against an eager SDPA pass over the same frames."""
     variants: tuple[str, ...] = ("eager", "fast", "compiled")
-    """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs; compiled: fast
-    with the graph pieces' blocks compiled by torch.compile (run last: compiling changes the
-    model in place)."""
+    """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs in pieces
+    around the cache attentions; compiled: fast with the blocks compiled by torch.compile;
+    whole: compiled, with the entire step as one graph (compiled variants run last:
+    compiling changes the model in place)."""
 
     def main(self) -> int:
         from ..attention import available_backends
@@ -65,7 +66,7 @@ class Bench:
                 width=width, height=height, backend=backend, precision=self.precision,
                 stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
                 images=self.images, stage_breakdown=self.stages and variant == "eager",
-                fast=variant != "eager",
+                fast={"eager": False, "whole": "whole"}.get(variant, True),
             )
             if model is None:
                 from ..bench import build_bench_model
@@ -77,7 +78,7 @@ class Bench:
                         references[size] = reference_samples(
                             BenchConfig(**{**cfg.__dict__, "width": w, "height": h}), model
                         )
-            if variant == "compiled":
+            if variant in ("compiled", "whole"):
                 from ..models.compile import compile_model
 
                 compile_model(model)

@@ -1,18 +1,22 @@
 """Single-frame streaming steps replayed from CUDA graphs.
 
 An eager step launches thousands of small kernels from Python and leaves the GPU idle most
-of the time (docs/BENCHMARKS.md). Two ways to replay a step, chosen by the attention
-backend's capability:
+of the time (docs/BENCHMARKS.md). Two ways to replay a step:
 
-**Whole step** (backends with `device_range`, e.g. our Triton kernel): the entire step —
+**Whole step** (`whole=True`; fast with backends that have `device_range`, e.g. our Triton
+kernel; others fall back to masked attention over the whole arena): the entire step —
 embedding, 48 blocks, the 24 cache writes and attentions, the heads, the camera head with
 its own cache — is one graph. What changes from frame to frame lives in device tensors
 (`mapstream.cache.DeviceStep`: write offsets and visible key ranges; the RoPE angles);
 the cache copies that do not involve the frame (trajectory bookkeeping) run eagerly
 before the replay. A new capture happens only when a cache's storage moves (new lease).
+The host's work per frame is a few small copies and one replay.
 
-**Pieces** (other backends): the cache attentions and the camera head run eagerly; the
-rest, whose shapes are fixed by the frame size, is captured in pieces between them:
+**Pieces** (the default): the cache attentions and the camera head run eagerly; the rest,
+whose shapes are fixed by the frame size, is captured in pieces between them. Measured on
+an H200 with a free host this is ~0.7 ms a frame faster than the whole step: the host stays
+ahead of the GPU behind the long attention kernels anyway, while the device-side range and
+index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step graph"):
 
     graph 0:   embed (ViT, special tokens) -> frame block 0 -> global block 0 inputs (q, k, v)
     eager:     cache attention of layer 0 (exact visible range, fastest kernel)
@@ -77,9 +81,9 @@ class GraphedStep:
     per session and frame size; `__call__` replaces `GCTStream.forward` for one frame.
     """
 
-    def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True, whole: bool | None = None) -> None:
-        """whole: replay the whole step as one graph (True), in pieces around eager
-        attention (False), or as the backend allows (None: whole when it has `device_range`)."""
+    def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True, whole: bool = False) -> None:
+        """whole: replay the whole step as one graph (True) or in pieces around the eager
+        cache attentions and camera head (False)."""
         agg = model.aggregator
         c = model.config
         self.model, self.agg, self.config = model, agg, c
@@ -175,8 +179,7 @@ class GraphedStep:
     # ------------------------------------------------------------------ one step
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
         """frame [1, 1, 3, H, W]; returns the model's outputs for it (pose_enc, depth, ...)."""
-        whole = backend.device_range if self.whole is None else self.whole
-        if whole:
+        if self.whole:
             return self._call_whole(frame, state, store, backend)
         return self._call_pieces(frame, state, store, backend)
 

@@ -241,21 +241,16 @@ def test_compiled_model_computes_the_same_function():
 
 @pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole-step"])
 @pytest.mark.parametrize("kf", [1, 2])
-def test_fast_path_computes_the_same_function(model, kf, whole, monkeypatch):
+def test_fast_path_computes_the_same_function(model, kf, whole):
     """Both graph decompositions (run eagerly on the CPU) equal the plain forward, through
     window eviction, trajectory thinning and unstored frames. The whole-step mode reads
     write offsets and key ranges from device tensors (masked SDPA here)."""
-    import functools
-
-    import mapstream.fast
-
-    monkeypatch.setattr(mapstream.fast, "GraphedStep", functools.partial(mapstream.fast.GraphedStep, whole=whole))
     x = frames_of(16, seed=13)
     cache = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
     with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache) as plain:
         want = plain.run_frames(x)
         want_stats = plain.state.aggregator.stats(), plain.state.camera.stats()
-    with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache, fast=True) as fast:
+    with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache, fast="whole" if whole else True) as fast:
         got = fast.run_frames(x)
         (graphed,) = fast._graphed.values()  # the decomposition was used
         assert (graphed._whole_piece is not None) == whole
@@ -278,3 +273,8 @@ def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_ch
     b = cast.inference_streaming(x, num_scale_frames=2)
     torch.testing.assert_close(b["depth"], a["depth"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(b["depth_conf"], a["depth_conf"], rtol=1e-5, atol=1e-6)
+
+
+def test_fast_mode_is_validated(model):
+    with pytest.raises(ValueError, match="fast must be False, True, 'pieces' or 'whole', got 'graphs'"):
+        model.session(fast="graphs")
