@@ -122,6 +122,20 @@ class DPTHead(nn.Module):
             ]
         )
         self.scratch = _Scratch(tuple(out_channels), features, head_features, output_dim)
+        # Position embeddings depend only on the frame size: computed once per size (about 10
+        # small kernels each, five per frame) and kept; not a buffer, so not in the state dict.
+        # The full-resolution one is the largest (features/2 x H x W floats, ~100 MB at 504x378).
+        self._positions: dict[tuple, torch.Tensor] = {}
+
+    def _position(self, channels: int, rows: int, cols: int, aspect: float, like: torch.Tensor) -> torch.Tensor:
+        key = (channels, rows, cols, aspect, like.device, like.dtype)
+        emb = self._positions.get(key)
+        if emb is None:
+            if len(self._positions) >= 20:  # a stream of ever-new sizes must not grow memory
+                self._positions.clear()
+            emb = dpt_position_embedding(channels, rows, cols, aspect, like.device).to(like.dtype)
+            self._positions[key] = emb
+        return emb
 
     def forward(
         self, layers: list[torch.Tensor], image_hw: tuple[int, int], patch_start_idx: int, trace=None
@@ -153,7 +167,7 @@ class DPTHead(nn.Module):
             x = self.projects[i](x)
             if trace:
                 trace(f"dpt.projects.{i}", x)
-            x = x + dpt_position_embedding(x.shape[1], grid_h, grid_w, aspect, x.device).to(x.dtype)
+            x = x + self._position(x.shape[1], grid_h, grid_w, aspect, x)
             x = self.resize_layers[i](x)
             if trace:
                 trace(f"dpt.resize.{i}", x)
@@ -179,7 +193,7 @@ class DPTHead(nn.Module):
         if trace:
             trace("dpt.output_conv1", out)
         out = F.interpolate(out, size=(grid_h * self.patch_size, grid_w * self.patch_size), mode="bilinear", align_corners=True)
-        out = out + dpt_position_embedding(out.shape[1], out.shape[-2], out.shape[-1], aspect, out.device).to(out.dtype)
+        out = out + self._position(out.shape[1], out.shape[-2], out.shape[-1], aspect, out)
         out = s.output_conv2(out)
         if trace:
             trace("dpt.output_conv2_logits", out)

@@ -278,3 +278,16 @@ def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_ch
 def test_fast_mode_is_validated(model):
     with pytest.raises(ValueError, match="fast must be False, True, 'pieces' or 'whole', got 'graphs'"):
         model.session(fast="graphs")
+
+
+def test_dpt_position_embeddings_are_kept_per_frame_size_and_bounded():
+    from mapstream.heads.dpt import dpt_position_embedding
+
+    head = mapstream.build_model("tiny").depth_head
+    like = torch.zeros(1, dtype=torch.float64)
+    first = head._position(16, 4, 6, 1.5, like)
+    assert head._position(16, 4, 6, 1.5, like) is first  # computed once
+    torch.testing.assert_close(first, dpt_position_embedding(16, 4, 6, 1.5, like.device).double())
+    for rows in range(5, 40):  # a stream of ever-new sizes
+        head._position(16, rows, 6, 1.5, like)
+    assert len(head._positions) <= 20
