@@ -1,0 +1,170 @@
+"""Hopper cache attention in Gluon, with the next tile's scores in flight during the softmax.
+
+EXPERIMENTAL (sm90 only; not selected by any backend). Measured on an H200 (docs/BENCHMARKS.md):
+correct (2.1e-3 to 2.3e-3 against fp32 SDPA on seven key ranges) and exactly as fast as the
+`tl` kernel (646 vs 656 µs), so the overlap inside one warp group buys nothing while two
+programs already share each multiprocessor. It is the base for the other half of
+FlashAttention-3's schedule: two consumer warp groups in ping-pong fed by a TMA producer warp
+(`gl.warp_specialize`). Written against Triton 3.6's Gluon API, which is still experimental.
+
+The `tl` kernel (`triton_flash.py`) issues each tile's chain —
+scores, softmax, P @ V — in order, so the tensor cores idle during the softmax and the
+exponential units idle during the matrix products (Nsight Compute: tensor pipe 48 % busy,
+latency-bound). Gluon exposes Hopper's asynchronous warp-group MMA, so this kernel issues
+S_{j+1} = Q K_{j+1}^T before the softmax of S_j and waits for it only afterwards: the
+intra-warp-group half of FlashAttention-3's schedule.
+
+Same contract as `triton_flash.flash_attention` with a device-side key range: q [H, Nq, D]
+(unit last stride), k/v [H, T, D] contiguous per head, kv_range int32 [2] on the device,
+output token-major [Nq, H, D].
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+
+__all__ = ["gluon_flash_attention"]
+
+_LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _issue_tile(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, row0, tile, n_tiles,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA loads of K and V tile `tile` (if it exists) into its ring slot."""
+    slot = tile % STAGES
+    ok = tile < n_tiles
+    row = row0 + tile * BLOCK_N
+    mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes, pred=ok)
+    tma.async_copy_global_to_shared(k_desc, [row, 0], k_bars.index(slot), k_ring.index(slot), pred=ok)
+    mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes, pred=ok)
+    tma.async_copy_global_to_shared(v_desc, [row, 0], v_bars.index(slot), v_ring.index(slot), pred=ok)
+
+
+@gluon.jit
+def _gluon_flash_fwd(
+    Q, k_desc, v_desc, O, RANGE,
+    stride_qh, stride_qn, stride_on, stride_oh,
+    n_q, keys_per_head, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+):
+    head = gl.program_id(1)
+    m_start = gl.program_id(0) * BLOCK_M
+    lo = gl.load(RANGE)
+    hi = gl.load(RANGE + 1)
+    n_keys = hi - lo
+    n_tiles = gl.cdiv(n_keys, BLOCK_N)
+    n_full = n_keys // BLOCK_N
+    row0 = head * keys_per_head + lo  # first key's row in the [H * T, D] view
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    q_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    # Q tile -> shared memory (the A operand of the score products).
+    rows = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, io_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, io_layout))
+    q_ptrs = Q + head * stride_qh + rows[:, None] * stride_qn + cols[None, :]
+    q = gl.load(q_ptrs, mask=(rows < n_q)[:, None], other=0.0).to(k_desc.dtype)
+    q_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_M, HEAD_DIM], q_smem_layout, value=q)
+
+    k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    for i in gl.static_range(STAGES):
+        _issue_tile(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, row0, i, n_tiles, BLOCK_N, STAGES)
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    # Scores of tile 0.
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False)
+
+    for j in range(0, n_full):
+        # Scores of the next tile (the last full tile recomputes itself when no tail follows),
+        # issued now and awaited after this tile's softmax.
+        nxt = gl.minimum(j + 1, n_tiles - 1)
+        nslot = nxt % STAGES
+        mbarrier.wait(k_bars.index(nslot), (nxt // STAGES) & 1)
+        s_next = warpgroup_mma(q_smem, k_ring.index(nslot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p_op = gl.convert_layout(p.to(v_desc.dtype), p_layout)
+
+        slot = j % STAGES
+        mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_ring.index(slot), acc, is_async=True)
+        acc, s = warpgroup_mma_wait(0, deps=[acc, s_next])
+        # Both of tile j's buffers are consumed: refill the slot with tile j + STAGES.
+        _issue_tile(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, row0, j + STAGES, n_tiles, BLOCK_N, STAGES)
+
+    if n_full < n_tiles:
+        # The partial last tile: `s` holds its scores; keys at or past `hi` are masked.
+        key = n_full * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where((key < n_keys)[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p_op = gl.convert_layout(p.to(v_desc.dtype), p_layout)
+        slot = n_full % STAGES
+        mbarrier.wait(v_bars.index(slot), (n_full // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_ring.index(slot), acc)
+
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+    out = acc / gl.convert_layout(gl.where(l_i > 0, l_i, 1.0), row_o)[:, None]
+    out = gl.convert_layout(out.to(O.dtype.element_ty), io_layout)
+    o_ptrs = O + rows[:, None] * stride_on + head * stride_oh + cols[None, :]
+    gl.store(o_ptrs, out, mask=(rows < n_q)[:, None])
+
+
+def gluon_flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor, *,
+    out: torch.Tensor | None = None, block_n: int = 128, stages: int = 3,
+) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(D)) v over keys [kv_range[0], kv_range[1]) — see module docstring.
+    The range must not be empty (the kernel would wait for a tile that is never loaded)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    heads, n_q, dim = q.shape
+    keys = k.shape[1]
+    block_m = 64
+    if out is None:
+        out = torch.empty(n_q, heads, dim, device=q.device, dtype=q.dtype)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    k_desc = TensorDescriptor.from_tensor(k.reshape(heads * keys, dim), [block_n, dim], layout)
+    v_desc = TensorDescriptor.from_tensor(v.reshape(heads * keys, dim), [block_n, dim], layout)
+    grid = (-(-n_q // block_m), heads)
+    _gluon_flash_fwd[grid](
+        q, k_desc, v_desc, out, kv_range, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        n_q, keys, _LOG2E / math.sqrt(dim),
+        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, num_warps=4,
+    )
+    return out.transpose(0, 1)

@@ -1,0 +1,77 @@
+"""The experimental Gluon kernel (mapstream/attention/gluon_flash.py) against our Triton
+kernel on the cache-attention shape of the benchmark protocol (CUDA sm90).
+
+Checks first: several key ranges (tails, offsets, fewer keys than a tile) against fp32 SDPA,
+with the output poisoned (NaN) before each call. Then an interleaved A/B, every variant
+replayed from a CUDA graph with the key range in device memory.
+
+Usage: python scripts/bench_gluon_attention.py [OUT.json]
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from _timing import timeit
+from mapstream.attention.gluon_flash import gluon_flash_attention
+from mapstream.attention.triton_flash import flash_attention
+
+
+def main(out_path=None, rounds=5):
+    torch.manual_seed(0)
+    nq, heads, d = 978, 16, 64
+    nk = 72 * 978 + 128 * 6
+    lo = 978
+    flops = 4 * nq * (nk - lo) * heads * d
+    storage = torch.randn(2, heads, nk + 4000, d, device="cuda", dtype=torch.bfloat16)
+    k, v = storage[0], storage[1]
+    q = torch.randn(1, nq, 3, heads, d, device="cuda", dtype=torch.bfloat16)[0, :, 0].transpose(0, 1)
+    res = {"checks": {}, "us": {}}
+    out = torch.empty(nq, heads, d, device="cuda", dtype=torch.bfloat16)
+    for a, b in [(lo, nk), (0, nk), (0, 100), (5, 133), (lo, lo + 130), (7, 71), (3, 4)]:
+        rng = torch.tensor([a, b], device="cuda", dtype=torch.int32)
+        ref = F.scaled_dot_product_attention(q[None].float(), k[None, :, a:b].float(), v[None, :, a:b].float())[0]
+        for stages in (2, 3):
+            out.fill_(float("nan"))
+            got = gluon_flash_attention(q, k, v, rng, out=out, stages=stages)
+            err = float((got.float() - ref).norm() / ref.norm())
+            res["checks"][f"{a}-{b}/s{stages}"] = err
+            print(f"check keys [{a}, {b}) stages {stages}: rel. error {err:.2e}", flush=True)
+    rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
+    variants = {
+        "triton_tl": lambda: flash_attention(q, k, v, kv_range=rng, out=out),
+        "gluon_s2": lambda: gluon_flash_attention(q, k, v, rng, out=out, stages=2),
+        "gluon_s3": lambda: gluon_flash_attention(q, k, v, rng, out=out, stages=3),
+        "gluon_s4": lambda: gluon_flash_attention(q, k, v, rng, out=out, stages=4),
+    }
+    graphs = {}
+    for name, fn in variants.items():
+        try:
+            fn()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            graphs[name] = graph
+        except Exception as e:  # noqa: BLE001
+            print(name, "failed:", str(e)[:300], flush=True)
+    times = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            times[name].append(timeit(graph.replay))
+    for name, ts in times.items():
+        med = sorted(ts)[len(ts) // 2]
+        res["us"][name] = ts
+        print(f"{name:10s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   median {med:7.1f} us  {flops / med / 1e6:6.1f} TFLOP/s")
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
+    bad = {k: e for k, e in res["checks"].items() if not e < 1e-2}
+    if bad:
+        raise SystemExit(f"checks failed: {bad}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)
