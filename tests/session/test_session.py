@@ -291,3 +291,25 @@ def test_dpt_position_embeddings_are_kept_per_frame_size_and_bounded():
     for rows in range(5, 40):  # a stream of ever-new sizes
         head._position(16, rows, 6, 1.5, like)
     assert len(head._positions) <= 20
+
+
+def test_whole_step_follows_the_cache_when_its_storage_moves(model):
+    """An uncapped trajectory memory moves to a larger arena when full; the whole-step path
+    must notice (a captured graph would hold the old addresses) and keep computing the
+    model's function."""
+    cache = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=None)
+    x = frames_of(74, h=14, w=28, seed=31)
+    with model.session(num_scale_frames=2, cache=cache) as plain:
+        want = plain.run_frames(x)
+    keys = []
+    with model.session(num_scale_frames=2, cache=cache, fast="whole") as fast:
+        got = []
+        for frame in x:
+            got += fast.step(frame)
+            keys += [g._whole_key for g in fast._graphed.values()]
+        assert fast.state.aggregator.stats().trajectory_frames > 64  # grew past the first arena
+    storages = {key[0] for key in keys if key is not None}
+    assert len(storages) == 2  # one move, followed
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a.depth, b.depth, rtol=1e-5, atol=1e-6)
