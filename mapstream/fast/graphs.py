@@ -100,19 +100,20 @@ class GraphedStep:
         self.frame_rotary = rope2d(self.pos2d, c.head_dim, c.rope2d_frequency)
         self.tokens_per_frame = self.pos2d.shape[0]
         self.global_rotary: Rotary | None = agg._global_rotary(0, 1, grid_h, grid_w, self.pos2d)
-        pool = torch.cuda.graph_pool_handle() if capture else None
-        self.attended: list[torch.Tensor | None] = [None] * c.depth
-        self.pieces = [_Piece(self._first, capture, pool)]
-        self.pieces += [_Piece(self._make_middle(i), capture, pool) for i in range(1, c.depth)]
-        self.pieces.append(_Piece(self._last, capture, pool))
-        self._outputs: list[tuple] = []
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.whole = whole
-        self.pool = pool
-        self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
-        self.camera_device_step = DeviceStep(1, device)
-        self._whole_piece: _Piece | None = None
-        self._whole_key: tuple | None = None
-        self._backend = None
+        if whole:
+            self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
+            self.camera_device_step = DeviceStep(1, device)
+            self._whole_piece: _Piece | None = None
+            self._whole_key: tuple | None = None  # what the graph was captured with
+            self._backend = None
+        else:
+            self.attended: list[torch.Tensor | None] = [None] * c.depth
+            self.pieces = [_Piece(self._first, capture, self.pool)]
+            self.pieces += [_Piece(self._make_middle(i), capture, self.pool) for i in range(1, c.depth)]
+            self.pieces.append(_Piece(self._last, capture, self.pool))
+            self._outputs: list[tuple] = []
 
     # ------------------------------------------------------------------ per-frame inputs
     def _set_time_index(self, time_index: int) -> None:
@@ -183,6 +184,17 @@ class GraphedStep:
             return self._call_whole(frame, state, store, backend)
         return self._call_pieces(frame, state, store, backend)
 
+    def _open_step(self, frame: torch.Tensor, cache, store: bool):
+        """Load the frame and its RoPE angles into the static inputs; open the aggregator
+        cache's step for it (a context manager yielding [step])."""
+        self.frame.copy_(frame)
+        self._set_time_index(cache.frames_stored)
+        layout = self.agg.cache_layout(self.tokens_per_frame, cache)
+        return open_steps(
+            [cache], [store], num_frames=1, layout=lambda _: layout, dtype=_kv_dtype(self.special),
+            device=self.frame.device,
+        )
+
     # ------------------------------------------------------------------ whole-step mode
     def _whole_step(self) -> tuple:
         agg, depth, backend = self.agg, self.config.depth, self._backend
@@ -206,18 +218,12 @@ class GraphedStep:
         return heads, poses
 
     def _call_whole(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
-        agg_cache, camera_cache = state.aggregator, state.camera
         head = self.model.camera_head
-        device = self.frame.device
-        self.frame.copy_(frame)
-        self._set_time_index(agg_cache.frames_stored)
-        agg_layout = self.agg.cache_layout(self.tokens_per_frame, agg_cache)
-        caches = [camera_cache] if head is not None else []
-        with open_steps(
-            [agg_cache], [store], num_frames=1, layout=lambda _: agg_layout, dtype=_kv_dtype(self.special), device=device
-        ) as (agg_step,), open_steps(
+        caches = [state.camera] if head is not None else []
+        with self._open_step(frame, state.aggregator, store) as (agg_step,), open_steps(
             caches, [store] * len(caches), num_frames=1,
-            layout=lambda _: head.cache_layout(2 * self.config.embed_dim), dtype=torch.float32, device=device,
+            layout=lambda _: head.cache_layout(2 * self.config.embed_dim), dtype=torch.float32,
+            device=self.frame.device,
         ) as camera_steps:
             self.agg_device_step.prepare(agg_step)
             for step in camera_steps:
@@ -239,14 +245,7 @@ class GraphedStep:
 
     # ------------------------------------------------------------------ pieces mode
     def _call_pieces(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
-        cache = state.aggregator
-        self.frame.copy_(frame)
-        self._set_time_index(cache.frames_stored)
-        step = cache.begin_step(
-            1, store=store, layout=self.agg.cache_layout(self.tokens_per_frame, cache),
-            dtype=_kv_dtype(self.special), device=self.frame.device,
-        )
-        try:
+        with self._open_step(frame, state.aggregator, store) as (step,):
             self._outputs = [self.pieces[0]()]
             for i in range(self.config.depth):
                 q, k, v = self._qkv(i)
@@ -256,10 +255,6 @@ class GraphedStep:
                 else:
                     self.attended[i].copy_(result)
                 self._outputs.append(self.pieces[i + 1]())
-        except BaseException:
-            cache.abort_step(step)
-            raise
-        cache.finish_step(step)
         layers, heads = self._outputs[-1]
         out: dict[str, torch.Tensor] = {}
         model = self.model
