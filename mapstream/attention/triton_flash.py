@@ -59,8 +59,6 @@ def default_config(device: torch.device) -> KernelConfig:
     return KernelConfig()
 
 
-
-
 @triton.jit
 def _exp2(x, EXP_BF16X2: tl.constexpr):
     if EXP_BF16X2:
@@ -162,9 +160,7 @@ def _merge_splits(
         w = tl.math.exp2(tl.load(ML + rows * 2, mask=row_ok, other=0.0) - m)
         den += w * tl.load(ML + rows * 2 + 1, mask=row_ok, other=0.0)
         num += w[:, None] * tl.load(ACC + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    out = num / tl.where(den > 0, den, 1.0)[:, None]
-    o_ptrs = O + offs_m[:, None] * stride_on + head * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    _finish_rows(O, num, den, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
 
 
 @triton.jit

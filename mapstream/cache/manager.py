@@ -150,7 +150,6 @@ class Step:
         mgr._apply(kv, self.ops, k[0], v[0])
         return attend_fn(q, kv[0, :, lo:hi].unsqueeze(0), kv[1, :, lo:hi].unsqueeze(0))
 
-
     # ---- the split used by graph-safe execution (`DeviceStep`)
     def write_slot(self) -> int:
         """The slot the frame of a single-frame step is written to (0 = the spare slot)."""
