@@ -150,8 +150,7 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
             end.record()
             torch.cuda.synchronize()
             per_frame.append(start.elapsed_time(end))
-            if (i - cfg.scale_frames) % cfg.check_every == 0:
-                samples[i] = (pred.pose_enc.float().cpu(), pred.depth.float().cpu())
+            _keep_sample(cfg, samples, i, pred)
             if not (torch.isfinite(pred.pose_enc).all() and torch.isfinite(pred.depth).all()):
                 raise RuntimeError(f"non-finite prediction at frame {i}")
         return phase1, per_frame
@@ -198,6 +197,12 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
     return result
 
 
+def _keep_sample(cfg: BenchConfig, samples: dict, index: int, pred) -> None:
+    """Keep frame `index`'s pose and depth (on the CPU) if it is one of the checked frames."""
+    if (index - cfg.scale_frames) % cfg.check_every == 0:
+        samples[index] = (pred.pose_enc.float().cpu(), pred.depth.float().cpu())
+
+
 @torch.no_grad()
 def reference_samples(cfg: BenchConfig, model) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """The predictions `run_benchmark` keeps, from an eager pass with PyTorch's SDPA (the
@@ -206,14 +211,13 @@ def reference_samples(cfg: BenchConfig, model) -> dict[int, tuple[torch.Tensor, 
     frames = _frames(cfg, device)
     saved = model.backend_name
     model.set_backend("sdpa")
-    samples = {}
+    samples: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     try:
         with model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision) as session:
             session.run_frames(frames[: cfg.scale_frames])
             for i in range(cfg.scale_frames, cfg.scale_frames + cfg.stream_frames):
                 (pred,) = session.step(frames[i])
-                if (i - cfg.scale_frames) % cfg.check_every == 0:
-                    samples[i] = (pred.pose_enc.float().cpu(), pred.depth.float().cpu())
+                _keep_sample(cfg, samples, i, pred)
     finally:
         model.set_backend(saved)
     return samples

@@ -37,11 +37,12 @@ class TritonBackend(AttentionBackend):
         self._flash = flash_attention
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if q.shape[0] != 1:
-            raise ValueError("the triton backend serves one sequence at a time (batch size 1)")
-        return self._flash(q[0], k[0], v[0]).unsqueeze(0)
+        return self._one_sequence(q, k, v, None)
 
     def attend_range(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor) -> torch.Tensor:
+        return self._one_sequence(q, k, v, kv_range)
+
+    def _one_sequence(self, q, k, v, kv_range) -> torch.Tensor:
         if q.shape[0] != 1:
             raise ValueError("the triton backend serves one sequence at a time (batch size 1)")
         return self._flash(q[0], k[0], v[0], kv_range=kv_range).unsqueeze(0)
