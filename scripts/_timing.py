@@ -27,3 +27,26 @@ def timeit(fn, reps: int = 50, warmup: int = 5) -> float:
         times.append(a.elapsed_time(b))
     times.sort()
     return times[len(times) // 2] * 1000.0
+
+
+def captured(fn) -> torch.cuda.CUDAGraph:
+    """`fn` run once (compilation, warm-up), then captured in a CUDA graph."""
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def interleaved(variants: dict, rounds: int = 5, label: str = "", flops: float | None = None) -> dict[str, list[float]]:
+    """Time every variant (a callable) once per round, round-robin, so drift between rounds
+    hits all of them alike; prints a row per variant with its median. Returns µs per round."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            times[name].append(timeit(fn))
+    for name, ts in times.items():
+        med = sorted(ts)[len(ts) // 2]
+        rate = f"  {flops / med / 1e6:6.1f} TFLOP/s" if flops else ""
+        print(f"{label}{name:14s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   median {med:7.1f} us{rate}", flush=True)
+    return times

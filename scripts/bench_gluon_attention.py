@@ -15,7 +15,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from _timing import timeit
+from _timing import captured, interleaved
 from mapstream.attention.gluon_flash import gluon_flash_attention
 from mapstream.attention.triton_flash import flash_attention
 
@@ -50,21 +50,10 @@ def main(out_path=None, rounds=5):
     graphs = {}
     for name, fn in variants.items():
         try:
-            fn()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            graphs[name] = graph
+            graphs[name] = captured(fn)
         except Exception as e:  # noqa: BLE001
             print(name, "failed:", str(e)[:300], flush=True)
-    times = {name: [] for name in graphs}
-    for _ in range(rounds):
-        for name, graph in graphs.items():
-            times[name].append(timeit(graph.replay))
-    for name, ts in times.items():
-        med = sorted(ts)[len(ts) // 2]
-        res["us"][name] = ts
-        print(f"{name:10s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   median {med:7.1f} us  {flops / med / 1e6:6.1f} TFLOP/s")
+    res["us"] = interleaved({name: graph.replay for name, graph in graphs.items()}, rounds, flops=flops)
     if out_path:
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1)

@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from _timing import timeit
+from _timing import captured, interleaved, timeit
 from mapstream.attention.triton_flash import KernelConfig, flash_attention
 
 
@@ -25,6 +25,7 @@ def splits_ab(q, k, v, lo, nk, rounds=5):
     device memory (as in the whole-step graph)."""
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], device="cuda", dtype=q.dtype)
+    ref = F.scaled_dot_product_attention(q[None].float(), k[None, :, lo:nk].float(), v[None, :, lo:nk].float())[0]
     graphs = {}
     for name, cfg in {
         "n128_s3": KernelConfig(tma=True), "n128_s3_splits2": KernelConfig(tma=True, splits=2),
@@ -36,44 +37,24 @@ def splits_ab(q, k, v, lo, nk, rounds=5):
         "n64_s3_splits3": KernelConfig(block_n=64, tma=True, splits=3),
         "n64_s4_splits3": KernelConfig(block_n=64, num_stages=4, tma=True, splits=3),
     }.items():
-        flash_attention(q, k, v, kv_range=rng, out=out, config=cfg)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            flash_attention(q, k, v, kv_range=rng, out=out, config=cfg)
-        graphs[name] = graph
-        graph.replay()
-        ref = F.scaled_dot_product_attention(q[None].float(), k[None, :, lo:nk].float(), v[None, :, lo:nk].float())[0]
+        graphs[name] = captured(lambda cfg=cfg: flash_attention(q, k, v, kv_range=rng, out=out, config=cfg))
+        graphs[name].replay()
         err = float((out.transpose(0, 1).float() - ref).norm() / ref.norm())
         print(f"splits {name:12s} rel. error vs fp32 SDPA {err:.2e}")
         assert err < 1e-2, (name, err)
-    times = {name: [] for name in graphs}
-    for _ in range(rounds):
-        for name, graph in graphs.items():
-            times[name].append(timeit(graph.replay))
-    for name, ts in times.items():
-        print(f"splits {name:12s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   median {sorted(ts)[len(ts) // 2]:7.1f} us")
-    return times
+    return interleaved({name: graph.replay for name, graph in graphs.items()}, rounds, label="splits ")
 
 
 def range_ab(q, k, v, lo, nk, rounds=5):
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], device="cuda", dtype=q.dtype)
-    flash_attention(q, k, v, kv_range=rng, out=out)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        flash_attention(q, k, v, kv_range=rng, out=out)
+    graph = captured(lambda: flash_attention(q, k, v, kv_range=rng, out=out))
     variants = {
         "ints": lambda: flash_attention(q, k, v, kv_range=(lo, nk), out=out),
         "device": lambda: flash_attention(q, k, v, kv_range=rng, out=out),
         "device_graph": graph.replay,
     }
-    times = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            times[name].append(timeit(fn))
-    for name, ts in times.items():
-        print(f"range {name:14s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   median {sorted(ts)[len(ts) // 2]:7.1f} us")
-    return times
+    return interleaved(variants, rounds, label="range ")
 
 
 def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False):
