@@ -47,6 +47,18 @@ def _issue_tile(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, row0, tile, n_ti
 
 
 @gluon.jit
+def _fold_tile(s, m_i, l_i, acc, qk_scale, row_o: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr):
+    """Fold one tile's scores into the running max and sum, rescale acc, and return P as the
+    register operand of the P @ V product."""
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    return m_new, l_i, acc, gl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
 def _gluon_flash_fwd(
     Q, k_desc, v_desc, O, RANGE,
     stride_qh, stride_qn, stride_on, stride_oh,
@@ -106,13 +118,7 @@ def _gluon_flash_fwd(
         mbarrier.wait(k_bars.index(nslot), (nxt // STAGES) & 1)
         s_next = warpgroup_mma(q_smem, k_ring.index(nslot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
 
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        p = gl.exp2(s * qk_scale - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p_op = gl.convert_layout(p.to(v_desc.dtype), p_layout)
+        m_i, l_i, acc, p_op = _fold_tile(s, m_i, l_i, acc, qk_scale, row_o, p_layout, v_desc.dtype)
 
         slot = j % STAGES
         mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
@@ -125,12 +131,7 @@ def _gluon_flash_fwd(
         # The partial last tile: `s` holds its scores; keys at or past `hi` are masked.
         key = n_full * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = gl.where((key < n_keys)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        p = gl.exp2(s * qk_scale - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p_op = gl.convert_layout(p.to(v_desc.dtype), p_layout)
+        m_i, l_i, acc, p_op = _fold_tile(s, m_i, l_i, acc, qk_scale, row_o, p_layout, v_desc.dtype)
         slot = n_full % STAGES
         mbarrier.wait(v_bars.index(slot), (n_full // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_ring.index(slot), acc)
