@@ -32,6 +32,9 @@ class BenchConfig:
     window: int = 64
     camera_iterations: int = 4
     precision: str = "bf16"
+    heads_precision: str = "fp32"
+    """fp32 (the protocol's default, as the reference) or the aggregator's precision
+    (`cast_for_inference(..., heads=True)`)."""
     backend: str = "sdpa"
     steady_from: int = 100
     warmup_frames: int = 10
@@ -116,7 +119,7 @@ def build_bench_model(cfg: BenchConfig, device: torch.device):
     mapstream.fill_synthetic_(model)
     model = model.to(device).eval()
     if cfg.precision in ("bf16", "fp16"):
-        model.cast_for_inference(torch.bfloat16 if cfg.precision == "bf16" else torch.float16)
+        model.cast_for_inference(cfg.precision, heads=cfg.heads_precision == cfg.precision)
     return model
 
 
@@ -167,6 +170,7 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "head_dtype": str(model.head_dtype).removeprefix("torch."),
         "backend": type(model.attention_backend(device, torch.bfloat16 if cfg.precision != "fp32" else torch.float32)).__name__,
         "frames": cfg.scale_frames + cfg.stream_frames,
         "global_fps": 1000.0 * (cfg.scale_frames + cfg.stream_frames) / total_ms,

@@ -44,11 +44,12 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--whole", action="store_true", help="with --fast: the whole step as one CUDA graph (fast='whole')")
     ap.add_argument("--compile-heads", action="store_true", help="with --compile: compile the DPT heads too")
+    ap.add_argument("--compile-mode", default=None, help="with --compile: torch.compile mode (e.g. max-autotune-no-cudagraphs)")
     args = ap.parse_args()
     cfg = BenchConfig(backend=args.backend)
     model = build_bench_model(cfg, torch.device("cuda"))
     if args.compile:
-        compile_model(model, heads=args.compile_heads)
+        compile_model(model, heads=args.compile_heads, mode=args.compile_mode)
     frames = torch.rand(args.frames, 3, cfg.height, cfg.width, device="cuda")
     session = model.session(num_scale_frames=8, precision="bf16", fast=("whole" if args.whole else True) if args.fast else False)
     t0 = time.time()
@@ -79,6 +80,7 @@ def main() -> None:
         "backend": args.backend,
         "whole": args.whole,
         "compile_heads": args.compile_heads,
+        "compile_mode": args.compile_mode,
         "warmup_s": warm_s,
         "wall_ms_per_step": times,
         "gpu_kernel_ms_per_step": total_gpu_ms,

@@ -8,7 +8,7 @@ from typing import Literal
 from ..bench import BenchConfig, compare_samples, reference_samples, run_benchmark, write_result
 
 
-_VARIANT_ORDER = ("eager", "fast", "compiled", "whole")
+_VARIANT_ORDER = ("eager", "fast", "compiled", "whole", "bf16-heads")
 # Largest relative error against the eager SDPA pass that a bf16 variant may show (the
 # bf16 fast paths measure ~1e-2 on pose and ~5e-3 on depth, docs/BENCHMARKS.md).
 _TOLERANCE = {"pose_enc": 1e-1, "depth": 5e-2}
@@ -37,8 +37,9 @@ class Bench:
     variants: tuple[str, ...] = ("eager", "fast", "compiled")
     """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs in pieces
     around the cache attentions; compiled: fast with the blocks compiled by torch.compile;
-    whole: compiled, with the entire step as one graph (compiled variants run last:
-    compiling changes the model in place)."""
+    whole: compiled, with the entire step as one graph; bf16-heads: compiled, with the
+    heads cast to the aggregator's precision too (the protocol keeps them fp32). Compiled
+    variants run last, bf16-heads very last: both change the model in place."""
 
     def main(self) -> int:
         from ..attention import available_backends
@@ -67,6 +68,7 @@ class Bench:
                 stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
                 images=self.images, stage_breakdown=self.stages and variant == "eager",
                 fast={"eager": False, "whole": "whole"}.get(variant, True),
+                heads_precision=self.precision if variant == "bf16-heads" else "fp32",
             )
             if model is None:
                 from ..bench import build_bench_model
@@ -78,10 +80,12 @@ class Bench:
                         references[size] = reference_samples(
                             BenchConfig(**{**cfg.__dict__, "width": w, "height": h}), model
                         )
-            if variant in ("compiled", "whole"):
+            if variant in ("compiled", "whole", "bf16-heads"):
                 from ..models.compile import compile_model
 
                 compile_model(model)
+            if variant == "bf16-heads":
+                model.cast_for_inference(self.precision, heads=True)
             model.set_backend(backend)
             result = run_benchmark(cfg, model)
             samples = result.pop("_samples")
@@ -96,7 +100,7 @@ class Bench:
                     failed.append(f"{backend}/{variant}/{res}")
             results.append(result)
             print(
-                f"{backend:10s} {variant:8s} {res:8s} global {result['global_fps']:6.1f} FPS | steady "
+                f"{backend:10s} {variant:10s} {res:8s} global {result['global_fps']:6.1f} FPS | steady "
                 f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
                 f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB{check}"
             )

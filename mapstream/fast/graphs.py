@@ -148,10 +148,11 @@ class GraphedStep:
         return self._heads(frames, globals_)
 
     def _heads(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> tuple:
-        """The selected layers (frame and global outputs side by side, fp32) and the dense heads."""
+        """The selected layers (frame and global outputs side by side, in the heads' dtype)
+        and the dense heads' outputs (fp32)."""
         c = self.config
         layers = [
-            torch.cat((frames[i], globals_[i].view(1, 1, self.tokens_per_frame, -1)), dim=-1).float()
+            torch.cat((frames[i], globals_[i].view(1, 1, self.tokens_per_frame, -1)), dim=-1).to(self.model.head_dtype)
             for i in c.selected_layers
         ]
         heads = {}
@@ -162,7 +163,7 @@ class GraphedStep:
                 heads["world_points"], heads["world_points_conf"] = self.model.point_head(
                     layers, self.image_hw, c.num_special_tokens
                 )
-        return layers, heads
+        return layers, {k: v.float() for k, v in heads.items()}
 
     # Piece 0 returns (frame_out, seq, q, k, v); piece i >= 1 returns (leaving_{i-1}, frame_out,
     # seq, q, k, v), where seq is global block i's input.
@@ -215,6 +216,7 @@ class GraphedStep:
                     layers[-1][:, :, 0],
                     lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, head.attention_backend),
                 )
+            poses = [p.float() for p in poses]
         return heads, poses
 
     def _call_whole(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
@@ -222,7 +224,7 @@ class GraphedStep:
         caches = [state.camera] if head is not None else []
         with self._open_step(frame, state.aggregator, store) as (agg_step,), open_steps(
             caches, [store] * len(caches), num_frames=1,
-            layout=lambda _: head.cache_layout(2 * self.config.embed_dim), dtype=torch.float32,
+            layout=lambda _: head.cache_layout(2 * self.config.embed_dim), dtype=self.model.head_dtype,
             device=self.frame.device,
         ) as camera_steps:
             self.agg_device_step.prepare(agg_step)
@@ -260,7 +262,7 @@ class GraphedStep:
         model = self.model
         with torch.autocast(self.frame.device.type, enabled=False):
             if model.camera_head is not None:
-                poses = model.camera_head(layers[-1][:, :, 0], cache=state.camera, store=store)
+                poses = [p.float() for p in model.camera_head(layers[-1][:, :, 0], cache=state.camera, store=store)]
                 out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
         out.update({k: v.clone() for k, v in heads.items()})
         return out

@@ -149,11 +149,16 @@ class GCTStream(nn.Module):
             torch.cuda.empty_cache()
         return released
 
-    def cast_for_inference(self, dtype: torch.dtype | str) -> "GCTStream":
+    def cast_for_inference(self, dtype: torch.dtype | str, *, heads: bool = False) -> "GCTStream":
         """Cast the aggregator's weights to `dtype` (bf16/fp16 for GPU inference, as the
-        reference demo does); the heads stay fp32 and so do the normalisation constants
-        (the reference rounds those to bf16 as a side effect; we do not). The dense heads'
-        convolution weights are laid out channels-last. Returns self."""
+        reference demo does) and return self. The normalisation constants stay fp32 (the
+        reference rounds those to bf16 as a side effect; we do not); the dense heads'
+        convolution weights are laid out channels-last.
+
+        The heads stay fp32 (the reference's choice) unless `heads=True`: then they are cast
+        too and run in `dtype` (about 1.3 ms a frame less on an H200; their outputs differ
+        from the fp32 heads' within bf16 rounding, docs/BENCHMARKS.md). Outputs are fp32
+        either way."""
         if isinstance(dtype, str):
             names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                      "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
@@ -162,10 +167,24 @@ class GCTStream(nn.Module):
             dtype = names[dtype]
         for param in self.aggregator.parameters():
             param.data = param.data.to(dtype)
+        if heads:
+            for head in self._head_modules():
+                head.to(dtype)
         for head in (self.depth_head, self.point_head):
             if head is not None:  # values unchanged; NHWC convolutions (see DPTHead)
                 head.to(memory_format=torch.channels_last)
         return self
+
+    def _head_modules(self) -> list[nn.Module]:
+        return [h for h in (self.camera_head, self.depth_head, self.point_head) if h is not None]
+
+    @property
+    def head_dtype(self) -> torch.dtype:
+        """The dtype the heads compute in: that of their weights (fp32 unless
+        `cast_for_inference(..., heads=True)`)."""
+        for head in self._head_modules():
+            return next(head.parameters()).dtype
+        return torch.float32
 
     def set_backend(self, name: str) -> None:
         """Use attention backend `name` ("auto", "sdpa", "triton", ...) from the next step on."""
@@ -276,22 +295,22 @@ class GCTStream(nn.Module):
         return out
 
     def _heads(self, layers, images, patch_start, camera, trace):
-        """The heads (fp32) on the aggregator's selected layers [B, S, P, 2C]. `camera` runs
-        the camera head on the camera tokens with the right caches. Returns (outputs, the
-        camera head's per-iteration poses or None)."""
+        """The heads (in `head_dtype`, autocast off) on the aggregator's selected layers
+        [B, S, P, 2C]. `camera` runs the camera head on the camera tokens with the right
+        caches. Returns (outputs, the camera head's per-iteration poses or None), fp32."""
         out: dict[str, torch.Tensor] = {}
         poses = None
         image_hw = (images.shape[-2], images.shape[-1])
-        with _fp32_heads(images.device):
-            layers = [t.float() for t in layers]
+        with heads_without_autocast(images.device):
+            layers = [t.to(self.head_dtype) for t in layers]
             if self.camera_head is not None:
-                poses = camera(layers[-1][:, :, 0])
+                poses = [p.float() for p in camera(layers[-1][:, :, 0])]
                 out["pose_enc"] = poses[-1]
             if self.depth_head is not None:
                 out["depth"], out["depth_conf"] = self.depth_head(layers, image_hw, patch_start, trace=trace)
             if self.point_head is not None:
                 out["world_points"], out["world_points_conf"] = self.point_head(layers, image_hw, patch_start)
-        return out, poses
+        return {k: v.float() for k, v in out.items()}, poses
 
     def _default_scale_frames(self) -> int:
         return self.num_frame_for_scale if self.num_frame_for_scale is not None else self.cache_config.scale_frames
@@ -370,8 +389,9 @@ class GCTStream(nn.Module):
 
 
 @contextlib.contextmanager
-def _fp32_heads(device: torch.device):
-    """The heads run in fp32 with autocast off (as the reference does)."""
+def heads_without_autocast(device: torch.device):
+    """The heads run in the dtype of their weights with autocast off (fp32 by default, as
+    the reference does)."""
     if device.type == "cuda":
         with torch.autocast("cuda", enabled=False):
             yield

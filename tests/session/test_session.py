@@ -276,6 +276,33 @@ def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_ch
     torch.testing.assert_close(b["depth_conf"], a["depth_conf"], rtol=1e-5, atol=1e-6)
 
 
+def test_heads_in_bf16_compute_in_bf16_and_stay_close_to_fp32_heads():
+    """Heads cast to bf16 (what cast_for_inference(..., heads=True) does to them) compute in
+    bf16, their camera cache included; outputs stay fp32 and within bf16 rounding of the fp32
+    heads; the pieces decomposition computes the same as the plain forward."""
+    cast = mapstream.build_model("tiny").cast_for_inference("bf16", heads=True)
+    assert {p.dtype for p in cast.parameters()} == {torch.bfloat16} and cast.head_dtype == torch.bfloat16
+    assert mapstream.build_model("tiny").cast_for_inference("bf16").head_dtype == torch.float32
+    fp32 = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+    half = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+    for head in half._head_modules():  # bf16 heads, fp32 aggregator: runs on the CPU
+        head.to(torch.bfloat16)
+    x = frames_of(7, seed=31)
+    want = fp32.inference_streaming(x, num_scale_frames=2)
+    with half.session(num_scale_frames=2) as s:
+        got = s.run_frames(x)
+        assert s.state.camera._key.dtype == torch.bfloat16  # the camera cache holds bf16 keys
+    with half.session(num_scale_frames=2, fast=True) as s:
+        got_fast = s.run_frames(x)
+    for i, (a, b) in enumerate(zip(got, got_fast)):
+        assert a.pose_enc.dtype == a.depth.dtype == b.depth.dtype == torch.float32
+        torch.testing.assert_close(b.pose_enc, a.pose_enc, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b.depth, a.depth, rtol=1e-5, atol=1e-6)
+        rel_pose = float((a.pose_enc - want["pose_enc"][0, i]).norm() / want["pose_enc"][0, i].norm())
+        rel_depth = float((a.depth - want["depth"][0, i, ..., 0]).norm() / want["depth"][0, i].norm())
+        assert 0 < rel_pose < 5e-2 and 0 < rel_depth < 5e-2, (i, rel_pose, rel_depth)
+
+
 def test_fast_mode_is_validated(model):
     with pytest.raises(ValueError, match="fast must be False, True, 'pieces' or 'whole', got 'graphs'"):
         model.session(fast="graphs")
