@@ -44,9 +44,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--whole", action="store_true", help="with --fast: the whole step as one CUDA graph (fast='whole')")
     ap.add_argument("--compile-heads", action="store_true", help="with --compile: compile the DPT heads too")
+    ap.add_argument("--bf16-heads", action="store_true", help="heads cast to bf16 too (bench variant bf16-heads)")
     ap.add_argument("--compile-mode", default=None, help="with --compile: torch.compile mode (e.g. max-autotune-no-cudagraphs)")
     args = ap.parse_args()
-    cfg = BenchConfig(backend=args.backend)
+    cfg = BenchConfig(backend=args.backend, heads_precision="bf16" if args.bf16_heads else "fp32")
     model = build_bench_model(cfg, torch.device("cuda"))
     if args.compile:
         compile_model(model, heads=args.compile_heads, mode=args.compile_mode)
@@ -81,6 +82,7 @@ def main() -> None:
         "whole": args.whole,
         "compile_heads": args.compile_heads,
         "compile_mode": args.compile_mode,
+        "bf16_heads": args.bf16_heads,
         "warmup_s": warm_s,
         "wall_ms_per_step": times,
         "gpu_kernel_ms_per_step": total_gpu_ms,

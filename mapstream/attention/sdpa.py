@@ -3,15 +3,25 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .backend import AttentionBackend
 
 __all__ = ["SDPABackend"]
 
+_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
 
 class SDPABackend(AttentionBackend):
     name = "sdpa"
     description = "torch.nn.functional.scaled_dot_product_attention (CPU and CUDA)"
+
+    def __init__(self, *, cudnn: bool = True) -> None:
+        """cudnn=False keeps PyTorch from choosing its cuDNN kernel on CUDA. cuDNN builds a
+        plan on the host for every new key count (~1.8 ms a call on an H200,
+        docs/BENCHMARKS.md): fine when shapes repeat, ruinous for a small attention whose
+        key count grows every frame (the camera head in bf16: +25 ms a frame)."""
+        self.cudnn = cudnn
 
     @classmethod
     def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:
@@ -23,4 +33,10 @@ class SDPABackend(AttentionBackend):
             q = q.to(k.dtype)
         if v.dtype != k.dtype:
             v = v.to(k.dtype)
-        return F.scaled_dot_product_attention(q, k, v)
+        if self.cudnn or q.device.type != "cuda":
+            return F.scaled_dot_product_attention(q, k, v)
+        with sdpa_kernel(_WITHOUT_CUDNN):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(cudnn={self.cudnn})"

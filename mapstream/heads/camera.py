@@ -56,7 +56,9 @@ class CameraCausalHead(nn.Module):
         self.pose_branch = Mlp(dim_in, dim_in // 2, POSE_DIM)
         self.pools = pools if pools is not None else PoolRegistry()
         self.kv_cache = self.new_cache()
-        self.attention_backend = SDPABackend()  # fp32 head: the reference math, any device
+        # One query a frame over a key count that grows every frame: no cuDNN (it plans per
+        # key count on the host; see SDPABackend).
+        self.attention_backend = SDPABackend(cudnn=False)
 
     def new_cache(self, spec: CacheSpec | None = None) -> StreamCacheManager:
         """An empty cache for one sequence; `spec` must match the aggregator cache's policy."""

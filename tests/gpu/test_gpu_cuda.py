@@ -125,8 +125,34 @@ def test_bf16_fast_paths_agree_with_fp32_on_real_photos(full_fp32):
             assert all(torch.isfinite(out[k]).all() for k in ("pose_enc", "depth", "depth_conf"))
             results["triton+graphs+compile" + ("" if mode is True else "+whole")] = errs
             assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, (mode, errs)
+        # The bench's bf16-heads variant: the heads in bf16 too (last: it casts in place).
+        fast.cast_for_inference("bf16", heads=True)
+        for mode in (True, "whole"):
+            out = _stream(fast, images, "bf16", keyframe_interval=2, fast=mode)
+            errs = {key: _rel(out[key], ref[key]) for key in ("pose_enc", "depth", "depth_conf")}
+            assert all(out[k].dtype == torch.float32 and torch.isfinite(out[k]).all() for k in errs)
+            results["triton+graphs+compile+bf16-heads" + ("" if mode is True else "+whole")] = errs
+            assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, (mode, errs)
     _report("bf16_vs_fp32_real_photos", results)
     assert results
+
+
+def test_camera_head_attention_never_uses_cudnn():
+    """cuDNN plans on the host for every new key count; the camera head's grows every frame."""
+    from torch.profiler import ProfilerActivity, profile
+
+    head = mapstream.build_model("lingbot-map").camera_head.cuda().eval().to(torch.bfloat16)
+    tokens = torch.randn(1, 1, 2048, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(3):
+            head(tokens)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                head(tokens)
+            torch.cuda.synchronize()
+    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("fmha" in k or "flash" in k or "attention" in k.lower() for k in kernels), kernels
+    assert not [k for k in kernels if "cudnn" in k.lower()], kernels
 
 
 def test_gpu_memory_is_flat_on_a_long_stream(full_fp32):
