@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from _timing import captured, interleaved
 from mapstream.attention.gluon_flash import gluon_flash_attention
+from mapstream.attention.gluon_pingpong import pingpong_attention
 from mapstream.attention.triton_flash import flash_attention
 
 
@@ -34,18 +35,23 @@ def main(out_path=None, rounds=5):
     for a, b in [(lo, nk), (0, nk), (0, 100), (5, 133), (lo, lo + 130), (7, 71), (3, 4)]:
         rng = torch.tensor([a, b], device="cuda", dtype=torch.int32)
         ref = F.scaled_dot_product_attention(q[None].float(), k[None, :, a:b].float(), v[None, :, a:b].float())[0]
-        for stages in (2, 3):
+        for name, fn in (("pingpong_s2", lambda: pingpong_attention(q, k, v, rng, out=out, stages=2)),
+                         ("pingpong_s3", lambda: pingpong_attention(q, k, v, rng, out=out, stages=3)),
+                         ("pingpong_s4", lambda: pingpong_attention(q, k, v, rng, out=out, stages=4)),
+                         ("s3", lambda: gluon_flash_attention(q, k, v, rng, out=out, stages=3))):
             out.fill_(float("nan"))
-            got = gluon_flash_attention(q, k, v, rng, out=out, stages=stages)
+            got = fn()
+            torch.cuda.synchronize()
             err = float((got.float() - ref).norm() / ref.norm())
-            res["checks"][f"{a}-{b}/s{stages}"] = err
-            print(f"check keys [{a}, {b}) stages {stages}: rel. error {err:.2e}", flush=True)
+            res["checks"][f"{a}-{b}/{name}"] = err
+            print(f"check keys [{a}, {b}) {name}: rel. error {err:.2e}", flush=True)
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     variants = {
         "triton_tl": lambda: flash_attention(q, k, v, kv_range=rng, out=out),
-        "gluon_s2": lambda: gluon_flash_attention(q, k, v, rng, out=out, stages=2),
         "gluon_s3": lambda: gluon_flash_attention(q, k, v, rng, out=out, stages=3),
-        "gluon_s4": lambda: gluon_flash_attention(q, k, v, rng, out=out, stages=4),
+        "pingpong_s2": lambda: pingpong_attention(q, k, v, rng, out=out, stages=2),
+        "pingpong_s3": lambda: pingpong_attention(q, k, v, rng, out=out, stages=3),
+        "pingpong_s4": lambda: pingpong_attention(q, k, v, rng, out=out, stages=4),
     }
     graphs = {}
     for name, fn in variants.items():
