@@ -37,18 +37,18 @@ class AttentionBackend(ABC):
         tensor [2] on the device (no host sync, graph-safe). Same result as
         `attend(q, k[:, :, lo:hi], v[:, :, lo:hi])`.
 
-        This default is plain masked attention over all T keys, in k's dtype: time and memory
-        grow with Nq x T, which suits small problems (the camera head: one query a frame over
-        about a thousand keys; a fused masked kernel measured 8x slower there). Backends with
-        `device_range` read only the range.
+        This default is plain masked attention over all T keys with fp32 scores and
+        softmax (as fused kernels keep them): time and memory grow with Nq x T, which suits
+        small problems (the camera head: one query a frame over about a thousand keys; a
+        fused masked kernel measured 8x slower there). Backends with `device_range` read
+        only the range.
         """
         out_dtype = q.dtype
-        q, v = q.to(k.dtype), v.to(k.dtype)
         position = torch.arange(k.shape[-2], device=k.device)
         hidden = (position < kv_range[0]) | (position >= kv_range[1])
-        scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
         weights = scores.masked_fill(hidden, float("-inf")).softmax(dim=-1)
-        return torch.matmul(weights, v).to(out_dtype)
+        return torch.matmul(weights, v.float()).to(out_dtype)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -12,8 +12,11 @@ the cache copies that do not involve the frame (trajectory bookkeeping) run eage
 before the replay. A new capture happens only when a cache's storage moves (new lease).
 The host's work per frame is a few small copies and one replay.
 
-**Pieces** (the default): the cache attentions and the camera head run eagerly; the rest,
-whose shapes are fixed by the frame size, is captured in pieces between them. Measured on
+**Pieces** (the default): the aggregator's cache attentions run eagerly (exact key ranges,
+the fastest kernel); the rest, whose shapes are fixed by the frame size, is captured in
+pieces between them, and the camera head (its own cache read through a `DeviceStep`, as in
+the whole step) is one more graph: eager, its ~200 small kernels cost the host more time a
+frame than the GPU spends on them. Measured on
 an H200 with a free host this is ~0.7 ms a frame faster than the whole step: the host stays
 ahead of the GPU behind the long attention kernels anyway, while the device-side range and
 index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step graph"):
@@ -23,7 +26,7 @@ index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step 
     graph i:   global block i-1 output -> frame block i -> global block i inputs
     ...
     graph 24:  global block 23 output -> DPT head(s)
-    eager:     camera head (its own cache), pose conversion
+    graph 25:  camera head (its own cache, key range and write slots in device tensors)
 
 The graphs share one memory pool and are replayed in capture order. Inputs that change per
 frame (the image, the 3D-RoPE angles of the frame's time index, the attention results) are
@@ -34,6 +37,7 @@ both decompositions compute the model's function.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable
 
@@ -102,13 +106,15 @@ class GraphedStep:
         self.global_rotary: Rotary | None = agg._global_rotary(0, 1, grid_h, grid_w, self.pos2d)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.whole = whole
+        self.camera_device_step = DeviceStep(1, device)
         if whole:
             self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
-            self.camera_device_step = DeviceStep(1, device)
             self._whole_piece: _Piece | None = None
             self._whole_key: tuple | None = None  # what the graph was captured with
             self._backend = None
         else:
+            self._camera_piece: _Piece | None = None
+            self._camera_key: int | None = None  # the camera storage it was captured with
             self.attended: list[torch.Tensor | None] = [None] * c.depth
             self.pieces = [_Piece(self._first, capture, self.pool)]
             self.pieces += [_Piece(self._make_middle(i), capture, self.pool) for i in range(1, c.depth)]
@@ -208,28 +214,36 @@ class GraphedStep:
             globals_.append(leaving)
             tokens = leaving.view(1, self.tokens_per_frame, -1)
         layers, heads = self._heads(frames, globals_)
-        poses = None
-        head = self.model.camera_head
-        if head is not None:
-            with torch.autocast(self.frame.device.type, enabled=False):
-                poses = head.refine(
-                    layers[-1][:, :, 0],
-                    lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, head.attention_backend),
-                )
-            poses = [p.float() for p in poses]
-        return heads, poses
+        return heads, self._camera_poses(layers)
 
-    def _call_whole(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
+    def _camera_poses(self, layers: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The camera head on the last selected layer's camera token, its cache attention read
+        through the camera DeviceStep (graph-safe). Per-iteration poses, fp32."""
+        head = self.model.camera_head
+        if head is None:
+            return None
+        with torch.autocast(self.frame.device.type, enabled=False):
+            poses = head.refine(
+                layers[-1][:, :, 0],
+                lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, head.attention_backend),
+            )
+        return [p.float() for p in poses]
+
+    def _open_camera_steps(self, state, store: bool):
+        """Open the camera cache's step for this frame (nothing without a camera head) and
+        load its write slots and key range into the camera DeviceStep; a context manager."""
         head = self.model.camera_head
         caches = [state.camera] if head is not None else []
-        with self._open_step(frame, state.aggregator, store) as (agg_step,), open_steps(
+        steps = open_steps(
             caches, [store] * len(caches), num_frames=1,
             layout=lambda _: head.cache_layout(2 * self.config.embed_dim), dtype=self.model.head_dtype,
             device=self.frame.device,
-        ) as camera_steps:
+        )
+        return _prepared(steps, self.camera_device_step)
+
+    def _call_whole(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
+        with self._open_step(frame, state.aggregator, store) as (agg_step,), self._open_camera_steps(state, store):
             self.agg_device_step.prepare(agg_step)
-            for step in camera_steps:
-                self.camera_device_step.prepare(step)
             # A graph holds the storage addresses and the backend it was captured with.
             key = (self.agg_device_step.storage_ptr, self.camera_device_step.storage_ptr, type(backend))
             if self._whole_piece is None or key != self._whole_key:
@@ -258,14 +272,25 @@ class GraphedStep:
                     self.attended[i].copy_(result)
                 self._outputs.append(self.pieces[i + 1]())
         layers, heads = self._outputs[-1]
-        out: dict[str, torch.Tensor] = {}
-        model = self.model
-        with torch.autocast(self.frame.device.type, enabled=False):
-            if model.camera_head is not None:
-                poses = [p.float() for p in model.camera_head(layers[-1][:, :, 0], cache=state.camera, store=store)]
-                out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
-        out.update({k: v.clone() for k, v in heads.items()})
+        out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
+        if self.model.camera_head is not None:
+            with self._open_camera_steps(state, store):
+                key = self.camera_device_step.storage_ptr
+                if self._camera_piece is None or key != self._camera_key:
+                    self._camera_piece = _Piece(lambda: self._camera_poses(self._outputs[-1][0]), self.capture, self.pool)
+                    self._camera_key = key
+                poses = [p.clone() for p in self._camera_piece()]
+            out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
         return out
+
+
+@contextlib.contextmanager
+def _prepared(steps, device_step: DeviceStep):
+    """Enter `steps` (a context manager of cache steps) and load each into `device_step`."""
+    with steps as opened:
+        for step in opened:
+            device_step.prepare(step)
+        yield opened
 
 
 def _kv_dtype(tokens: torch.Tensor) -> torch.dtype:

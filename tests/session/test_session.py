@@ -279,7 +279,8 @@ def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_ch
 def test_heads_in_bf16_compute_in_bf16_and_stay_close_to_fp32_heads():
     """Heads cast to bf16 (what cast_for_inference(..., heads=True) does to them) compute in
     bf16, their camera cache included; outputs stay fp32 and within bf16 rounding of the fp32
-    heads; the pieces decomposition computes the same as the plain forward."""
+    heads; the pieces decomposition (whose camera head reads its cache through a
+    DeviceStep) agrees with the plain forward to bf16 rounding."""
     cast = mapstream.build_model("tiny").cast_for_inference("bf16", heads=True)
     assert {p.dtype for p in cast.parameters()} == {torch.bfloat16} and cast.head_dtype == torch.bfloat16
     assert mapstream.build_model("tiny").cast_for_inference("bf16").head_dtype == torch.float32
@@ -296,8 +297,8 @@ def test_heads_in_bf16_compute_in_bf16_and_stay_close_to_fp32_heads():
         got_fast = s.run_frames(x)
     for i, (a, b) in enumerate(zip(got, got_fast)):
         assert a.pose_enc.dtype == a.depth.dtype == b.depth.dtype == torch.float32
-        torch.testing.assert_close(b.pose_enc, a.pose_enc, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(b.depth, a.depth, rtol=1e-5, atol=1e-6)
+        assert float((b.pose_enc - a.pose_enc).norm() / a.pose_enc.norm()) < 3e-2
+        torch.testing.assert_close(b.depth, a.depth, rtol=1e-5, atol=1e-6)  # the same DPT code
         rel_pose = float((a.pose_enc - want["pose_enc"][0, i]).norm() / want["pose_enc"][0, i].norm())
         rel_depth = float((a.depth - want["depth"][0, i, ..., 0]).norm() / want["depth"][0, i].norm())
         assert 0 < rel_pose < 5e-2 and 0 < rel_depth < 5e-2, (i, rel_pose, rel_depth)
