@@ -2,7 +2,10 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp]
+
+--exp: A/B of the default configuration with and without the polynomial exponential
+(`KernelConfig.exp_poly`), replayed from CUDA graphs.
 
 --range: A/B of the default configuration with the key range as host integers, from device
 memory, and from device memory replayed in a CUDA graph, interleaved over several rounds;
@@ -20,14 +23,27 @@ from _timing import captured, interleaved, timeit
 from mapstream.attention.triton_flash import KernelConfig, flash_attention
 
 
-def splits_ab(q, k, v, lo, nk, rounds=5):
-    """Key shares against none, interleaved, all replayed from CUDA graphs with the range in
-    device memory (as in the whole-step graph)."""
+def configs_ab(q, k, v, lo, nk, configs: dict, label: str, rounds=5):
+    """Kernel configurations against each other, interleaved, all replayed from CUDA graphs
+    with the range in device memory (as in the whole-step graph); each checked first
+    against fp32 SDPA with the output poisoned."""
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], device="cuda", dtype=q.dtype)
     ref = F.scaled_dot_product_attention(q[None].float(), k[None, :, lo:nk].float(), v[None, :, lo:nk].float())[0]
     graphs = {}
-    for name, cfg in {
+    for name, cfg in configs.items():
+        graphs[name] = captured(lambda cfg=cfg: flash_attention(q, k, v, kv_range=rng, out=out, config=cfg))
+        out.fill_(float("nan"))
+        graphs[name].replay()
+        err = float((out.transpose(0, 1).float() - ref).norm() / ref.norm())
+        print(f"{label}{name:14s} rel. error vs fp32 SDPA {err:.2e}")
+        assert err < 1e-2, (name, err)
+    return interleaved({name: graph.replay for name, graph in graphs.items()}, rounds, label=label)
+
+
+def splits_ab(q, k, v, lo, nk, rounds=5):
+    """Key shares against none."""
+    return configs_ab(q, k, v, lo, nk, {
         "n128_s3": KernelConfig(tma=True), "n128_s3_splits2": KernelConfig(tma=True, splits=2),
         # 64-key tiles: half the shared memory per stage, so 3-4 programs fit a multiprocessor
         # (ncu: the 64x128 kernel runs 2 programs, latency-bound); splits supply the programs.
@@ -36,13 +52,15 @@ def splits_ab(q, k, v, lo, nk, rounds=5):
         "n64_s4_splits2": KernelConfig(block_n=64, num_stages=4, tma=True, splits=2),
         "n64_s3_splits3": KernelConfig(block_n=64, tma=True, splits=3),
         "n64_s4_splits3": KernelConfig(block_n=64, num_stages=4, tma=True, splits=3),
-    }.items():
-        graphs[name] = captured(lambda cfg=cfg: flash_attention(q, k, v, kv_range=rng, out=out, config=cfg))
-        graphs[name].replay()
-        err = float((out.transpose(0, 1).float() - ref).norm() / ref.norm())
-        print(f"splits {name:12s} rel. error vs fp32 SDPA {err:.2e}")
-        assert err < 1e-2, (name, err)
-    return interleaved({name: graph.replay for name, graph in graphs.items()}, rounds, label="splits ")
+    }, "splits ", rounds)
+
+
+def exp_ab(q, k, v, lo, nk, rounds=7):
+    """One exponential in four as an FMA polynomial against all on the special function unit."""
+    return configs_ab(q, k, v, lo, nk, {
+        "tma": KernelConfig(tma=True), "tma_exp_poly": KernelConfig(tma=True, exp_poly=True),
+        "tma_s2_exp_poly": KernelConfig(num_stages=2, tma=True, exp_poly=True),
+    }, "exp ", rounds)
 
 
 def range_ab(q, k, v, lo, nk, rounds=5):
@@ -57,7 +75,7 @@ def range_ab(q, k, v, lo, nk, rounds=5):
     return interleaved(variants, rounds, label="range ")
 
 
-def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False):
+def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False):
     torch.manual_seed(0)
     nq, heads, d = 978, 16, 64
     nk = 72 * 978 + 128 * 6  # 8 anchors + 64 window frames + 128 trajectory frames
@@ -69,6 +87,12 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
     q = qkv[0, :, 0].transpose(0, 1)  # [H, Nq, D] strided, as the block produces it
     ref = F.scaled_dot_product_attention(q.double()[None], k[:, lo:nk].double()[None], v[:, lo:nk].double()[None])[0]
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
+    if exp_only:
+        res["exp_ab_us"] = exp_ab(q, k, v, lo, nk)
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     if range_only:
         res["range_ab_us"] = range_ab(q, k, v, lo, nk)
         res["splits_ab_us"] = splits_ab(q, k, v, lo, nk)
@@ -140,4 +164,4 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
-         splits="--splits" in sys.argv, range_only="--range" in sys.argv)
+         splits="--splits" in sys.argv, range_only="--range" in sys.argv, exp_only="--exp" in sys.argv)

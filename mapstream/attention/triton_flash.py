@@ -39,7 +39,11 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     exp_bf16x2: bool = False
-    """Packed bf16 exponentials (sm90 inline PTX). Slower on an H200 (docs/BENCHMARKS.md)."""
+    """Packed bf16 exponentials (sm90 inline PTX). No gain on an H200: ptxas issues one
+    MUFU.EX2.BF16 per half (docs/BENCHMARKS.md)."""
+    exp_poly: bool = False
+    """One exponential in four as a polynomial on the FMA units instead of the special
+    function unit (sm80+ inline PTX; relative error 7.5e-5, far below P's bf16 rounding)."""
     pipeline_qk: bool = False
     """Issue the next tile's scores before this tile's softmax."""
     tma: bool = False
@@ -72,14 +76,49 @@ def _exp2(x, EXP_BF16X2: tl.constexpr):
         return tl.math.exp2(x)
 
 
+# 2^x for x <= 0, four at a time: three on the special function unit, the fourth on the FMA
+# pipes (round x to n + f with |f| <= 1/2 by the 1.5 * 2^23 trick, a degree-3 minimax
+# polynomial for 2^f, then n added to the exponent field). The special function unit
+# issues 16 exponentials a clock per multiprocessor, the softmax's scarcest resource;
+# FlashAttention-4 moves part of them the same way. Arguments below -126 give ~1e-38, not 0:
+# only unmasked tiles use it (masked keys must weigh exactly 0).
+_EXP2_X4 = tl.constexpr("""{
+.reg .f32 t, r, f, p;
+.reg .b32 rb, pb, j;
+ex2.approx.ftz.f32 $0, $4;
+ex2.approx.ftz.f32 $1, $5;
+ex2.approx.ftz.f32 $2, $6;
+max.ftz.f32 t, $7, 0fC2FC0000;
+add.rn.ftz.f32 r, t, 0f4B400000;
+sub.rn.ftz.f32 f, r, 0f4B400000;
+sub.rn.ftz.f32 f, t, f;
+fma.rn.ftz.f32 p, f, 0f3D6204B4, 0f3E786F42;
+fma.rn.ftz.f32 p, p, f, 0f3F317973;
+fma.rn.ftz.f32 p, p, f, 0f3F7FFB48;
+mov.b32 rb, r;
+mov.b32 pb, p;
+shl.b32 j, rb, 23;
+add.s32 $3, pb, j;
+}""")
+
+
 @triton.jit
-def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, EXP_BF16X2: tl.constexpr):
+def _exp2_tile(x, EXP_BF16X2: tl.constexpr, EXP_POLY: tl.constexpr):
+    if EXP_POLY:
+        return tl.inline_asm_elementwise(_EXP2_X4, "=r,=r,=r,=r,r,r,r,r", [x], dtype=tl.float32, is_pure=True, pack=4)
+    else:
+        return _exp2(x, EXP_BF16X2)
+
+
+@triton.jit
+def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, EXP_BF16X2: tl.constexpr,
+                    EXP_POLY: tl.constexpr = False):
     """Fold one tile of raw scores s [M, N] and its values v [N, D] into (m_i, l_i, acc).
     Scores are kept in base-2 units: m_i is the running max of s * qk_scale."""
     if MASKED:
         s = tl.where(key_ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    p = _exp2(s * qk_scale - m_new[:, None], EXP_BF16X2)
+    p = _exp2_tile(s * qk_scale - m_new[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -169,7 +208,7 @@ def _flash_fwd(
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr, SPLITS: tl.constexpr,
+    EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
 ):
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
@@ -190,16 +229,16 @@ def _flash_fwd(
             for start in tl.range(lo + BLOCK_N, full_end, BLOCK_N):
                 s_next = tl.dot(q, tl.trans(tl.load(k_tile + start * stride_kn)))
                 v = tl.load(v_tile + (start - BLOCK_N) * stride_vn)
-                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2)
+                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY)
                 s = s_next
             v = tl.load(v_tile + (full_end - BLOCK_N) * stride_vn)
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY)
     else:
         for start in tl.range(lo, full_end, BLOCK_N):
             k = tl.load(k_tile + start * stride_kn)
             v = tl.load(v_tile + start * stride_vn)
             s = tl.dot(q, tl.trans(k))
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY)
     if full_end < hi:
         key_ok = full_end + offs_n < hi
         k = tl.load(k_tile + full_end * stride_kn, mask=key_ok[:, None], other=0.0)
@@ -218,7 +257,7 @@ def _flash_fwd_tma(
     stride_qh, stride_qn, stride_on, stride_oh,
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLITS: tl.constexpr,
+    EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
 ):
     """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
     head = tl.program_id(1)
@@ -233,7 +272,7 @@ def _flash_fwd_tma(
         k = k_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2)
+        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY)
     if full_end < hi:
         # Rows past the descriptor's end read as zeros; keys in [hi, end) are masked.
         key_ok = full_end + offs_n < hi
@@ -266,6 +305,8 @@ def flash_attention(
     """
     heads, n_q, dim = q.shape
     config = config or default_config(q.device)
+    if (config.exp_poly or config.exp_bf16x2) and q.device.type != "cuda":
+        raise ValueError("exp_poly and exp_bf16x2 are inline PTX: they need a CUDA device")
     if k.shape[0] != heads or v.shape[:2] != k.shape[:2] or k.shape[2] != dim or v.shape[2] != dim:
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if dim not in (16, 32, 64, 128, 256):
@@ -297,7 +338,7 @@ def flash_attention(
     scalars = (n_q, lo, hi, _LOG2E / math.sqrt(dim))
     meta = dict(
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        EXP_BF16X2=config.exp_bf16x2, SPLITS=splits, num_warps=config.num_warps, num_stages=config.num_stages,
+        EXP_BF16X2=config.exp_bf16x2, EXP_POLY=config.exp_poly, SPLITS=splits, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if config.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor

@@ -48,15 +48,21 @@ def test_backends_match_sdpa_at_awkward_sizes(kv_len, backend):
     assert torch.isfinite(got).all() and err < 1e-2
 
 
-@pytest.mark.parametrize("variant", ["plain", "pipeline_qk", "tma"])
+_KERNEL_VARIANTS = {
+    "plain": {}, "pipeline_qk": {"pipeline_qk": True}, "tma": {"tma": True},
+    "exp_poly": {"exp_poly": True}, "tma_exp_poly": {"tma": True, "exp_poly": True},
+}
+
+
+@pytest.mark.parametrize("variant", list(_KERNEL_VARIANTS))
 def test_triton_kernel_variants_with_the_key_range_in_device_memory(variant):
     if available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
         pytest.skip("triton unavailable")
     from mapstream.attention.triton_flash import KernelConfig, flash_attention
 
-    if variant == "tma" and torch.cuda.get_device_capability() < (9, 0):
+    if "tma" in variant and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("TMA loads need compute capability 9.0")
-    config = KernelConfig(**({} if variant == "plain" else {variant: True}))
+    config = KernelConfig(**_KERNEL_VARIANTS[variant])
     g = torch.Generator(device="cuda").manual_seed(7)
     storage = torch.randn(2, 16, 9000, 64, device="cuda", generator=g, dtype=torch.bfloat16)
     q = torch.randn(1000, 3, 16, 64, device="cuda", generator=g, dtype=torch.bfloat16)[:, 0].transpose(0, 1)
