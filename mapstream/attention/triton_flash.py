@@ -43,7 +43,8 @@ class KernelConfig:
     MUFU.EX2.BF16 per half (docs/BENCHMARKS.md)."""
     exp_poly: bool = False
     """One exponential in four as a polynomial on the FMA units instead of the special
-    function unit (sm80+ inline PTX; relative error 7.5e-5, far below P's bf16 rounding)."""
+    function unit (sm80+ inline PTX; relative error 7.5e-5, far below P's bf16 rounding).
+    Slower on an H200 (+12 %): the kernel is not bound by that unit (docs/BENCHMARKS.md)."""
     pipeline_qk: bool = False
     """Issue the next tile's scores before this tile's softmax."""
     tma: bool = False
