@@ -85,7 +85,11 @@ class Bench:
                 # place leaves its compiled pieces to recompile); same rule weights.
                 from ..bench import build_bench_model
 
+                import gc
+
                 del model
+                torch._dynamo.reset()  # compiled pieces of the old model hold it (and its memory)
+                gc.collect()
                 torch.cuda.empty_cache()
                 model = build_bench_model(cfg, torch.device("cuda"))
             if variant in ("compiled", "whole", "bf16-heads"):
