@@ -47,6 +47,9 @@ class Run:
     backend: Literal["auto", "sdpa", "flashinfer", "triton"] = "auto"
     compile: bool = False
     """torch.compile the per-frame static parts (slow start, faster frames on GPUs)."""
+    low_precision_heads: bool = False
+    """Run the heads in --precision too (bf16/fp16) instead of fp32 as the reference does:
+    about 1 ms a frame faster on an H200, outputs within bf16 rounding (docs/BENCHMARKS.md)."""
     formats: tuple[str, ...] = ALL_FORMATS
     conf_threshold: float = 1.5
     voxel_size: Optional[float] = None
@@ -72,6 +75,7 @@ class Run:
             backend=self.backend, formats=self.formats, conf_threshold=self.conf_threshold,
             voxel_size=self.voxel_size, resume=not self.no_resume, demo=self.demo,
             sky_mask=self.sky_mask, sky_model=self.sky_model, compile=self.compile,
+            low_precision_heads=self.low_precision_heads,
         )
         summary = run(opts, progress=not self.quiet)
         for warning in summary.warnings:

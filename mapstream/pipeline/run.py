@@ -63,6 +63,7 @@ class RunOptions:
     sky_mask: bool = False
     sky_model: str | None = None
     compile: bool = False
+    low_precision_heads: bool = False  # heads in `precision` too (default: fp32, as the reference)
     fast: bool = True  # CUDA-graph steps on CUDA devices (no effect on the CPU)
 
 
@@ -161,7 +162,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
 
     precision = resolve_precision(opts.precision, device)
     if precision in ("bf16", "fp16"):
-        model.cast_for_inference(precision)
+        model.cast_for_inference(precision, heads=opts.low_precision_heads)
     if opts.compile:
         from ..models.compile import compile_model
 
@@ -172,6 +173,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         "image_size": opts.image_size, "preprocess": opts.preprocess, "fps": opts.fps, "stride": opts.stride,
         "first_k": opts.first_k, "num_scale_frames": opts.num_scale_frames, "keyframe_interval": interval,
         "window_size": opts.window_size, "overlap": opts.overlap, "precision": precision,
+        "heads_precision": str(model.head_dtype).removeprefix("torch."),
     }
     store = FrameStore(out, config, resume=opts.resume)
     loaded = time.perf_counter()

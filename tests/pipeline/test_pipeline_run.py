@@ -80,6 +80,7 @@ def test_run_writes_every_output_readable_by_other_tools(tmp_path, capsys):
 
     info = json.loads((out / "run.json").read_text())
     assert info["frames"] == 10 and info["fps"] > 0 and info["config"]["keyframe_interval"] == 2
+    assert info["config"]["heads_precision"] == "float32"
     assert "torch" in json.dumps(info["versions"])
 
 
@@ -110,6 +111,20 @@ def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch
     info = json.loads((out / "run.json").read_text())
     assert info["resumed_from"] == 7 and info["new_frames"] == 3
     assert np.isfinite(npz["T_world_cam"]).all()
+
+
+def test_low_precision_heads_run_in_bf16_and_are_recorded(tmp_path):
+    src = photos(tmp_path)
+    runs = {}
+    for flag in ((), ("--low-precision-heads",)):
+        out = tmp_path / f"out{len(flag)}"
+        assert run_cli(str(src), "--out", str(out), "--precision", "bf16", "--formats", "npz", *flag) == 0
+        runs[flag] = (json.loads((out / "run.json").read_text())["config"], np.load(out / "predictions.npz"))
+    (cfg32, fp32), (cfg16, bf16) = runs.values()
+    assert cfg32["heads_precision"] == "float32" and cfg16["heads_precision"] == "bfloat16"
+    assert bf16["depth"].dtype == fp32["depth"].dtype and not np.array_equal(bf16["depth"], fp32["depth"])
+    rel = np.linalg.norm(bf16["depth"] - fp32["depth"]) / np.linalg.norm(fp32["depth"])
+    assert rel < 5e-2, rel
 
 
 def test_demo_runs_offline(tmp_path):
