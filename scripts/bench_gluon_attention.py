@@ -1,4 +1,4 @@
-"""The experimental Gluon kernel (mapstream/attention/gluon_flash.py) against our Triton
+"""The experimental Gluon kernel (mapstream/attention/experimental/gluon_flash.py) against our Triton
 kernel on the cache-attention shape of the benchmark protocol (CUDA sm90).
 
 Checks first: several key ranges (tails, offsets, fewer keys than a tile) against fp32 SDPA,
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from _timing import captured, interleaved
-from mapstream.attention.gluon_flash import gluon_flash_attention
-from mapstream.attention.gluon_pingpong import pingpong_attention
+from mapstream.attention.experimental.gluon_flash import gluon_flash_attention
+from mapstream.attention.experimental.gluon_pingpong import pingpong_attention
 from mapstream.attention.triton_flash import flash_attention
 
 

@@ -28,12 +28,12 @@ def main(kernel: str = "triton") -> None:
         def call():
             flash_attention(q, storage[0], storage[1], kv_range=rng)
     elif kernel == "gluon":
-        from mapstream.attention.gluon_flash import gluon_flash_attention
+        from mapstream.attention.experimental.gluon_flash import gluon_flash_attention
 
         def call():
             gluon_flash_attention(q, storage[0], storage[1], rng, stages=3)
     elif kernel == "pingpong":
-        from mapstream.attention.gluon_pingpong import pingpong_attention
+        from mapstream.attention.experimental.gluon_pingpong import pingpong_attention
 
         def call():
             pingpong_attention(q, storage[0], storage[1], rng, stages=4)
