@@ -1,7 +1,8 @@
 """`mapstream bench`: GPU streaming throughput (see mapstream.bench)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import gc
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -73,19 +74,16 @@ class Bench:
             if model is None:
                 from ..bench import build_bench_model
 
-                model = build_bench_model(cfg, torch.device("cuda"))
+                # fp32 heads first, whatever the variant: the reference pass is the protocol's.
+                model = build_bench_model(replace(cfg, heads_precision="fp32"), torch.device("cuda"))
                 if self.check:  # before any compilation changes the model
                     for size in self.resolutions:
                         w, h = (int(v) for v in size.lower().split("x"))
-                        references[size] = reference_samples(
-                            BenchConfig(**{**cfg.__dict__, "width": w, "height": h}), model
-                        )
+                        references[size] = reference_samples(replace(cfg, width=w, height=h), model)
             if cfg.heads_precision != "fp32" and model.head_dtype == torch.float32:
                 # A model of its own, cast before compiling (casting a compiled model in
                 # place leaves its compiled pieces to recompile); same rule weights.
                 from ..bench import build_bench_model
-
-                import gc
 
                 del model
                 torch._dynamo.reset()  # compiled pieces of the old model hold it (and its memory)
