@@ -64,19 +64,6 @@ def default_config(device: torch.device) -> KernelConfig:
     return KernelConfig()
 
 
-@triton.jit
-def _exp2(x, EXP_BF16X2: tl.constexpr):
-    if EXP_BF16X2:
-        # Hopper's packed bf16 exponential: half the special-function issue slots of fp32
-        # exp2. The result feeds a bf16 matmul anyway; only the argument's rounding is new.
-        return tl.inline_asm_elementwise(
-            "ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x.to(tl.bfloat16)],
-            dtype=tl.bfloat16, is_pure=True, pack=2,
-        ).to(tl.float32)
-    else:
-        return tl.math.exp2(x)
-
-
 # 2^x for x <= 0, four at a time: three on the special function unit, the fourth on the FMA
 # pipes (round x to n + f with |f| <= 1/2 by the 1.5 * 2^23 trick, a degree-3 minimax
 # polynomial for 2^f, then n added to the exponent field). The special function unit
@@ -104,11 +91,18 @@ add.s32 $3, pb, j;
 
 
 @triton.jit
-def _exp2_tile(x, EXP_BF16X2: tl.constexpr, EXP_POLY: tl.constexpr):
+def _exp2(x, EXP_BF16X2: tl.constexpr, EXP_POLY: tl.constexpr):
     if EXP_POLY:
         return tl.inline_asm_elementwise(_EXP2_X4, "=r,=r,=r,=r,r,r,r,r", [x], dtype=tl.float32, is_pure=True, pack=4)
+    elif EXP_BF16X2:
+        # Hopper's bf16 exponential. Meant to halve the special-function issue slots, but
+        # ptxas issues one MUFU.EX2.BF16 per half, so only the argument's rounding changes.
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x.to(tl.bfloat16)],
+            dtype=tl.bfloat16, is_pure=True, pack=2,
+        ).to(tl.float32)
     else:
-        return _exp2(x, EXP_BF16X2)
+        return tl.math.exp2(x)
 
 
 @triton.jit
@@ -119,7 +113,7 @@ def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr,
     if MASKED:
         s = tl.where(key_ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    p = _exp2_tile(s * qk_scale - m_new[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
+    p = _exp2(s * qk_scale - m_new[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
