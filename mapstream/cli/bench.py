@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from ..bench import BenchConfig, compare_samples, reference_samples, run_benchmark, write_result
+from ..bench import BenchConfig, build_bench_model, compare_samples, reference_samples, run_benchmark, write_result
 
 
 _VARIANT_ORDER = ("eager", "fast", "compiled", "whole", "bf16-heads")
@@ -72,8 +72,6 @@ class Bench:
                 heads_precision=self.precision if variant == "bf16-heads" else "fp32",
             )
             if model is None:
-                from ..bench import build_bench_model
-
                 # fp32 heads first, whatever the variant: the reference pass is the protocol's.
                 model = build_bench_model(replace(cfg, heads_precision="fp32"), torch.device("cuda"))
                 if self.check:  # before any compilation changes the model
@@ -83,8 +81,6 @@ class Bench:
             if cfg.heads_precision != "fp32" and model.head_dtype == torch.float32:
                 # A model of its own, cast before compiling (casting a compiled model in
                 # place leaves its compiled pieces to recompile); same rule weights.
-                from ..bench import build_bench_model
-
                 del model
                 torch._dynamo.reset()  # compiled pieces of the old model hold it (and its memory)
                 gc.collect()

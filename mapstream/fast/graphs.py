@@ -45,6 +45,7 @@ import torch
 
 from ..cache import DeviceStep, open_steps
 from ..layers import Rotary, patch_positions_2d, rope2d
+from ..models.gct import heads_without_autocast
 
 __all__ = ["GraphedStep"]
 
@@ -87,7 +88,7 @@ class GraphedStep:
 
     def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True, whole: bool = False) -> None:
         """whole: replay the whole step as one graph (True) or in pieces around the eager
-        cache attentions and camera head (False)."""
+        cache attentions of the aggregator (False)."""
         agg = model.aggregator
         c = model.config
         self.model, self.agg, self.config = model, agg, c
@@ -162,7 +163,7 @@ class GraphedStep:
             for i in c.selected_layers
         ]
         heads = {}
-        with torch.autocast(self.frame.device.type, enabled=False):
+        with heads_without_autocast(self.frame.device):
             if self.model.depth_head is not None:
                 heads["depth"], heads["depth_conf"] = self.model.depth_head(layers, self.image_hw, c.num_special_tokens)
             if self.model.point_head is not None:
@@ -222,7 +223,7 @@ class GraphedStep:
         head = self.model.camera_head
         if head is None:
             return None
-        with torch.autocast(self.frame.device.type, enabled=False):
+        with heads_without_autocast(self.frame.device):
             poses = head.refine(
                 layers[-1][:, :, 0],
                 lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, head.attention_backend),
