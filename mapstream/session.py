@@ -107,8 +107,8 @@ class Session:
             without storing); the final predictions follow when the phase completes.
         fast: run single-frame steps from CUDA graphs (`mapstream.fast.GraphedStep`; on a
             CPU the same code runs eagerly). Same function as the plain path. True or
-            "pieces": graphs between the eager cache attentions and camera head (fastest on
-            an H200 with a free host CPU); "whole": the entire step as one graph (least host
+            "pieces": graphs between the aggregator's eager cache attentions (fastest on an
+            H200 with a free host CPU); "whole": the entire step as one graph (least host
             work: for busy hosts; needs a backend that reads key ranges on the device,
             such as "triton", to be fast).
         cache: cache policy for this session (default: the model's `cache_config`).

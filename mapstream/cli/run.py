@@ -49,7 +49,8 @@ class Run:
     """torch.compile the per-frame static parts (slow start, faster frames on GPUs)."""
     low_precision_heads: bool = False
     """Run the heads in --precision too (bf16/fp16) instead of fp32 as the reference does:
-    about 1 ms a frame faster on an H200, outputs within bf16 rounding (docs/BENCHMARKS.md)."""
+    0.5-1.0 ms a frame faster on an H200, outputs within bf16 rounding (docs/BENCHMARKS.md,
+    2026-11-30 session 4)."""
     formats: tuple[str, ...] = ALL_FORMATS
     conf_threshold: float = 1.5
     voxel_size: Optional[float] = None

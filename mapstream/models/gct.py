@@ -156,9 +156,9 @@ class GCTStream(nn.Module):
         convolution weights are laid out channels-last.
 
         The heads stay fp32 (the reference's choice) unless `heads=True`: then they are cast
-        too and run in `dtype` (about 1.3 ms a frame less on an H200; their outputs differ
-        from the fp32 heads' within bf16 rounding, docs/BENCHMARKS.md). Outputs are fp32
-        either way."""
+        too and run in `dtype` (on an H200: 1.7 ms less GPU work a frame, 0.5-1.0 ms less
+        wall time; outputs within bf16 rounding of the fp32 heads' — docs/BENCHMARKS.md,
+        "2026-11-30 (session 4)", part 3). Outputs are fp32 either way."""
         if isinstance(dtype, str):
             names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                      "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
