@@ -125,20 +125,16 @@ def test_bf16_fast_paths_agree_with_fp32_on_real_photos(full_fp32):
 
         fast.set_backend("triton")
         compile_model(fast)
-        for mode in (True, "whole"):
-            out = _stream(fast, images, "bf16", keyframe_interval=2, fast=mode)
-            errs = {key: _rel(out[key], ref[key]) for key in ("pose_enc", "depth", "depth_conf")}
-            assert all(torch.isfinite(out[k]).all() for k in ("pose_enc", "depth", "depth_conf"))
-            results["triton+graphs+compile" + ("" if mode is True else "+whole")] = errs
-            assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, (mode, errs)
-        # The bench's bf16-heads variant: the heads in bf16 too (last: it casts in place).
-        fast.cast_for_inference("bf16", heads=True)
-        for mode in (True, "whole"):
-            out = _stream(fast, images, "bf16", keyframe_interval=2, fast=mode)
-            errs = {key: _rel(out[key], ref[key]) for key in ("pose_enc", "depth", "depth_conf")}
-            assert all(out[k].dtype == torch.float32 and torch.isfinite(out[k]).all() for k in errs)
-            results["triton+graphs+compile+bf16-heads" + ("" if mode is True else "+whole")] = errs
-            assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, (mode, errs)
+        # Then the bench's bf16-heads variant: the heads in bf16 too (last: it casts in place).
+        for label, heads in (("triton+graphs+compile", False), ("triton+graphs+compile+bf16-heads", True)):
+            if heads:
+                fast.cast_for_inference("bf16", heads=True)
+            for mode in (True, "whole"):
+                out = _stream(fast, images, "bf16", keyframe_interval=2, fast=mode)
+                errs = {key: _rel(out[key], ref[key]) for key in ("pose_enc", "depth", "depth_conf")}
+                assert all(out[k].dtype == torch.float32 and torch.isfinite(out[k]).all() for k in errs)
+                results[label + ("" if mode is True else "+whole")] = errs
+                assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, (label, mode, errs)
     _report("bf16_vs_fp32_real_photos", results)
     assert results
 
