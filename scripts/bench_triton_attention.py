@@ -2,10 +2,13 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax]
 
 --exp: A/B of the default configuration with and without the polynomial exponential
 (`KernelConfig.exp_poly`), replayed from CUDA graphs.
+
+--softmax: A/B of the softmax's reductions (`KernelConfig.tree_max`, `wide_sum`), replayed
+from CUDA graphs.
 
 --range: A/B of the default configuration with the key range as host integers, from device
 memory, and from device memory replayed in a CUDA graph, interleaved over several rounds;
@@ -63,6 +66,20 @@ def exp_ab(q, k, v, lo, nk, rounds=7):
     }, "exp ", rounds)
 
 
+def softmax_ab(q, k, v, lo, nk, rounds=7):
+    """The softmax's reductions without serial chains (tree maxima, per-column sums) against
+    the default, alone and together, and with the polynomial exponential on top."""
+    return configs_ab(q, k, v, lo, nk, {
+        "tma": KernelConfig(tma=True),
+        "tma_tree": KernelConfig(tma=True, tree_max=True),
+        "tma_wide": KernelConfig(tma=True, wide_sum=True),
+        "tma_tree_wide": KernelConfig(tma=True, tree_max=True, wide_sum=True),
+        "tma_tree_wide_poly": KernelConfig(tma=True, tree_max=True, wide_sum=True, exp_poly=True),
+        "tma_tree_wide_s2": KernelConfig(num_stages=2, tma=True, tree_max=True, wide_sum=True),
+        "m128w8_tree_wide": KernelConfig(128, 128, 8, 2, tma=True, tree_max=True, wide_sum=True),
+    }, "softmax ", rounds)
+
+
 def range_ab(q, k, v, lo, nk, rounds=5):
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], device="cuda", dtype=q.dtype)
@@ -75,7 +92,8 @@ def range_ab(q, k, v, lo, nk, rounds=5):
     return interleaved(variants, rounds, label="range ")
 
 
-def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False):
+def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False,
+         softmax_only=False):
     torch.manual_seed(0)
     nq, heads, d = 978, 16, 64
     nk = 72 * 978 + 128 * 6  # 8 anchors + 64 window frames + 128 trajectory frames
@@ -87,8 +105,8 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
     q = qkv[0, :, 0].transpose(0, 1)  # [H, Nq, D] strided, as the block produces it
     ref = F.scaled_dot_product_attention(q.double()[None], k[:, lo:nk].double()[None], v[:, lo:nk].double()[None])[0]
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
-    if exp_only:
-        res["exp_ab_us"] = exp_ab(q, k, v, lo, nk)
+    if exp_only or softmax_only:
+        res["exp_ab_us" if exp_only else "softmax_ab_us"] = (exp_ab if exp_only else softmax_ab)(q, k, v, lo, nk)
         if out_path:
             with open(out_path, "w") as f:
                 json.dump(res, f, indent=1)
@@ -164,4 +182,5 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
-         splits="--splits" in sys.argv, range_only="--range" in sys.argv, exp_only="--exp" in sys.argv)
+         splits="--splits" in sys.argv, range_only="--range" in sys.argv, exp_only="--exp" in sys.argv,
+         softmax_only="--softmax" in sys.argv)

@@ -1,7 +1,7 @@
 """Where a steady-state streaming step spends its time (CUDA): wall time per step against
 the sum of GPU kernel time (the gap is host/launch overhead), and the top kernels.
 
-Usage: python scripts/profile_step.py [--compile] [--backend sdpa|flashinfer] [--out FILE]
+Usage: python scripts/profile_step.py [--compile] [--backend sdpa|flashinfer] [--out FILE] [--trace FILE]
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--compile-heads", action="store_true", help="with --compile: compile the DPT heads too")
     ap.add_argument("--bf16-heads", action="store_true", help="heads cast to bf16 too (bench variant bf16-heads)")
     ap.add_argument("--compile-mode", default=None, help="with --compile: torch.compile mode (e.g. max-autotune-no-cudagraphs)")
+    ap.add_argument("--trace", default=None, help="also write the profiled steps' timeline (Chrome trace JSON) here")
     args = ap.parse_args()
     cfg = BenchConfig(backend=args.backend, heads_precision="bf16" if args.bf16_heads else "fp32")
     model = build_bench_model(cfg, torch.device("cuda"))
@@ -71,6 +72,8 @@ def main() -> None:
         for i in range(args.frames - 2, args.frames):
             session.step(frames[i])
         torch.cuda.synchronize()
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
     events = prof.key_averages()
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     rows = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)

@@ -51,6 +51,11 @@ class KernelConfig:
     """Fetch K/V tiles with the tensor-memory accelerator (sm90)."""
     warp_specialize: bool = False
     """Let Triton split producer and consumer warps in the TMA loop."""
+    tree_max: bool = False
+    """Row maxima as a tree of halvings instead of one serial chain a row (`_row_max`)."""
+    wide_sum: bool = False
+    """Row sums kept per column and summed once at the end (64 more registers a thread),
+    instead of a serial chain of adds a tile that stalls the exponentials issued among it."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
@@ -106,18 +111,46 @@ def _exp2(x, EXP_BF16X2: tl.constexpr, EXP_POLY: tl.constexpr):
 
 
 @triton.jit
+def _row_max(s, TREE: tl.constexpr):
+    """max over each row of s [M, N]. Triton reduces a thread's share of a row as one serial
+    chain of max instructions (32 deep for a 64x128 tile), whose latency the warp then waits
+    out; TREE halves the row four times instead (the halves pair columns c and c + N/2, which
+    the Hopper MMA layout keeps in one thread), leaving independent maxes and a short chain."""
+    if TREE:
+        rows: tl.constexpr = s.shape[0]
+        cols: tl.constexpr = s.shape[1]
+        s = tl.max(tl.reshape(s, (rows, 2, cols // 2)), 1)
+        s = tl.max(tl.reshape(s, (rows, 2, cols // 4)), 1)
+        s = tl.max(tl.reshape(s, (rows, 2, cols // 8)), 1)
+        s = tl.max(tl.reshape(s, (rows, 2, cols // 16)), 1)
+    return tl.max(s, 1)
+
+
+@triton.jit
 def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, EXP_BF16X2: tl.constexpr,
-                    EXP_POLY: tl.constexpr = False):
+                    EXP_POLY: tl.constexpr = False, TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False):
     """Fold one tile of raw scores s [M, N] and its values v [N, D] into (m_i, l_i, acc).
-    Scores are kept in base-2 units: m_i is the running max of s * qk_scale."""
+    Scores are kept in base-2 units: m_i is the running max of s * qk_scale. With WIDE_SUM,
+    l_i is [M, N]: per-column partial sums, summed once at the end (`_row_sums`), so no
+    per-tile chain of adds stalls the exponentials issued between them."""
     if MASKED:
         s = tl.where(key_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    m_new = tl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)
     p = _exp2(s * qk_scale - m_new[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
     alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if WIDE_SUM:
+        l_i = l_i * alpha[:, None] + p
+    else:
+        l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _row_sums(l_i, WIDE_SUM: tl.constexpr):
+    if WIDE_SUM:
+        l_i = tl.sum(l_i, 1)
+    return l_i
 
 
 @triton.jit
@@ -141,7 +174,8 @@ def _split_range(lo, hi, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
 
 
 @triton.jit
-def _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_N: tl.constexpr, WIDE_SUM: tl.constexpr):
     """This program's query rows (block program_id(0) of head program_id(1)) and an empty
     online-softmax state for them."""
     head = tl.program_id(1)
@@ -150,7 +184,10 @@ def _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M: tl.constexpr, HEAD_DIM: t
     row_ok = offs_m < n_q
     q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if WIDE_SUM:
+        l_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     return q, offs_m, row_ok, m_i, l_i, acc
 
@@ -204,11 +241,12 @@ def _flash_fwd(
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
+    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
 ):
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
-    q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM)
+    q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
     q = q.to(K.dtype.element_ty)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
@@ -224,22 +262,23 @@ def _flash_fwd(
             for start in tl.range(lo + BLOCK_N, full_end, BLOCK_N):
                 s_next = tl.dot(q, tl.trans(tl.load(k_tile + start * stride_kn)))
                 v = tl.load(v_tile + (start - BLOCK_N) * stride_vn)
-                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY)
+                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
                 s = s_next
             v = tl.load(v_tile + (full_end - BLOCK_N) * stride_vn)
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
     else:
         for start in tl.range(lo, full_end, BLOCK_N):
             k = tl.load(k_tile + start * stride_kn)
             v = tl.load(v_tile + start * stride_vn)
             s = tl.dot(q, tl.trans(k))
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
     if full_end < hi:
         key_ok = full_end + offs_n < hi
         k = tl.load(k_tile + full_end * stride_kn, mask=key_ok[:, None], other=0.0)
         v = tl.load(v_tile + full_end * stride_vn, mask=key_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2)
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM)
+    l_i = _row_sums(l_i, WIDE_SUM)
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
@@ -253,12 +292,13 @@ def _flash_fwd_tma(
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
+    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
 ):
     """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
-    q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM)
+    q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
     q = q.to(k_desc.dtype)
     offs_n = tl.arange(0, BLOCK_N)
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
@@ -267,14 +307,15 @@ def _flash_fwd_tma(
         k = k_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY)
+        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
     if full_end < hi:
         # Rows past the descriptor's end read as zeros; keys in [hi, end) are masked.
         key_ok = full_end + offs_n < hi
         k = k_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2)
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM)
+    l_i = _row_sums(l_i, WIDE_SUM)
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
@@ -333,7 +374,8 @@ def flash_attention(
     scalars = (n_q, lo, hi, _LOG2E / math.sqrt(dim))
     meta = dict(
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        EXP_BF16X2=config.exp_bf16x2, EXP_POLY=config.exp_poly, SPLITS=splits, num_warps=config.num_warps, num_stages=config.num_stages,
+        EXP_BF16X2=config.exp_bf16x2, EXP_POLY=config.exp_poly, SPLITS=splits,
+        TREE_MAX=config.tree_max, WIDE_SUM=config.wide_sum, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if config.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor

@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 
 from ..cache import DeviceStep, open_steps
-from ..layers import Rotary, patch_positions_2d, rope2d
+from ..layers import Rotary, patch_positions_2d, rope2d, rope3d_time_columns
 from ..models.gct import heads_without_autocast
 
 __all__ = ["GraphedStep"]
@@ -124,13 +124,16 @@ class GraphedStep:
 
     # ------------------------------------------------------------------ per-frame inputs
     def _set_time_index(self, time_index: int) -> None:
-        new = self.agg._global_rotary(time_index, 1, *self.grid, self.pos2d)
-        if new is None or self.global_rotary is None:
-            self.global_rotary = new
-            return
-        # In place: the captured graphs read these very buffers.
-        self.global_rotary.cos.copy_(new.cos)
-        self.global_rotary.sin.copy_(new.sin)
+        """Point the global blocks' rotation table at frame `time_index`, in place (the
+        captured graphs read these very buffers). Only the 3D RoPE's time columns depend on
+        the frame; rebuilding the whole table cost ~35 small host-side ops a step, during
+        which the GPU waited."""
+        c = self.config
+        if self.global_rotary is None or not c.enable_3d_rope:
+            return  # no global RoPE, or a 2D one: the table is the same for every frame
+        cos, sin = rope3d_time_columns(time_index, c.rope3d_dims, c.rope3d_theta, self.frame.device)
+        self.global_rotary.cos[:, : cos.numel()].copy_(cos)
+        self.global_rotary.sin[:, : sin.numel()].copy_(sin)
 
     # ------------------------------------------------------------------ the pieces
     def _first(self) -> tuple:

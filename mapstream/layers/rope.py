@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Rotary", "rope2d", "rope3d", "rope3d_angles", "patch_positions_2d", "token_positions_3d"]
+__all__ = [
+    "Rotary", "rope2d", "rope3d", "rope3d_angles", "rope3d_time_columns", "patch_positions_2d", "token_positions_3d",
+]
 
 
 @dataclass(frozen=True)
@@ -115,11 +117,28 @@ def rope3d(positions: torch.Tensor, dims: tuple[int, int, int], theta: float = 1
     return Rotary(angles.cos().float(), angles.sin().float(), interleaved=True)
 
 
+def _inv_freq_f64(dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    exponent = torch.arange(0, dim, 2, device=device, dtype=torch.float64)[: dim // 2] / dim
+    return 1.0 / (theta**exponent)
+
+
 def rope3d_angles(positions: torch.Tensor, dims: tuple[int, int, int], theta: float = 10000.0) -> torch.Tensor:
     """Float64 rotation angles [N, sum(dims)/2] of the 3D RoPE (see `rope3d`)."""
     parts = []
     for axis, dim in enumerate(dims):
-        exponent = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float64)[: dim // 2] / dim
-        inv_freq = 1.0 / (theta**exponent)
+        inv_freq = _inv_freq_f64(dim, theta, positions.device)
         parts.append(positions[:, axis : axis + 1].to(torch.float64) * inv_freq)
     return torch.cat(parts, dim=-1)
+
+
+def rope3d_time_columns(
+    time_index: int, dims: tuple[int, int, int], theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [dims[0] / 2] of the time pairs of `rope3d` at time `time_index`.
+
+    Every token of one frame shares its time, and the time pairs come first, so a frame's
+    table is its first dims[0] / 2 columns filled with these and height/width columns that
+    never change: a streaming step can update that much instead of rebuilding the table.
+    Same arithmetic as `rope3d` (float64 angles, one rounding to float32)."""
+    angles = _inv_freq_f64(dims[0], theta, device) * float(time_index)
+    return angles.cos().float(), angles.sin().float()

@@ -43,6 +43,9 @@ def main() -> None:
         # Key shares merged by a second kernel; (40, 41) and (0, 32) leave shares empty.
         "split3": KernelConfig(block_m=16, block_n=32, splits=3),
         "tma_split4": KernelConfig(block_m=16, block_n=32, tma=True, splits=4),
+        # Reductions without serial chains: tree maxima over halved rows, per-column sums.
+        "tree_wide": KernelConfig(block_m=16, block_n=32, tree_max=True, wide_sum=True),
+        "tma_tree_wide_split3": KernelConfig(block_m=16, block_n=32, tma=True, tree_max=True, wide_sum=True, splits=3),
     }
     report = {}
     for lo, hi in [(0, total), (13, 150), (40, 41), (0, 32), (5, 69), (31, 200)]:

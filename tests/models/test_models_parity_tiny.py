@@ -14,7 +14,7 @@ from golden_helpers import (
     keyframe_interval_of,
 )
 from mapstream.geometry import invert_se3, pose_encoding_to_extri_intri
-from mapstream.layers import patch_positions_2d, rope3d_angles, token_positions_3d
+from mapstream.layers import patch_positions_2d, rope3d, rope3d_angles, rope3d_time_columns, token_positions_3d
 
 
 def tiny_model(weights, meta) -> mapstream.GCTStream:
@@ -173,3 +173,18 @@ def test_forward_rejects_bad_input(tiny_weights):
             model(images, num_frame_for_scale=2)
     with pytest.raises(ValueError, match="causal_inference=False"):
         model(torch.rand(1, 3, 84, 140), causal_inference=False)
+
+
+@pytest.mark.parametrize("time_index", [0, 1, 17, 4096, 123_457])
+def test_rope3d_time_columns_update_a_frame_table_to_any_time(time_index):
+    """A streaming step keeps one frame's 3D RoPE table and rewrites only its time pairs
+    (`rope3d_time_columns`); the result must be bit-identical to the table built for that
+    time, and its other columns must not depend on time."""
+    dims, theta = (20, 22, 22), 10000.0
+    table = rope3d(token_positions_3d(torch.tensor([0]), 3, 4, 6), dims, theta)
+    want = rope3d(token_positions_3d(torch.tensor([time_index]), 3, 4, 6), dims, theta)
+    cos, sin = rope3d_time_columns(time_index, dims, theta, torch.device("cpu"))
+    assert cos.shape == sin.shape == (dims[0] // 2,)
+    table.cos[:, : cos.numel()].copy_(cos)
+    table.sin[:, : sin.numel()].copy_(sin)
+    assert torch.equal(table.cos, want.cos) and torch.equal(table.sin, want.sin)
