@@ -17,6 +17,9 @@ BACKENDS: dict[str, str] = {
     "sdpa": "mapstream.attention.sdpa:SDPABackend",
     "flashinfer": "mapstream.attention.flashinfer:FlashInferBackend",
     "triton": "mapstream.attention.triton_backend:TritonBackend",
+    # A few queries a call (the camera head picks it where it runs); not in "auto", which
+    # serves the aggregator's ~1k queries a frame.
+    "triton-rows": "mapstream.attention.triton_backend:TritonRowsBackend",
 }
 # Preference order for "auto": fastest first (H200 measurements, docs/BENCHMARKS.md), the
 # reference last.

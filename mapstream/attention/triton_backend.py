@@ -1,4 +1,6 @@
-"""Our Triton flash-attention kernel (`triton_flash.py`) as an attention backend (CUDA only).
+"""Our Triton kernels as attention backends (CUDA only): the flash-attention kernel
+(`triton_flash.py`) for the aggregator, the rows kernel (`triton_rows.py`) for the camera
+head's few queries.
 
 Imported lazily: a missing Triton never breaks `import mapstream`.
 """
@@ -10,7 +12,16 @@ import torch
 
 from .backend import AttentionBackend
 
-__all__ = ["TritonBackend"]
+__all__ = ["TritonBackend", "TritonRowsBackend"]
+
+
+def _triton_reasons(device: torch.device) -> list[str]:
+    reasons = []
+    if device.type != "cuda":
+        reasons.append(f"needs a CUDA device (got {device.type})")
+    if importlib.util.find_spec("triton") is None:
+        reasons.append("the triton package is not installed")
+    return reasons
 
 
 class TritonBackend(AttentionBackend):
@@ -20,15 +31,11 @@ class TritonBackend(AttentionBackend):
 
     @classmethod
     def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:
-        reasons = []
-        if device.type != "cuda":
-            reasons.append(f"needs a CUDA device (got {device.type})")
-        elif torch.cuda.get_device_capability(device) < (8, 0):
+        reasons = _triton_reasons(device)
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
             reasons.append("needs compute capability 8.0 or newer (bf16 tensor cores)")
         if dtype not in (torch.float16, torch.bfloat16):
             reasons.append(f"needs fp16/bf16 K/V (got {dtype})")
-        if importlib.util.find_spec("triton") is None:
-            reasons.append("the triton package is not installed")
         return reasons
 
     def __init__(self) -> None:
@@ -46,3 +53,33 @@ class TritonBackend(AttentionBackend):
         if q.shape[0] != 1:
             raise ValueError("the triton backend serves one sequence at a time (batch size 1)")
         return self._flash(q[0], k[0], v[0], kv_range=kv_range).unsqueeze(0)
+
+
+class TritonRowsBackend(AttentionBackend):
+    name = "triton-rows"
+    description = ("mapstream's Triton kernel for a few queries over a key range read on the device, "
+                   "fp32 arithmetic, any float dtype (CUDA; the camera head)")
+    device_range = True
+
+    @classmethod
+    def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:
+        reasons = _triton_reasons(device)
+        if not dtype.is_floating_point:
+            reasons.append(f"needs floating-point K/V (got {dtype})")
+        return reasons
+
+    def __init__(self) -> None:
+        from .triton_rows import rows_attention  # lazy: only when selected
+
+        self._rows = rows_attention
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._one_sequence(q, k, v, None)
+
+    def attend_range(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor) -> torch.Tensor:
+        return self._one_sequence(q, k, v, kv_range)
+
+    def _one_sequence(self, q, k, v, kv_range) -> torch.Tensor:
+        if q.shape[0] != 1:
+            raise ValueError("the triton-rows backend serves one sequence at a time (batch size 1)")
+        return self._rows(q[0], k[0], v[0], kv_range=kv_range).unsqueeze(0)

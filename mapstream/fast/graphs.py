@@ -25,10 +25,12 @@ index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step 
     eager:     cache attention of layer 0 (exact visible range, fastest kernel)
     graph i:   global block i-1 output -> frame block i -> global block i inputs
     ...
-    graph 24:  global block 23 output -> DPT head(s)
-    graph 25:  camera head (its own cache, key range and write slots in device tensors)
+    graph 24:  global block 23 output -> the heads' input layers
+    graph 25:  DPT head(s)                                     } side by side, on two
+    graph 26:  camera head (its own cache, key range and write } streams: the camera head's
+               slots in device tensors; its own memory pool)   } small kernels fill the gaps
 
-The graphs share one memory pool and are replayed in capture order. Inputs that change per
+The trunk and DPT graphs share one memory pool and are replayed in capture order. Inputs that change per
 frame (the image, the 3D-RoPE angles of the frame's time index, the attention results) are
 copied into static buffers before the replays that read them.
 
@@ -120,6 +122,12 @@ class GraphedStep:
             self.pieces = [_Piece(self._first, capture, self.pool)]
             self.pieces += [_Piece(self._make_middle(i), capture, self.pool) for i in range(1, c.depth)]
             self.pieces.append(_Piece(self._last, capture, self.pool))
+            self._dense_piece = _Piece(self._dense, capture, self.pool)
+            # The camera head runs beside the dense heads on a second stream, so it needs
+            # its own pool: graphs of one pool may reuse each other's temporaries, which is
+            # only safe when they run one after the other.
+            self._camera_pool = torch.cuda.graph_pool_handle() if capture else None
+            self._side_stream = torch.cuda.Stream(device) if capture else None
             self._outputs: list[tuple] = []
 
     # ------------------------------------------------------------------ per-frame inputs
@@ -155,16 +163,21 @@ class GraphedStep:
         final = self.agg.leave_layer(depth - 1, seq, self.attended[depth - 1])
         globals_ = [self._outputs[i + 1][0] for i in range(depth - 1)] + [final]
         frames = [self._frame_out(i) for i in range(depth)]
-        return self._heads(frames, globals_)
+        return (self._selected_layers(frames, globals_),)
 
-    def _heads(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> tuple:
-        """The selected layers (frame and global outputs side by side, in the heads' dtype)
-        and the dense heads' outputs (fp32)."""
-        c = self.config
-        layers = [
+    def _dense(self) -> tuple:
+        return (self._dense_heads(self._outputs[-1][0]),)
+
+    def _selected_layers(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The layers the heads read: frame and global outputs side by side, heads' dtype."""
+        return [
             torch.cat((frames[i], globals_[i].view(1, 1, self.tokens_per_frame, -1)), dim=-1).to(self.model.head_dtype)
-            for i in c.selected_layers
+            for i in self.config.selected_layers
         ]
+
+    def _dense_heads(self, layers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The dense heads' outputs (fp32)."""
+        c = self.config
         heads = {}
         with heads_without_autocast(self.frame.device):
             if self.model.depth_head is not None:
@@ -173,7 +186,7 @@ class GraphedStep:
                 heads["world_points"], heads["world_points_conf"] = self.model.point_head(
                     layers, self.image_hw, c.num_special_tokens
                 )
-        return layers, {k: v.float() for k, v in heads.items()}
+        return {k: v.float() for k, v in heads.items()}
 
     # Piece 0 returns (frame_out, seq, q, k, v); piece i >= 1 returns (leaving_{i-1}, frame_out,
     # seq, q, k, v), where seq is global block i's input.
@@ -217,8 +230,8 @@ class GraphedStep:
             frames.append(frame_out)
             globals_.append(leaving)
             tokens = leaving.view(1, self.tokens_per_frame, -1)
-        layers, heads = self._heads(frames, globals_)
-        return heads, self._camera_poses(layers)
+        layers = self._selected_layers(frames, globals_)
+        return self._dense_heads(layers), self._camera_poses(layers)
 
     def _camera_poses(self, layers: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """The camera head on the last selected layer's camera token, its cache attention read
@@ -226,10 +239,11 @@ class GraphedStep:
         head = self.model.camera_head
         if head is None:
             return None
+        backend = head.attention_backend(self.frame.device, self.model.head_dtype)
         with heads_without_autocast(self.frame.device):
             poses = head.refine(
                 layers[-1][:, :, 0],
-                lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, head.attention_backend),
+                lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, backend),
             )
         return [p.float() for p in poses]
 
@@ -275,17 +289,35 @@ class GraphedStep:
                 else:
                     self.attended[i].copy_(result)
                 self._outputs.append(self.pieces[i + 1]())
-        layers, heads = self._outputs[-1]
-        out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
-        if self.model.camera_head is not None:
-            with self._open_camera_steps(state, store):
-                key = self.camera_device_step.storage_ptr
-                if self._camera_piece is None or key != self._camera_key:
-                    self._camera_piece = _Piece(lambda: self._camera_poses(self._outputs[-1][0]), self.capture, self.pool)
-                    self._camera_key = key
-                poses = [p.clone() for p in self._camera_piece()]
-            out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
+        if self.model.camera_head is None:
+            (heads,) = self._dense_piece()
+            return {k: v.clone() for k, v in heads.items()}
+        with self._open_camera_steps(state, store):
+            key = self.camera_device_step.storage_ptr
+            if self._camera_piece is None or key != self._camera_key:
+                pool = self._camera_pool
+                self._camera_piece = _Piece(lambda: self._camera_poses(self._outputs[-1][0]), self.capture, pool)
+                self._camera_key = key
+            poses, (heads,) = self._side_by_side(self._camera_piece, self._dense_piece)
+            out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
+            poses = [p.clone() for p in poses]
+        out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
         return out
+
+    def _side_by_side(self, side: _Piece, main: _Piece) -> tuple[tuple, tuple]:
+        """Replay `side` on the second stream while `main` replays on the current one, both
+        after all work already queued; the current stream waits for both. The camera head is
+        a chain of ~400 small kernels that leave most of the GPU idle; beside the dense head
+        it costs little more than the dense head alone."""
+        if self._side_stream is None:
+            return side(), main()
+        current = torch.cuda.current_stream()
+        self._side_stream.wait_stream(current)
+        with torch.cuda.stream(self._side_stream):
+            side_out = side()
+        main_out = main()
+        current.wait_stream(self._side_stream)
+        return side_out, main_out
 
 
 @contextlib.contextmanager

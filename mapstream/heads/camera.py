@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import SDPABackend
+from ..attention import AttentionBackend, SDPABackend, available_backends, select_backend
 from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
 from ..layers import Block, Mlp
 
@@ -56,9 +56,18 @@ class CameraCausalHead(nn.Module):
         self.pose_branch = Mlp(dim_in, dim_in // 2, POSE_DIM)
         self.pools = pools if pools is not None else PoolRegistry()
         self.kv_cache = self.new_cache()
-        # One query a frame over a key count that grows every frame: no cuDNN (it plans per
-        # key count on the host; see SDPABackend).
-        self.attention_backend = SDPABackend(cudnn=False)
+        self._backends: dict[tuple[str, torch.dtype], AttentionBackend] = {}
+
+    def attention_backend(self, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+        """The backend of the trunk's cache attention on `device` for K/V of `dtype`: one query
+        a frame over a key count that grows every frame. Our Triton rows kernel where it runs
+        (one kernel a call, fp32 arithmetic, the range read on the device); else SDPA without
+        cuDNN, which plans on the host for every new key count (see SDPABackend)."""
+        key = (torch.device(device).type, dtype)
+        if key not in self._backends:
+            usable = not available_backends(torch.device(device), dtype).get("triton-rows", ["missing"])
+            self._backends[key] = select_backend("triton-rows", device, dtype) if usable else SDPABackend(cudnn=False)
+        return self._backends[key]
 
     def new_cache(self, spec: CacheSpec | None = None) -> StreamCacheManager:
         """An empty cache for one sequence; `spec` must match the aggregator cache's policy."""
@@ -105,13 +114,14 @@ class CameraCausalHead(nn.Module):
 
     def _refine(self, camera_tokens: torch.Tensor, caches, stores, trace) -> list[torch.Tensor]:
         layout = self.cache_layout(camera_tokens.shape[-1])
+        backend = self.attention_backend(camera_tokens.device, camera_tokens.dtype)
         with open_steps(
             caches, stores, num_frames=camera_tokens.shape[1], layout=lambda cache: layout,
             dtype=camera_tokens.dtype, device=camera_tokens.device,
         ) as steps:
             return self.refine(
                 camera_tokens,
-                lambda layer, q, k, v: attend_streams(steps, layer, q, k, v, self.attention_backend.attend),
+                lambda layer, q, k, v: attend_streams(steps, layer, q, k, v, backend.attend),
                 trace,
             )
 

@@ -59,7 +59,27 @@ def main() -> None:
                 err = float((out.double() - ref).norm() / ref.norm())
                 report[f"{name}/{how}/{lo}-{hi}"] = {"err": err, "token_major": token_major,
                                                       "shape": list(out.shape)}
-    print(json.dumps(report))
+    print(json.dumps({"flash": report, "rows": rows_report(storage)}))
+
+
+def rows_report(storage: torch.Tensor) -> dict:
+    """The rows kernel (a few queries, fp32 arithmetic) over the same strided views, for
+    fp32 and bf16 storage, ranges as ints and as a tensor."""
+    from mapstream.attention.triton_rows import rows_attention
+
+    report = {}
+    q = torch.randn(2, 3, storage.shape[-1])
+    for dtype in (torch.float32, torch.bfloat16):
+        k, v = storage[0].to(dtype), storage[1].to(dtype)
+        for lo, hi in [(0, 200), (13, 150), (40, 41), (5, 69)]:
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.double(), k[:, lo:hi].double(), v[:, lo:hi].double()
+            )
+            for how, kv_range in (("ints", (lo, hi)), ("tensor", torch.tensor([lo, hi], dtype=torch.int32))):
+                out = rows_attention(q, k, v, kv_range=kv_range)
+                err = float((out.double() - ref).norm() / ref.norm())
+                report[f"{dtype}/{how}/{lo}-{hi}"] = {"err": err, "shape": list(out.shape), "dtype": str(out.dtype)}
+    return report
 
 
 if __name__ == "__main__":

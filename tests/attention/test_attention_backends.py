@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mapstream
 from mapstream.attention import SDPABackend, available_backends, select_backend
 
 
@@ -21,6 +22,14 @@ def test_every_backend_states_why_it_cannot_serve_a_cpu():
     assert "needs a CUDA device (got cpu)" in reasons["triton"]
     assert "needs a CUDA device (got cpu)" in reasons["flashinfer"]
     assert "needs fp16/bf16 K/V (got torch.float32)" in available_backends(torch.device("cpu"), torch.float32)["triton"]
+    assert "needs a CUDA device (got cpu)" in reasons["triton-rows"]
+
+
+def test_camera_head_falls_back_to_sdpa_without_cudnn_off_cuda():
+    head = mapstream.build_model("tiny").camera_head
+    backend = head.attention_backend(torch.device("cpu"), torch.float32)
+    assert isinstance(backend, SDPABackend) and not backend.cudnn
+    assert head.attention_backend(torch.device("cpu"), torch.float32) is backend  # chosen once
 
 
 def test_auto_falls_back_to_sdpa_and_named_backends_explain_refusals():
@@ -37,12 +46,20 @@ def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    reports = json.loads(run.stdout.strip().splitlines()[-1])
+    report = reports["flash"]
     assert len(report) == 6 * 7 * 2
     for case, row in report.items():
         # float32 inputs: the interpreter's dots are exact float32 products.
         assert row["err"] < 1e-5, (case, row)
         assert row["token_major"] and row["shape"] == [2, 21, 32], (case, row)
+    # The rows kernel (camera head): fp32 arithmetic on fp32 or bf16 storage; the inputs
+    # are the same bf16 values the float64 reference reads, so both are exact to fp32.
+    rows = reports["rows"]
+    assert len(rows) == 2 * 4 * 2
+    for case, row in rows.items():
+        assert row["err"] < 1e-6, (case, row)
+        assert row["shape"] == [2, 3, 32] and row["dtype"] == "torch.float32", (case, row)
 
 
 def test_triton_kernel_rejects_bad_arguments():
@@ -59,3 +76,19 @@ def test_triton_kernel_rejects_bad_arguments():
         flash_attention(q, k, k, kv_range=(4, 4))
     with pytest.raises(ValueError, match="unit stride"):
         flash_attention(q, k.transpose(1, 2).contiguous().transpose(1, 2), k)
+
+
+def test_rows_kernel_rejects_bad_arguments():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from mapstream.attention.triton_rows import rows_attention
+
+    q, k = torch.randn(2, 1, 32), torch.randn(2, 9, 32)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        rows_attention(q, k, torch.randn(2, 8, 32))
+    with pytest.raises(ValueError, match="head dim 24 is not supported"):
+        rows_attention(torch.randn(2, 1, 24), torch.randn(2, 9, 24), torch.randn(2, 9, 24))
+    with pytest.raises(ValueError, match=r"key range \(3, 10\) is empty or outside"):
+        rows_attention(q, k, k, kv_range=(3, 10))
+    with pytest.raises(ValueError, match="unit stride"):
+        rows_attention(q, k, k.transpose(1, 2).contiguous().transpose(1, 2))

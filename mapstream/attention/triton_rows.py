@@ -1,0 +1,101 @@
+"""Attention of a few query rows over a key range, in fp32 arithmetic (Triton, CUDA).
+
+Made for the camera head's cache attention: one query a frame over one cached token per
+frame (a few hundred to a few thousand keys, head dim 128). In a captured step its key range
+must come from device memory; PyTorch offers no fused kernel for that, and the masked
+attention written with tensor ops costs about ten kernels (~50 µs with their gaps) a call,
+16 calls a frame. This is one kernel a call.
+
+The products are fp32 multiply-adds, not tensor-core dots: there are too few rows for the
+tensor cores to matter, and fp32 inputs (the reference precision of the heads) stay exact
+instead of being rounded to TF32. Inputs of any float dtype are read as they are stored.
+
+`TRITON_INTERPRET=1` runs it on CPU tensors (used by the tests).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["rows_attention"]
+
+
+@triton.jit
+def _rows_fwd(
+    Q, K, V, O, RANGE,
+    stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_on,
+    kv_lo, kv_hi, scale,
+    RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    if RANGE_IN_MEMORY:
+        lo = tl.load(RANGE).to(tl.int32)
+        hi = tl.load(RANGE + 1).to(tl.int32)
+    else:
+        lo = kv_lo
+        hi = kv_hi
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = tl.load(Q + head * stride_qh + row * stride_qn + offs_d).to(tl.float32) * scale
+    k_rows = K + head * stride_kh + offs_d[None, :]
+    v_rows = V + head * stride_vh + offs_d[None, :]
+    m = tl.full([1], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for start in tl.range(lo, hi, BLOCK_N):
+        keys = start + offs_n
+        ok = keys < hi
+        k = tl.load(k_rows + keys[:, None] * stride_kn, mask=ok[:, None], other=0.0).to(tl.float32)
+        s = tl.where(ok, tl.sum(k * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 0))
+        p = tl.exp(s - m_new)
+        alpha = tl.exp(m - m_new)
+        v = tl.load(v_rows + keys[:, None] * stride_vn, mask=ok[:, None], other=0.0).to(tl.float32)
+        l = l * alpha + tl.sum(p, 0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        m = m_new
+    out = acc / l
+    tl.store(O + head * stride_oh + row * stride_on + offs_d, out.to(O.dtype.element_ty))
+
+
+def rows_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_range: torch.Tensor | tuple[int, int] | None = None
+) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(D)) v over keys [lo, hi) of k/v, computed in fp32.
+
+    q [H, Nq, D], k/v [H, T, D] (any strides with a unit last stride; any float dtypes).
+    kv_range: (lo, hi) ints, an int tensor [2] on the device (read by the kernel, so a
+    captured graph follows it), or None for all T keys; the range must not be empty.
+    Returns [H, Nq, D] in q's dtype. One program per (query row, head).
+    """
+    heads, n_q, dim = q.shape
+    if k.shape[0] != heads or v.shape[:2] != k.shape[:2] or k.shape[2] != dim or v.shape[2] != dim:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if dim & (dim - 1) or dim < 16:
+        raise ValueError(f"head dim {dim} is not supported (needs a power of two, at least 16)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} needs a unit stride in its last dimension")
+    in_memory = isinstance(kv_range, torch.Tensor)
+    if kv_range is None:
+        lo, hi = 0, k.shape[1]
+    elif in_memory:
+        lo, hi = 0, 0
+    else:
+        lo, hi = int(kv_range[0]), int(kv_range[1])
+        if not 0 <= lo < hi <= k.shape[1]:
+            raise ValueError(f"key range {(lo, hi)} is empty or outside the {k.shape[1]} keys")
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    # Keys a tile: enough to keep loads wide, few enough that a tile of fp32 K stays in registers.
+    block_n = max(16, min(64, 8192 // dim))
+    _rows_fwd[(n_q, heads)](
+        q, k, v, out, kv_range if in_memory else out,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        lo, hi, 1.0 / math.sqrt(dim),
+        RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_N=block_n, num_warps=4,
+    )
+    return out
