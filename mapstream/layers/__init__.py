@@ -1,6 +1,6 @@
 """Reusable network primitives (no model, cache or I/O imports)."""
 from .block import Attention, Block, LayerScale, Mlp
-from .rope import Rotary, patch_positions_2d, rope2d, rope3d, rope3d_angles, rope3d_time_columns, token_positions_3d
+from .rope import Rotary, patch_positions_2d, rope2d, rope3d, rope3d_angles, rope3d_time_columns, rope3d_time_inv_freq, token_positions_3d
 from .vit import PatchEmbedViT
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "rope3d",
     "rope3d_angles",
     "rope3d_time_columns",
+    "rope3d_time_inv_freq",
     "token_positions_3d",
 ]

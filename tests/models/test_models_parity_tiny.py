@@ -14,7 +14,7 @@ from golden_helpers import (
     keyframe_interval_of,
 )
 from mapstream.geometry import invert_se3, pose_encoding_to_extri_intri
-from mapstream.layers import patch_positions_2d, rope3d, rope3d_angles, rope3d_time_columns, token_positions_3d
+from mapstream.layers import patch_positions_2d, rope3d, rope3d_angles, rope3d_time_columns, rope3d_time_inv_freq, token_positions_3d
 
 
 def tiny_model(weights, meta) -> mapstream.GCTStream:
@@ -185,6 +185,9 @@ def test_rope3d_time_columns_update_a_frame_table_to_any_time(time_index):
     want = rope3d(token_positions_3d(torch.tensor([time_index]), 3, 4, 6), dims, theta)
     cos, sin = rope3d_time_columns(time_index, dims, theta, torch.device("cpu"))
     assert cos.shape == sin.shape == (dims[0] // 2,)
+    kept = rope3d_time_inv_freq(dims, theta, torch.device("cpu"))  # what a streaming step keeps
+    again = rope3d_time_columns(time_index, dims, theta, torch.device("cpu"), inv_freq=kept)
+    assert torch.equal(again[0], cos) and torch.equal(again[1], sin)
     table.cos[:, : cos.numel()].copy_(cos)
     table.sin[:, : sin.numel()].copy_(sin)
     assert torch.equal(table.cos, want.cos) and torch.equal(table.sin, want.sin)
