@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.resize import resize_bilinear
+
 __all__ = ["DPTHead", "dpt_position_embedding"]
 
 
@@ -68,8 +70,7 @@ class _FusionBlock(nn.Module):
         if skip is not None:
             x = x + self.resConfUnit1(skip)
         x = self.resConfUnit2(x)
-        x = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
-        return self.out_conv(x)
+        return self.out_conv(resize_bilinear(x, size))
 
 
 class _Scratch(nn.Module):
@@ -192,8 +193,8 @@ class DPTHead(nn.Module):
         out = s.output_conv1(out)
         if trace:
             trace("dpt.output_conv1", out)
-        out = F.interpolate(out, size=(grid_h * self.patch_size, grid_w * self.patch_size), mode="bilinear", align_corners=True)
-        out = out + self._position(out.shape[1], out.shape[-2], out.shape[-1], aspect, out)
+        size = (grid_h * self.patch_size, grid_w * self.patch_size)
+        out = resize_bilinear(out, size, add=self._position(out.shape[1], *size, aspect, out))
         out = s.output_conv2(out)
         if trace:
             trace("dpt.output_conv2_logits", out)

@@ -182,6 +182,23 @@ def test_rows_kernel_matches_float64_and_follows_a_device_range_in_a_graph(dtype
         assert err < 1e-5, (dtype, lo, hi, err)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_resize_kernel_matches_interpolate_at_the_dpt_sizes(dtype):
+    """The DPT head's resizes at 504x378 (channels-last, as the head runs): our kernel equals
+    F.interpolate (+ the position embedding) up to one rounding of the output dtype."""
+    from mapstream.layers import resize_bilinear
+
+    torch.manual_seed(0)
+    for shape, size in [((1, 256, 27, 36), (54, 72)), ((1, 256, 108, 144), (216, 288)), ((1, 128, 216, 288), (378, 504))]:
+        x = torch.randn(shape, device="cuda").to(dtype).to(memory_format=torch.channels_last)
+        add = torch.randn(shape[1], *size, device="cuda").to(dtype)
+        want = F.interpolate(x.float(), size=size, mode="bilinear", align_corners=True) + add.float()
+        got = resize_bilinear(x, size, add=add)
+        assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
+        tol = 1e-5 if dtype == torch.float32 else 2 ** -7
+        assert float(((got.float() - want).abs() / want.abs().clamp_min(1.0)).max()) < tol, (shape, dtype)
+
+
 def test_gpu_memory_is_flat_on_a_long_stream(full_fp32):
     images = _photos(16).cuda()
     cache = mapstream.CacheConfig(scale_frames=4, sliding_window=8, trajectory_capacity=64)

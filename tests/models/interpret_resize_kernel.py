@@ -1,0 +1,37 @@
+"""Run the bilinear resize kernel (mapstream/layers/_resize_kernel.py) under Triton's CPU
+interpreter against F.interpolate and print the errors as JSON. Started by
+test_resize.py in a fresh process with TRITON_INTERPRET=1."""
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.nn.functional as F
+
+
+def main() -> None:
+    from mapstream.layers.resize import _resize_triton
+
+    torch.manual_seed(0)
+    report = {}
+    cases = [((1, 5, 4, 6), (9, 13)), ((2, 70, 7, 3), (14, 6)), ((1, 3, 1, 5), (4, 1)), ((1, 8, 6, 6), (6, 6))]
+    for shape, size in cases:
+        for fmt in ("nchw", "nhwc"):
+            x = torch.randn(shape)
+            if fmt == "nhwc":
+                x = x.to(memory_format=torch.channels_last)
+            add = torch.randn(shape[1], *size)
+            want = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
+            got = _resize_triton(x, size, None)
+            got_add = _resize_triton(x, size, add)
+            report[f"{shape}->{size}/{fmt}"] = {
+                "err": float((got - want).abs().max()),
+                "err_add": float((got_add - (want + add)).abs().max()),
+                "shape_ok": list(got.shape) == [shape[0], shape[1], *size],
+                "format_kept": got.is_contiguous(memory_format=torch.channels_last) == (fmt == "nhwc") or shape[1] == 1,
+            }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

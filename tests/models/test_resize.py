@@ -1,0 +1,41 @@
+"""The DPT head's bilinear resize: F.interpolate on CPU, our Triton kernel on CUDA (its
+arithmetic checked here under Triton's CPU interpreter; compiled on the GPU in tests/gpu)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mapstream.layers import resize_bilinear
+
+
+def test_cpu_resize_is_interpolate_plus_the_addend():
+    x = torch.randn(2, 3, 5, 7).to(memory_format=torch.channels_last)
+    add = torch.randn(3, 11, 4)
+    want = F.interpolate(x, size=(11, 4), mode="bilinear", align_corners=True)
+    assert torch.equal(resize_bilinear(x, (11, 4)), want)
+    assert torch.equal(resize_bilinear(x, (11, 4), add=add), want + add)
+    with pytest.raises(ValueError, match=r"needs x \[N, C, H, W\]"):
+        resize_bilinear(torch.randn(3, 5, 7), (4, 4))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_resize_kernel_matches_interpolate_interpreted():
+    script = Path(__file__).with_name("interpret_resize_kernel.py")
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(report) == 8
+    for case, row in report.items():
+        assert row["err"] < 1e-5 and row["err_add"] < 1e-5, (case, row)
+        assert row["shape_ok"] and row["format_kept"], (case, row)
