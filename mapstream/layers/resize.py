@@ -58,6 +58,6 @@ def _resize_triton(x: torch.Tensor, size: tuple[int, int], add: torch.Tensor | N
     _resize_fwd[grid](
         x, out, extra, n, c, h, w, out_h, out_w, _scale(h, out_h), _scale(w, out_w),
         *x.stride(), *out.stride(), *extra.stride(),
-        HAS_ADD=add is not None, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4,
+        HAS_ADD=add is not None, ROUNDED=x.is_cuda, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4,
     )
     return out
