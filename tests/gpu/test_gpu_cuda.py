@@ -199,18 +199,21 @@ def test_resize_kernel_matches_interpolate_at_the_dpt_sizes(dtype):
         assert float(((got.float() - want).abs() / want.abs().clamp_min(1.0)).max()) < tol, (shape, dtype)
 
 
-def test_gpu_memory_is_flat_on_a_long_stream(full_fp32):
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "graphs"])
+def test_gpu_memory_is_flat_on_a_long_stream(full_fp32, fast):
+    """Flat after the window and the trajectory memory are full, eager and replayed from
+    graphs (the camera head's own graph pool and second stream included)."""
     images = _photos(16).cuda()
     cache = mapstream.CacheConfig(scale_frames=4, sliding_window=8, trajectory_capacity=64)
     torch.cuda.synchronize()
-    with full_fp32.session(num_scale_frames=4, precision="fp32", cache=cache) as s:
+    with full_fp32.session(num_scale_frames=4, precision="fp32", cache=cache, fast=fast) as s:
         marks = {}
         for i in range(400):
             s.step(images[i % 16])
             if i in (150, 399):
                 torch.cuda.synchronize()
                 marks[i] = torch.cuda.memory_allocated()
-    _report("gpu_memory_allocated_frames_150_399", marks)
+    _report(f"gpu_memory_allocated_frames_150_399_{'graphs' if fast else 'eager'}", marks)
     assert marks[399] == marks[150]
 
 
