@@ -33,8 +33,8 @@ def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = 
     if not images.is_floating_point():
         raise ValueError(f"images must be floating point in [0, 1], got {images.dtype}; divide uint8 frames by 255")
     if check_values:
-        lo, hi = torch.aminmax(images.detach())
-        lo, hi = float(lo), float(hi)
+        # One device-to-host read for both (each read waits for the device).
+        lo, hi = torch.stack(torch.aminmax(images.detach())).tolist()
         if lo != lo or hi != hi or lo in (float("inf"), float("-inf")) or hi in (float("inf"), float("-inf")):
             bad = (~torch.isfinite(images)).flatten(2).any(-1).nonzero()
             where = ", ".join(f"batch {int(b)} frame {int(s)}" for b, s in bad[:5].tolist())

@@ -24,7 +24,25 @@ def _triton_reasons(device: torch.device) -> list[str]:
     return reasons
 
 
-class TritonBackend(AttentionBackend):
+class _KernelBackend(AttentionBackend):
+    """A backend around one of our kernels `fn(q, k, v, kv_range=...)` on [H, N, D] views."""
+
+    def __init__(self, kernel) -> None:
+        self._kernel = kernel
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._one_sequence(q, k, v, None)
+
+    def attend_range(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor) -> torch.Tensor:
+        return self._one_sequence(q, k, v, kv_range)
+
+    def _one_sequence(self, q, k, v, kv_range) -> torch.Tensor:
+        if q.shape[0] != 1:
+            raise ValueError(f"the {self.name} backend serves one sequence at a time (batch size 1)")
+        return self._kernel(q[0], k[0], v[0], kv_range=kv_range).unsqueeze(0)
+
+
+class TritonBackend(_KernelBackend):
     name = "triton"
     description = "mapstream's Triton flash attention over the strided cache view (CUDA sm80+, fp16/bf16)"
     device_range = True
@@ -41,21 +59,10 @@ class TritonBackend(AttentionBackend):
     def __init__(self) -> None:
         from .triton_flash import flash_attention  # lazy: only when selected
 
-        self._flash = flash_attention
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self._one_sequence(q, k, v, None)
-
-    def attend_range(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor) -> torch.Tensor:
-        return self._one_sequence(q, k, v, kv_range)
-
-    def _one_sequence(self, q, k, v, kv_range) -> torch.Tensor:
-        if q.shape[0] != 1:
-            raise ValueError("the triton backend serves one sequence at a time (batch size 1)")
-        return self._flash(q[0], k[0], v[0], kv_range=kv_range).unsqueeze(0)
+        super().__init__(flash_attention)
 
 
-class TritonRowsBackend(AttentionBackend):
+class TritonRowsBackend(_KernelBackend):
     name = "triton-rows"
     description = ("mapstream's Triton kernel for a few queries over a key range read on the device, "
                    "fp32 arithmetic, any float dtype (CUDA; the camera head)")
@@ -71,15 +78,4 @@ class TritonRowsBackend(AttentionBackend):
     def __init__(self) -> None:
         from .triton_rows import rows_attention  # lazy: only when selected
 
-        self._rows = rows_attention
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self._one_sequence(q, k, v, None)
-
-    def attend_range(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor) -> torch.Tensor:
-        return self._one_sequence(q, k, v, kv_range)
-
-    def _one_sequence(self, q, k, v, kv_range) -> torch.Tensor:
-        if q.shape[0] != 1:
-            raise ValueError("the triton-rows backend serves one sequence at a time (batch size 1)")
-        return self._rows(q[0], k[0], v[0], kv_range=kv_range).unsqueeze(0)
+        super().__init__(rows_attention)

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._kernel_args import check_qkv, key_bounds
+
 __all__ = ["flash_attention", "KernelConfig", "default_config"]
 
 _LOG2E = 1.4426950408889634
@@ -343,26 +345,12 @@ def flash_attention(
     config = config or default_config(q.device)
     if (config.exp_poly or config.exp_bf16x2) and q.device.type != "cuda":
         raise ValueError("exp_poly and exp_bf16x2 are inline PTX: they need a CUDA device")
-    if k.shape[0] != heads or v.shape[:2] != k.shape[:2] or k.shape[2] != dim or v.shape[2] != dim:
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if dim not in (16, 32, 64, 128, 256):
-        raise ValueError(f"head dim {dim} is not supported (needs a power of two from 16 to 256)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} needs a unit stride in its last dimension")
+    check_qkv(q, k, v)
     if out is None:
         out = torch.empty(n_q, heads, dim, device=q.device, dtype=q.dtype)
     elif out.shape != (n_q, heads, dim) or out.stride(-1) != 1:
         raise ValueError(f"out must be [Nq, H, D] = {(n_q, heads, dim)} with a unit last stride")
-    in_memory = isinstance(kv_range, torch.Tensor)
-    if kv_range is None:
-        lo, hi = 0, k.shape[1]
-    elif in_memory:
-        lo, hi = 0, 0
-    else:
-        lo, hi = int(kv_range[0]), int(kv_range[1])
-        if not 0 <= lo < hi <= k.shape[1]:
-            raise ValueError(f"key range {(lo, hi)} is empty or outside the {k.shape[1]} keys")
+    in_memory, lo, hi = key_bounds(k, kv_range)
     range_arg = kv_range if in_memory else out  # any pointer; unused when the range is scalar
     splits = config.splits
     if splits > 1:

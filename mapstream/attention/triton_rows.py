@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._kernel_args import check_qkv, key_bounds
+
 __all__ = ["rows_attention"]
 
 
@@ -73,22 +75,8 @@ def rows_attention(
     Returns [H, Nq, D] in q's dtype. One program per (query row, head).
     """
     heads, n_q, dim = q.shape
-    if k.shape[0] != heads or v.shape[:2] != k.shape[:2] or k.shape[2] != dim or v.shape[2] != dim:
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if dim & (dim - 1) or dim < 16:
-        raise ValueError(f"head dim {dim} is not supported (needs a power of two, at least 16)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} needs a unit stride in its last dimension")
-    in_memory = isinstance(kv_range, torch.Tensor)
-    if kv_range is None:
-        lo, hi = 0, k.shape[1]
-    elif in_memory:
-        lo, hi = 0, 0
-    else:
-        lo, hi = int(kv_range[0]), int(kv_range[1])
-        if not 0 <= lo < hi <= k.shape[1]:
-            raise ValueError(f"key range {(lo, hi)} is empty or outside the {k.shape[1]} keys")
+    check_qkv(q, k, v)
+    in_memory, lo, hi = key_bounds(k, kv_range)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     # Keys a tile: enough to keep loads wide, few enough that a tile of fp32 K stays in registers.
     block_n = max(16, min(64, 8192 // dim))

@@ -81,6 +81,24 @@ class _Piece:
         return self.outputs
 
 
+class _KeyedPiece:
+    """A `_Piece` captured for one key — what its graph holds fixed, such as cache storage
+    addresses — and captured again when the key changes."""
+
+    def __init__(self, fn: Callable[[], tuple], capture: bool, pool, what: str) -> None:
+        self.fn, self.capture, self.pool, self.what = fn, capture, pool, what
+        self.piece: _Piece | None = None
+        self.key = None
+
+    def for_key(self, key) -> _Piece:
+        if self.piece is None or key != self.key:
+            if self.piece is not None:
+                log.debug("%s: cache storage moved, capturing again", self.what)
+            self.piece = _Piece(self.fn, self.capture, self.pool)
+            self.key = key
+        return self.piece
+
+
 class GraphedStep:
     """The single-frame step of one stream at one frame size (see module docstring).
 
@@ -113,12 +131,9 @@ class GraphedStep:
         self.camera_device_step = DeviceStep(1, device)
         if whole:
             self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
-            self._whole_piece: _Piece | None = None
-            self._whole_key: tuple | None = None  # what the graph was captured with
+            self._whole = _KeyedPiece(self._whole_step, capture, self.pool, "whole step")
             self._backend = None
         else:
-            self._camera_piece: _Piece | None = None
-            self._camera_key: int | None = None  # the camera storage it was captured with
             self.attended: list[torch.Tensor | None] = [None] * c.depth
             self.pieces = [_Piece(self._first, capture, self.pool)]
             self.pieces += [_Piece(self._make_middle(i), capture, self.pool) for i in range(1, c.depth)]
@@ -127,7 +142,10 @@ class GraphedStep:
             # The camera head runs beside the dense heads on a second stream, so it needs
             # its own pool: graphs of one pool may reuse each other's temporaries, which is
             # only safe when they run one after the other.
-            self._camera_pool = torch.cuda.graph_pool_handle() if capture else None
+            camera_pool = torch.cuda.graph_pool_handle() if capture else None
+            self._camera = _KeyedPiece(
+                lambda: self._camera_poses(self._outputs[-1][0]), capture, camera_pool, "camera head"
+            )
             self._side_stream = torch.cuda.Stream(device) if capture else None
             self._outputs: list[tuple] = []
 
@@ -268,14 +286,9 @@ class GraphedStep:
         with self._open_step(frame, state.aggregator, store) as (agg_step,), self._open_camera_steps(state, store):
             self.agg_device_step.prepare(agg_step)
             # A graph holds the storage addresses and the backend it was captured with.
+            self._backend = backend
             key = (self.agg_device_step.storage_ptr, self.camera_device_step.storage_ptr, type(backend))
-            if self._whole_piece is None or key != self._whole_key:
-                if self._whole_piece is not None:
-                    log.debug("cache storage moved: capturing the step again")
-                self._backend = backend
-                self._whole_piece = _Piece(self._whole_step, self.capture, self.pool)
-                self._whole_key = key
-            heads, poses = self._whole_piece()
+            heads, poses = self._whole.for_key(key)()
         out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
         if poses is not None:
             poses = [p.clone() for p in poses]
@@ -298,12 +311,8 @@ class GraphedStep:
             (heads,) = self._dense_piece()
             return {k: v.clone() for k, v in heads.items()}
         with self._open_camera_steps(state, store):
-            key = self.camera_device_step.storage_ptr
-            if self._camera_piece is None or key != self._camera_key:
-                pool = self._camera_pool
-                self._camera_piece = _Piece(lambda: self._camera_poses(self._outputs[-1][0]), self.capture, pool)
-                self._camera_key = key
-            poses, (heads,) = self._side_by_side(self._camera_piece, self._dense_piece)
+            camera = self._camera.for_key(self.camera_device_step.storage_ptr)
+            poses, (heads,) = self._side_by_side(camera, self._dense_piece)
             out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
             poses = [p.clone() for p in poses]
         out["pose_enc"], out["pose_enc_list"] = poses[-1], poses

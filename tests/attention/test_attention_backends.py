@@ -62,33 +62,22 @@ def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
         assert row["shape"] == [2, 3, 32] and row["dtype"] == "torch.float32", (case, row)
 
 
-def test_triton_kernel_rejects_bad_arguments():
+@pytest.mark.parametrize("kernel", ["flash", "rows"])
+def test_triton_kernels_reject_bad_arguments(kernel):
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     from mapstream.attention.triton_flash import flash_attention
-
-    q, k = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
-    with pytest.raises(ValueError, match="shape mismatch"):
-        flash_attention(q, k, torch.randn(3, 9, 32))
-    with pytest.raises(ValueError, match="head dim 24 is not supported"):
-        flash_attention(torch.randn(2, 5, 24), torch.randn(2, 9, 24), torch.randn(2, 9, 24))
-    with pytest.raises(ValueError, match=r"key range \(4, 4\) is empty"):
-        flash_attention(q, k, k, kv_range=(4, 4))
-    with pytest.raises(ValueError, match="unit stride"):
-        flash_attention(q, k.transpose(1, 2).contiguous().transpose(1, 2), k)
-
-
-def test_rows_kernel_rejects_bad_arguments():
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
     from mapstream.attention.triton_rows import rows_attention
 
-    q, k = torch.randn(2, 1, 32), torch.randn(2, 9, 32)
+    attend = flash_attention if kernel == "flash" else rows_attention
+    q, k = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
     with pytest.raises(ValueError, match="shape mismatch"):
-        rows_attention(q, k, torch.randn(2, 8, 32))
+        attend(q, k, torch.randn(3, 9, 32))
     with pytest.raises(ValueError, match="head dim 24 is not supported"):
-        rows_attention(torch.randn(2, 1, 24), torch.randn(2, 9, 24), torch.randn(2, 9, 24))
+        attend(torch.randn(2, 5, 24), torch.randn(2, 9, 24), torch.randn(2, 9, 24))
+    with pytest.raises(ValueError, match=r"key range \(4, 4\) is empty"):
+        attend(q, k, k, kv_range=(4, 4))
     with pytest.raises(ValueError, match=r"key range \(3, 10\) is empty or outside"):
-        rows_attention(q, k, k, kv_range=(3, 10))
+        attend(q, k, k, kv_range=(3, 10))
     with pytest.raises(ValueError, match="unit stride"):
-        rows_attention(q, k, k.transpose(1, 2).contiguous().transpose(1, 2))
+        attend(q, k.transpose(1, 2).contiguous().transpose(1, 2), k)

@@ -234,10 +234,10 @@ def test_whole_step_graph_serves_every_cache_state(kf):
     def run(fast):
         with model.session(num_scale_frames=2, keyframe_interval=kf, precision="bf16", cache=cache, fast=fast) as s:
             first = s.run_frames(frames)
-            key = [graphed._whole_key for graphed in s._graphed.values()]
+            key = [graphed._whole.key for graphed in s._graphed.values()]
             s.reset()
             second = s.run_frames(frames)
-            assert key == [graphed._whole_key for graphed in s._graphed.values()]  # no new capture
+            assert key == [graphed._whole.key for graphed in s._graphed.values()]  # no new capture
             return first, second, s.state.aggregator.stats().trajectory_frames
 
     eager, _, traj = run(False)

@@ -254,7 +254,7 @@ def test_fast_path_computes_the_same_function(model, kf, whole):
         got = fast.run_frames(x)
         (graphed,) = fast._graphed.values()  # the decomposition was used
         assert graphed.whole == whole
-        assert graphed._whole_piece is not None if whole else len(graphed._outputs) == model.config.depth + 1
+        assert graphed._whole.piece is not None if whole else len(graphed._outputs) == model.config.depth + 1
         assert (fast.state.aggregator.stats(), fast.state.camera.stats()) == want_stats
         assert want_stats[0].trajectory_frames >= 3  # thinning happened (capacity 4)
     for a, b in zip(got, want):
@@ -335,7 +335,7 @@ def test_whole_step_follows_the_cache_when_its_storage_moves(model):
         got = []
         for frame in x:
             got += fast.step(frame)
-            keys += [g._whole_key for g in fast._graphed.values()]
+            keys += [g._whole.key for g in fast._graphed.values()]
         assert fast.state.aggregator.stats().trajectory_frames > 64  # grew past the first arena
     storages = {key[0] for key in keys if key is not None}
     assert len(storages) == 2  # one move, followed
