@@ -20,8 +20,17 @@ class _ConvPatchify(nn.Module):
         self.proj = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """[n, 3, H, W] -> [n, (H/p)*(W/p), dim], patches in row-major order."""
-        return self.proj(images).flatten(2).transpose(1, 2)
+        """[n, 3, H, W] -> [n, (H/p)*(W/p), dim], patches in row-major order.
+
+        The convolution's stride equals its kernel, so it is one matrix product of the
+        flattened patches with the flattened kernel (weights stay in the checkpoint's conv
+        layout). cuDNN ran this 14x14/14 convolution as a 63 µs kernel plus layout
+        conversions at 504x378 on an H200; the product is a few µs."""
+        n, c, height, width = images.shape
+        p = self.proj.kernel_size[0]
+        patches = images.reshape(n, c, height // p, p, width // p, p).permute(0, 2, 4, 1, 3, 5)
+        patches = patches.reshape(n, (height // p) * (width // p), c * p * p)
+        return F.linear(patches, self.proj.weight.reshape(self.proj.out_channels, -1), self.proj.bias)
 
 
 class PatchEmbedViT(nn.Module):

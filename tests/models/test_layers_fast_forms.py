@@ -1,5 +1,6 @@
-"""The DPT head's bilinear resize: F.interpolate on CPU, our Triton kernel on CUDA (its
-arithmetic checked here under Triton's CPU interpreter; compiled on the GPU in tests/gpu)."""
+"""Layers with a faster form on CUDA: the DPT head's bilinear resize (F.interpolate on CPU,
+our Triton kernel on CUDA, whose arithmetic is checked here under Triton's CPU interpreter
+and compiled in tests/gpu) and the ViT's patchify as a matrix product."""
 from __future__ import annotations
 
 import importlib.util
@@ -39,3 +40,17 @@ def test_resize_kernel_matches_interpolate_interpreted():
     for case, row in report.items():
         assert row["err"] < 1e-5 and row["err_add"] < 1e-5, (case, row)
         assert row["shape_ok"] and row["format_kept"], (case, row)
+
+
+def test_patchify_as_a_matrix_product_equals_the_strided_convolution():
+    """The ViT's patch embedding runs its 14x14 stride-14 convolution as one product of
+    flattened patches and kernel (faster on CUDA); same function, same checkpoint weights."""
+    from mapstream.layers.vit import _ConvPatchify
+
+    torch.manual_seed(0)
+    for patch, dim, (h, w) in [(14, 64, (28, 42)), (14, 32, (14, 14)), (7, 16, (21, 35))]:
+        m = _ConvPatchify(patch, dim)
+        x = torch.rand(3, 3, h, w)
+        want = m.proj(x).flatten(2).transpose(1, 2)
+        torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-5)
+        assert set(m.state_dict()) == {"proj.weight", "proj.bias"}
