@@ -128,10 +128,16 @@ class Step:
     visible: tuple[int, int]  # token range; after the writes (single frame) or before them (block)
     storage: torch.Tensor = field(repr=False)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend_fn: AttendFn) -> torch.Tensor:
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend_fn: AttendFn,
+        *, moves_done: bool = False,
+    ) -> torch.Tensor:
         """Store this step's K/V of `layer` where the plan says and attend.
 
         q, k, v: [1, H, num_frames * tokens_per_frame, D] (k after RoPE). Returns [1, H, Nq, D].
+        moves_done: the caller ran `apply_moves()` for every layer already, so only the
+        frame's writes remain (single-frame steps; one copy for all layers instead of one a
+        layer).
         """
         mgr = self.manager
         layout = mgr.layout
@@ -144,10 +150,15 @@ class Step:
         kv = self.storage[layer]  # [2, H, T, D]
         lo, hi = self.visible
         if self.block:
+            if moves_done:
+                raise CacheStateError("moves_done is for single-frame steps (a block writes after attending)")
             out = attend_fn(q, _cat(kv[0, :, lo:hi], k[0]), _cat(kv[1, :, lo:hi], v[0]))
             mgr._apply(kv, self.ops, k[0], v[0])
             return out
-        mgr._apply(kv, self.ops, k[0], v[0])
+        ops = self.ops
+        if moves_done:
+            ops = tuple(op for op in ops if isinstance(op, _Write))
+        mgr._apply(kv, ops, k[0], v[0])
         return attend_fn(q, kv[0, :, lo:hi].unsqueeze(0), kv[1, :, lo:hi].unsqueeze(0))
 
     # ---- the split used by graph-safe execution (`DeviceStep`)

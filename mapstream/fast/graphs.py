@@ -298,10 +298,13 @@ class GraphedStep:
     # ------------------------------------------------------------------ pieces mode
     def _call_pieces(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
         with self._open_step(frame, state.aggregator, store) as (step,):
+            # The copies that do not involve this frame (window eviction into the trajectory
+            # memory), for all layers at once: one kernel instead of one between every layer.
+            step.apply_moves()
             self._outputs = [self.pieces[0]()]
             for i in range(self.config.depth):
                 q, k, v = self._qkv(i)
-                result = step.attend(i, q, k, v, backend.attend)
+                result = step.attend(i, q, k, v, backend.attend, moves_done=True)
                 if self.attended[i] is None or not self.capture:
                     self.attended[i] = result if not self.capture else result.clone()
                 else:

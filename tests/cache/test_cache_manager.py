@@ -25,9 +25,14 @@ def frame_keys(frame_ids) -> torch.Tensor:
     return torch.tensor(vals, dtype=torch.float64).view(1, 1, -1, 1)
 
 
-def run_step(mgr: StreamCacheManager, frame_ids, store: bool) -> list[set[tuple[int, int]]]:
-    """Run one step over every layer; returns, per layer, the decoded visible (frame, token) set."""
+def run_step(mgr: StreamCacheManager, frame_ids, store: bool, moves_first: bool = False) -> list[set[tuple[int, int]]]:
+    """Run one step over every layer; returns, per layer, the decoded visible (frame, token) set.
+    moves_first: for single frames, run the step's moves for all layers up front
+    (`apply_moves`) and only the writes per layer, as the graph-replayed step does."""
     step = mgr.begin_step(len(frame_ids), store=store, layout=LAYOUT, dtype=torch.float64, device=torch.device("cpu"))
+    moves_first = moves_first and len(frame_ids) == 1
+    if moves_first:
+        step.apply_moves()
     k = frame_keys(frame_ids)
     seen = []
 
@@ -38,7 +43,7 @@ def run_step(mgr: StreamCacheManager, frame_ids, store: bool) -> list[set[tuple[
         return q
 
     for layer in range(LAYOUT.num_layers):
-        step.attend(layer, k, k, k.clone(), capture)
+        step.attend(layer, k, k, k.clone(), capture, moves_done=moves_first)
     mgr.finish_step(step)
     return seen
 
@@ -123,8 +128,9 @@ def reference_visible(history, spec: CacheSpec, step_frames, store):
     return expected_visible(anchors, window, traj, step_frames)
 
 
+@pytest.mark.parametrize("moves_first", [False, True], ids=["per-layer", "moves-first"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_streams_match_the_dense_reference(seed):
+def test_random_streams_match_the_dense_reference(seed, moves_first):
     rng = random.Random(seed)
     spec = CacheSpec(rng.randint(0, 3), rng.randint(1, 4), rng.choice([2, 3, 5, None]))
     mgr = StreamCacheManager(spec, PoolRegistry())
@@ -137,7 +143,7 @@ def test_random_streams_match_the_dense_reference(seed):
         frames = list(range(next_id, next_id + n))
         next_id += n
         want = reference_visible(history, spec, frames, store)
-        for layer_seen in run_step(mgr, frames, store):
+        for layer_seen in run_step(mgr, frames, store, moves_first):
             assert layer_seen == want
         if store:
             stored_ids.extend(frames)
@@ -232,3 +238,11 @@ def test_store_last_promotes_an_unstored_frame():
     with pytest.raises(CacheStateError, match="single unstored frame"):
         run_step(mgr, [6], store=True)
         mgr.store_last()
+
+
+def test_moves_done_is_refused_for_a_block():
+    mgr = make()
+    step = mgr.begin_step(2, store=True, layout=LAYOUT, dtype=torch.float64, device=torch.device("cpu"))
+    k = frame_keys([0, 1])
+    with pytest.raises(CacheStateError, match="moves_done is for single-frame steps"):
+        step.attend(0, k, k, k, lambda q, keys, values: q, moves_done=True)
