@@ -30,9 +30,9 @@ index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step 
     graph 26:  camera head (its own cache, key range and write } streams: the camera head's
                slots in device tensors; its own memory pool)   } small kernels fill the gaps
 
-The trunk and DPT graphs share one memory pool and are replayed in capture order. Inputs that change per
-frame (the image, the 3D-RoPE angles of the frame's time index, the attention results) are
-copied into static buffers before the replays that read them.
+The trunk and DPT graphs share one memory pool and are replayed in capture order. Inputs
+that change per frame (the image, the 3D-RoPE angles of the frame's time index, the
+attention results) are copied into static buffers before the replays that read them.
 
 `capture=False` runs the same code eagerly (no CUDA needed): the CPU tests use it to show
 both decompositions compute the model's function.

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import AttentionBackend, SDPABackend, available_backends, select_backend
+from ..attention import AttentionBackend, SDPABackend, select_backend
 from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
 from ..layers import Block, Mlp
 
@@ -65,8 +65,10 @@ class CameraCausalHead(nn.Module):
         cuDNN, which plans on the host for every new key count (see SDPABackend)."""
         key = (torch.device(device).type, dtype)
         if key not in self._backends:
-            usable = not available_backends(torch.device(device), dtype).get("triton-rows", ["missing"])
-            self._backends[key] = select_backend("triton-rows", device, dtype) if usable else SDPABackend(cudnn=False)
+            try:
+                self._backends[key] = select_backend("triton-rows", device, dtype)
+            except ValueError:  # it states why (no CUDA, no Triton); the fallback serves all
+                self._backends[key] = SDPABackend(cudnn=False)
         return self._backends[key]
 
     def new_cache(self, spec: CacheSpec | None = None) -> StreamCacheManager:
