@@ -54,10 +54,12 @@ class KernelConfig:
     warp_specialize: bool = False
     """Let Triton split producer and consumer warps in the TMA loop."""
     tree_max: bool = False
-    """Row maxima as a tree of halvings instead of one serial chain a row (`_row_max`)."""
+    """Row maxima as a tree of halvings instead of one serial chain a row (`_row_max`).
+    No faster on an H200 (648.7 vs 648.3 µs; docs/BENCHMARKS.md, session 5)."""
     wide_sum: bool = False
     """Row sums kept per column and summed once at the end (64 more registers a thread),
-    instead of a serial chain of adds a tile that stalls the exponentials issued among it."""
+    instead of a serial chain of adds a tile that stalls the exponentials issued among it.
+    Slower on an H200 (676.7 vs 648.3 µs): the chains were not what bounds the kernel."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
