@@ -29,7 +29,7 @@ def resize_bilinear(x: torch.Tensor, size: tuple[int, int], add: torch.Tensor | 
     that broadcasts to [N, C, *size]) added. The result keeps x's memory format."""
     if x.dim() != 4:
         raise ValueError(f"resize_bilinear needs x [N, C, H, W], got {list(x.shape)}")
-    if not (x.is_cuda and _HAS_TRITON):
+    if not (x.is_cuda and _HAS_TRITON and x.dtype in (torch.float32, torch.float16, torch.bfloat16)):
         out = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
         return out if add is None else out + add
     return _resize_triton(x, size, add)
