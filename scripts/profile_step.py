@@ -2,6 +2,7 @@
 the sum of GPU kernel time (the gap is host/launch overhead), and the top kernels.
 
 Usage: python scripts/profile_step.py [--compile] [--backend sdpa|flashinfer] [--out FILE] [--trace FILE]
+(a trace is summarized per part of the step by scripts/trace_summary.py)
 """
 from __future__ import annotations
 
