@@ -227,9 +227,11 @@ class GraphedStep:
     # ------------------------------------------------------------------ one step
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
         """frame [1, 1, 3, H, W]; returns the model's outputs for it (pose_enc, depth, ...)."""
-        if self.whole:
-            return self._call_whole(frame, state, store, backend)
-        return self._call_pieces(frame, state, store, backend)
+        # Streams, captures and replays belong to the model's GPU, whichever is current.
+        with torch.cuda.device(self.frame.device) if self.capture else contextlib.nullcontext():
+            if self.whole:
+                return self._call_whole(frame, state, store, backend)
+            return self._call_pieces(frame, state, store, backend)
 
     def _open_step(self, frame: torch.Tensor, cache, store: bool):
         """Load the frame and its RoPE angles into the static inputs; open the aggregator
