@@ -3,8 +3,8 @@
 Usage (device): ncu --clock-control none -k regex:KERNEL -s 3 -c 1 --set full \\
                     python3 scripts/ncu_attention.py [triton[:flag,...]|gluon|pingpong]
 KERNEL: _flash_fwd (triton, the default), _gluon_flash_fwd / _pingpong_fwd for the
-experimental Gluon kernels; `triton:tree_max,wide_sum` turns KernelConfig flags on. Runs the kernel four times (the first three warm up and are
-skipped by -s 3). For per-line stall reasons add `--import-source yes` and open the report's
+experimental Gluon kernels; `triton:tree_max,wide_sum` turns KernelConfig flags on. Runs
+the kernel four times (the first three warm up and are skipped by -s 3). For per-line stall reasons add `--import-source yes` and open the report's
 source page (the ping-pong kernel's overlap problem, docs/BENCHMARKS.md session 4).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main(kernel: str = "triton") -> None:
     q = torch.randn(1, nq, 3, heads, d, device="cuda", dtype=torch.bfloat16)[0, :, 0].transpose(0, 1)
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     if kernel.split(":")[0] == "triton":
-        from mapstream.attention.triton_flash import KernelConfig, default_config, flash_attention
+        from mapstream.attention.triton_flash import default_config, flash_attention
 
         # "triton:tree_max,wide_sum" switches KernelConfig flags on over the default.
         flags = [f for f in kernel.partition(":")[2].split(",") if f]

@@ -155,16 +155,13 @@ class Step:
             out = attend_fn(q, _cat(kv[0, :, lo:hi], k[0]), _cat(kv[1, :, lo:hi], v[0]))
             mgr._apply(kv, self.ops, k[0], v[0])
             return out
-        ops = self.ops
-        if moves_done:
-            ops = tuple(op for op in ops if isinstance(op, _Write))
-        mgr._apply(kv, ops, k[0], v[0])
+        mgr._apply(kv, self._writes() if moves_done else self.ops, k[0], v[0])
         return attend_fn(q, kv[0, :, lo:hi].unsqueeze(0), kv[1, :, lo:hi].unsqueeze(0))
 
     # ---- the split used by graph-safe execution (`DeviceStep`)
     def write_slot(self) -> int:
         """The slot the frame of a single-frame step is written to (0 = the spare slot)."""
-        writes = [op for op in self.ops if isinstance(op, _Write)]
+        writes = self._writes()
         if self.block or len(writes) != 1:
             raise CacheStateError("write_slot() is defined for single-frame steps only")
         return writes[0].slot
@@ -173,9 +170,13 @@ class Step:
         """Run, on every layer at once, the copies that do not involve this step's frame
         (trajectory keep/compaction, moves). They precede the frame's write in the plan, so
         running them first and writing afterwards gives the same cache."""
-        moves = [op for op in self.ops if not isinstance(op, _Write)]
+        moves = tuple(op for op in self.ops if not isinstance(op, _Write))
         if moves:
             self.manager._apply(self.storage, moves, None, None)
+
+    def _writes(self) -> tuple[_Write, ...]:
+        """The plan's writes of this step's frames (what `apply_moves` leaves)."""
+        return tuple(op for op in self.ops if isinstance(op, _Write))
 
 
 def attend_streams(

@@ -125,7 +125,11 @@ class GraphedStep:
         self.frame_rotary = rope2d(self.pos2d, c.head_dim, c.rope2d_frequency)
         self.tokens_per_frame = self.pos2d.shape[0]
         self.global_rotary: Rotary | None = agg._global_rotary(0, 1, grid_h, grid_w, self.pos2d)
-        self._time_inv_freq: torch.Tensor | None = None  # kept: recomputing it cost 4 ops a frame
+        # The 3D RoPE's time frequencies, kept: `_set_time_index` rewrites the time columns.
+        self._time_inv_freq = (
+            rope3d_time_inv_freq(c.rope3d_dims, c.rope3d_theta, device)
+            if self.global_rotary is not None and c.enable_3d_rope else None
+        )
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.whole = whole
         self.camera_device_step = DeviceStep(1, device)
@@ -155,14 +159,9 @@ class GraphedStep:
         captured graphs read these very buffers). Only the 3D RoPE's time columns depend on
         the frame; rebuilding the whole table cost ~35 small host-side ops a step, during
         which the GPU waited."""
-        c = self.config
-        if self.global_rotary is None or not c.enable_3d_rope:
-            return  # no global RoPE, or a 2D one: the table is the same for every frame
         if self._time_inv_freq is None:
-            self._time_inv_freq = rope3d_time_inv_freq(c.rope3d_dims, c.rope3d_theta, self.frame.device)
-        cos, sin = rope3d_time_columns(
-            time_index, c.rope3d_dims, c.rope3d_theta, self.frame.device, inv_freq=self._time_inv_freq
-        )
+            return  # no global RoPE, or a 2D one: the table is the same for every frame
+        cos, sin = rope3d_time_columns(time_index, self._time_inv_freq)
         self.global_rotary.cos[:, : cos.numel()].copy_(cos)
         self.global_rotary.sin[:, : sin.numel()].copy_(sin)
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "Rotary", "rope2d", "rope3d", "rope3d_angles", "rope3d_time_columns", "patch_positions_2d", "token_positions_3d",
+    "Rotary", "rope2d", "rope3d", "rope3d_angles", "rope3d_time_columns", "rope3d_time_inv_freq",
+    "patch_positions_2d", "token_positions_3d",
 ]
 
 
@@ -131,24 +132,19 @@ def rope3d_angles(positions: torch.Tensor, dims: tuple[int, int, int], theta: fl
     return torch.cat(parts, dim=-1)
 
 
-def rope3d_time_columns(
-    time_index: int, dims: tuple[int, int, int], theta: float, device: torch.device,
-    inv_freq: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [dims[0] / 2] of the time pairs of `rope3d` at time `time_index`.
+def rope3d_time_inv_freq(dims: tuple[int, int, int], theta: float, device: torch.device) -> torch.Tensor:
+    """The float64 inverse frequencies of `rope3d`'s time pairs (see `rope3d_time_columns`)."""
+    return _inv_freq_f64(dims[0], theta, device)
+
+
+def rope3d_time_columns(time_index: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [dims[0] / 2] of the time pairs of `rope3d` at time `time_index`, from the
+    time axis' inverse frequencies (`rope3d_time_inv_freq`, computed once by the caller).
 
     Every token of one frame shares its time, and the time pairs come first, so a frame's
     table is its first dims[0] / 2 columns filled with these and height/width columns that
     never change: a streaming step can update that much instead of rebuilding the table.
-    Same arithmetic as `rope3d` (float64 angles, one rounding to float32). `inv_freq`: the
-    time axis' float64 inverse frequencies (`rope3d_time_inv_freq`), if kept by the caller.
+    Same arithmetic as `rope3d` (float64 angles, one rounding to float32).
     """
-    if inv_freq is None:
-        inv_freq = rope3d_time_inv_freq(dims, theta, device)
     angles = inv_freq * float(time_index)
     return angles.cos().float(), angles.sin().float()
-
-
-def rope3d_time_inv_freq(dims: tuple[int, int, int], theta: float, device: torch.device) -> torch.Tensor:
-    """The float64 inverse frequencies of `rope3d`'s time pairs."""
-    return _inv_freq_f64(dims[0], theta, device)
