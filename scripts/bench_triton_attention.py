@@ -2,10 +2,7 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --stagger]
-
---stagger: A/B of the default configuration with the second program of each multiprocessor
-started some clock cycles late (`KernelConfig.stagger`), replayed from CUDA graphs.
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax]
 
 --exp: A/B of the default configuration with and without the polynomial exponential
 (`KernelConfig.exp_poly`), replayed from CUDA graphs.
@@ -83,14 +80,6 @@ def softmax_ab(q, k, v, lo, nk, rounds=7):
     }, "softmax ", rounds)
 
 
-def stagger_ab(q, k, v, lo, nk, rounds=7):
-    """Co-resident programs started out of phase (a tile takes ~1,200 cycles) against in phase."""
-    return configs_ab(q, k, v, lo, nk, {
-        "tma": KernelConfig(tma=True),
-        **{f"tma_stagger{c}": KernelConfig(tma=True, stagger=c) for c in (300, 600, 900, 2000)},
-    }, "stagger ", rounds)
-
-
 def range_ab(q, k, v, lo, nk, rounds=5):
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], device="cuda", dtype=q.dtype)
@@ -104,7 +93,7 @@ def range_ab(q, k, v, lo, nk, rounds=5):
 
 
 def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False,
-         softmax_only=False, stagger_only=False):
+         softmax_only=False):
     torch.manual_seed(0)
     nq, heads, d = 978, 16, 64
     nk = 72 * 978 + 128 * 6  # 8 anchors + 64 window frames + 128 trajectory frames
@@ -116,12 +105,8 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
     q = qkv[0, :, 0].transpose(0, 1)  # [H, Nq, D] strided, as the block produces it
     ref = F.scaled_dot_product_attention(q.double()[None], k[:, lo:nk].double()[None], v[:, lo:nk].double()[None])[0]
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
-    ab = {"exp_ab_us": exp_only and exp_ab, "softmax_ab_us": softmax_only and softmax_ab,
-          "stagger_ab_us": stagger_only and stagger_ab}
-    ab = {key: fn for key, fn in ab.items() if fn}
-    if ab:
-        for key, fn in ab.items():
-            res[key] = fn(q, k, v, lo, nk)
+    if exp_only or softmax_only:
+        res["exp_ab_us" if exp_only else "softmax_ab_us"] = (exp_ab if exp_only else softmax_ab)(q, k, v, lo, nk)
         if out_path:
             with open(out_path, "w") as f:
                 json.dump(res, f, indent=1)
@@ -198,4 +183,4 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
          splits="--splits" in sys.argv, range_only="--range" in sys.argv, exp_only="--exp" in sys.argv,
-         softmax_only="--softmax" in sys.argv, stagger_only="--stagger" in sys.argv)
+         softmax_only="--softmax" in sys.argv)

@@ -60,11 +60,6 @@ class KernelConfig:
     """Row sums kept per column and summed once at the end (64 more registers a thread),
     instead of a serial chain of adds a tile that stalls the exponentials issued among it.
     Slower on an H200 (676.7 vs 648.3 µs): the chains were not what bounds the kernel."""
-    stagger: int = 0
-    """Clock cycles the programs after the first wave (the second program on each
-    multiprocessor) wait before their loop, so that co-resident programs start out of phase
-    (one's softmax beside the other's products) instead of contending for the same unit at
-    the same moments (TMA kernel only; an experiment, see docs/BENCHMARKS.md)."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
@@ -295,31 +290,15 @@ def _flash_fwd(
 
 
 @triton.jit
-def _clock64():
-    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _wait_if_second_wave(first_wave, STAGGER: tl.constexpr):
-    if STAGGER > 0:
-        if tl.program_id(0) + tl.program_id(1) * tl.num_programs(0) >= first_wave:
-            t = _clock64()
-            end = t + STAGGER
-            while t < end:
-                t = _clock64()
-
-
-@triton.jit
 def _flash_fwd_tma(
     Q, k_desc, v_desc, O, RANGE, ACC, ML,
     stride_qh, stride_qn, stride_on, stride_oh,
-    n_q, kv_lo, kv_hi, qk_scale, first_wave,
+    n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
-    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False, STAGGER: tl.constexpr = 0,
+    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
 ):
     """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
-    _wait_if_second_wave(first_wave, STAGGER)
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
@@ -345,13 +324,6 @@ def _flash_fwd_tma(
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
         _store_partial(ACC, ML, acc, m_i, l_i, offs_m, row_ok, n_q, HEAD_DIM)
-
-
-def _first_wave(device: torch.device, config: KernelConfig) -> int:
-    # Programs are placed one a multiprocessor before any gets a second.
-    if config.stagger <= 0:
-        return 0
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def flash_attention(
@@ -403,7 +375,7 @@ def flash_attention(
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
         _flash_fwd_tma[grid](
             q, k_desc, v_desc, out, range_arg, partial_acc, partial_ml, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            *scalars, _first_wave(q.device, config), WARP_SPECIALIZE=config.warp_specialize, STAGGER=config.stagger, **meta,
+            *scalars, WARP_SPECIALIZE=config.warp_specialize, **meta,
         )
     else:
         _flash_fwd[grid](
