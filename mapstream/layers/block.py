@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .heads import qkv_heads
 from .rope import Rotary
 
 __all__ = ["Attention", "Block", "LayerScale", "Mlp"]
@@ -59,13 +60,7 @@ class Attention(nn.Module):
 
     def heads(self, x: torch.Tensor, rotary: Rotary | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, N, dim] -> q, k, v [B, heads, N, head_dim] (q, k normalised and rotated)."""
-        qkv = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rotary is not None:
-            q, k = rotary.apply(q), rotary.apply(k)
-        return q, k, v
+        return qkv_heads(self.qkv(x), self.num_heads, self.q_norm, self.k_norm, rotary)
 
     def merge(self, out: torch.Tensor) -> torch.Tensor:
         """Attention output [B, heads, N, head_dim] -> projected [B, N, dim]."""

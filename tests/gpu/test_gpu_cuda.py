@@ -199,6 +199,57 @@ def test_resize_kernel_matches_interpolate_at_the_dpt_sizes(dtype):
         assert float(((got.float() - want).abs() / want.abs().clamp_min(1.0)).max()) < tol, (shape, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["2d", "3d", "3d_two_streams"])
+def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
+    """The trunk blocks' q, k, v at 504x378 (978 tokens a frame, 16 heads of 64): one kernel
+    a call, the same under torch.compile (traced into the graph, bit for bit), and equal to
+    the modules' composition computed in fp32 with the same rounding points (LayerNorm
+    result and rotation table rounded to the dtype, one rounding at the end)."""
+    import dataclasses
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from mapstream.layers import Attention, patch_positions_2d, rope2d, rope3d, token_positions_3d
+    from mapstream.layers.heads import qkv_heads
+
+    torch.manual_seed(0)
+    attn = Attention(1024, 16, qk_norm=True).cuda()
+    for norm in (attn.q_norm, attn.k_norm):
+        torch.nn.init.normal_(norm.weight, 1.0, 0.3)
+        torch.nn.init.normal_(norm.bias, 0.0, 0.3)
+    attn.to(dtype)
+    if kind == "2d":
+        rotary = rope2d(patch_positions_2d(27, 36, 6, torch.device("cuda")), 64, 100.0)
+    else:
+        tables = [rope3d(token_positions_3d(torch.tensor([t], device="cuda"), 27, 36, 6), (16, 24, 24), 10000.0)
+                  for t in (130, 7)]
+        rotary = tables[0]
+        if kind == "3d_two_streams":
+            rotary = dataclasses.replace(rotary, cos=torch.stack([r.cos for r in tables]).unsqueeze(1),
+                                         sin=torch.stack([r.sin for r in tables]).unsqueeze(1))
+    batch = 2 if kind == "3d_two_streams" else 1
+    with torch.no_grad():
+        qkv = attn.qkv(torch.randn(batch, 978, 1024, device="cuda", dtype=dtype))
+        heads = lambda t: qkv_heads(t, 16, attn.q_norm, attn.k_norm, rotary)  # noqa: E731
+        got = heads(qkv)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            heads(qkv)
+            torch.cuda.synchronize()
+        compiled = torch.compile(heads, fullgraph=True, dynamic=False)(qkv)
+        q, k, v = qkv.float().unflatten(-1, (3, 16, 64)).permute(2, 0, 3, 1, 4).unbind(0)
+        table = dataclasses.replace(rotary, cos=rotary.cos.to(dtype).float(), sin=rotary.sin.to(dtype).float())
+        want = [table.apply(F.layer_norm(t, (64,), n.weight.float(), n.bias.float(), n.eps).to(dtype).float()).to(dtype)
+                for t, n in ((q, attn.q_norm), (k, attn.k_norm))] + [v.to(dtype)]
+    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels == ["_qkv_heads_fwd"], kernels
+    for g, c, w in zip(got, compiled, want):
+        assert g.shape == (batch, 16, 978, 64) and g.dtype == dtype
+        assert torch.equal(g, c)
+        ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -22
+        assert bool(((g.float() - w.float()).abs() <= ulp * w.float().abs() + 1e-5).all()), (kind, dtype)
+
+
 @pytest.mark.parametrize("fast", [False, True], ids=["eager", "graphs"])
 def test_gpu_memory_is_flat_on_a_long_stream(full_fp32, fast):
     """Flat after the window and the trajectory memory are full, eager and replayed from

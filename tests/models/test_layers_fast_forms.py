@@ -1,6 +1,8 @@
 """Layers with a faster form on CUDA: the DPT head's bilinear resize (F.interpolate on CPU,
 our Triton kernel on CUDA, whose arithmetic is checked here under Triton's CPU interpreter
-and compiled in tests/gpu) and the ViT's patchify as a matrix product."""
+and compiled in tests/gpu), the q/k/v heads (split, per-head LayerNorm and RoPE in one
+kernel on CUDA; likewise checked here and in tests/gpu) and the ViT's patchify as a matrix
+product."""
 from __future__ import annotations
 
 import importlib.util
@@ -40,6 +42,30 @@ def test_resize_kernel_matches_interpolate_interpreted():
     for case, row in report.items():
         assert row["err"] < 1e-5 and row["err_add"] < 1e-5, (case, row)
         assert row["shape_ok"] and row["format_kept"], (case, row)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_qkv_heads_kernel_matches_norm_and_rope_interpreted():
+    """2D (rotate-half, two axes) and 3D (interleaved) RoPE, per-stream tables, norm or RoPE
+    alone, head dims 16 and 64, token counts off the tile size; fp32 to float rounding,
+    bf16 to one unit in the last place (the interpreter rounds toward zero where the GPU
+    rounds to nearest: the reference does the same)."""
+    script = Path(__file__).with_name("interpret_heads_kernel.py")
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(report) == 14
+    for case, row in report.items():
+        for part, r in row.items():
+            assert r["shape_ok"] and r["dtype_ok"], (case, part, r)
+            if case.endswith("float32"):
+                assert r["max_abs"] < 1e-5, (case, part, r)
+            else:
+                assert r["max_ulps"] <= 1.0, (case, part, r)
+        assert row["v"]["max_abs"] == 0.0, case
 
 
 def test_patchify_as_a_matrix_product_equals_the_strided_convolution():

@@ -1,0 +1,153 @@
+"""From the fused q/k/v projection to attention heads.
+
+    qkv [B, N, 3 * H * D] -> q, k, v [B, H, N, D], q and k LayerNormed per head, then rotated
+
+On CUDA one Triton kernel (`_heads_kernel.py`) does it in one pass over the projection. In
+the compiled trunk the same work was five kernels a block (split, the two norms, the RoPE
+products, a layout copy), 25–30 µs of a 977-token frame on an H200 where one pass over its
+6 MB needs a few (docs/BENCHMARKS.md, session 6). Elsewhere, under autocast, and for shapes
+the kernel does not take, it is the plain PyTorch composition, which is also the definition
+the kernel is tested against.
+
+Arithmetic as the modules': LayerNorm statistics in fp32, its result rounded to the tensor's
+dtype; the rotation table rounded to that dtype, the rotation computed in fp32 and rounded
+once (PyTorch's eager bf16 rounds each product too, so eager and fused differ by an ulp).
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .rope import Rotary
+
+__all__ = ["qkv_heads"]
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def qkv_heads(
+    qkv: torch.Tensor,
+    num_heads: int,
+    q_norm: nn.LayerNorm | None = None,
+    k_norm: nn.LayerNorm | None = None,
+    rotary: Rotary | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [B, H, N, D] of the projection qkv [B, N, 3 * H * D]: q, k normalised by
+    q_norm / k_norm (LayerNorms over D), then rotated by `rotary` (if given)."""
+    if _fused_ok(qkv, num_heads, q_norm, k_norm, rotary):
+        return _qkv_heads_op(
+            qkv,
+            None if q_norm is None else q_norm.weight, None if q_norm is None else q_norm.bias,
+            None if k_norm is None else k_norm.weight, None if k_norm is None else k_norm.bias,
+            None if rotary is None else rotary.cos, None if rotary is None else rotary.sin,
+            num_heads, q_norm.eps if q_norm is not None else 0.0, k_norm.eps if k_norm is not None else 0.0,
+            rotary is not None and rotary.interleaved, 1 if rotary is None else rotary.axes,
+        )
+    head_dim = qkv.shape[-1] // (3 * num_heads)
+    q, k, v = qkv.unflatten(-1, (3, num_heads, head_dim)).permute(2, 0, 3, 1, 4).unbind(0)
+    if q_norm is not None:
+        q = q_norm(q)
+    if k_norm is not None:
+        k = k_norm(k)
+    if rotary is not None:
+        q, k = rotary.apply(q), rotary.apply(k)
+    return q, k, v
+
+
+def _table_strides(table: torch.Tensor, tokens: int) -> tuple[int, int] | None:
+    """(batch stride, token stride) of a rotation table [N, D/2] or [B, 1, N, D/2]."""
+    if table.stride(-1) != 1 or table.shape[-2] != tokens:
+        return None
+    if table.dim() == 2:
+        return 0, table.stride(0)
+    if table.dim() == 4 and table.shape[1] == 1:
+        return table.stride(0), table.stride(2)
+    return None
+
+
+def _fused_ok(qkv, num_heads, q_norm, k_norm, rotary) -> bool:
+    """Whether the Triton kernel computes this case (and there is more to do than a view)."""
+    if not (_HAS_TRITON and qkv.is_cuda and qkv.dim() == 3 and qkv.stride(-1) == 1):
+        return False
+    if torch.is_autocast_enabled("cuda") or qkv.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    head_dim, rest = divmod(qkv.shape[-1], 3 * num_heads)
+    if rest or head_dim & (head_dim - 1) or head_dim < 16:
+        return False
+    if (q_norm is None) != (k_norm is None) or (q_norm is None and rotary is None):
+        return False
+    for norm in (q_norm, k_norm):
+        if norm is not None and (
+            norm.weight is None or norm.bias is None or tuple(norm.normalized_shape) != (head_dim,)
+            or norm.weight.dtype != qkv.dtype
+        ):
+            return False
+    if rotary is not None:
+        strides = _table_strides(rotary.cos, qkv.shape[1])
+        if strides is None or strides != _table_strides(rotary.sin, qkv.shape[1]):
+            return False
+        if rotary.cos.shape[-1] * 2 != head_dim or (not rotary.interleaved and head_dim % (2 * rotary.axes)):
+            return False
+        if rotary.cos.dim() == 4 and rotary.cos.shape[0] not in (1, qkv.shape[0]):
+            return False
+    return True
+
+
+def launch_qkv_heads(
+    qkv: torch.Tensor,
+    q_weight: Optional[torch.Tensor], q_bias: Optional[torch.Tensor],
+    k_weight: Optional[torch.Tensor], k_bias: Optional[torch.Tensor],
+    cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
+    num_heads: int, q_eps: float, k_eps: float, interleaved: bool, axes: int,
+    *, launch=None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Allocate q, k, v and run the kernel (`launch` wraps it for torch.compile)."""
+    import triton
+
+    from ._heads_kernel import _qkv_heads_fwd
+
+    batch, tokens, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    q, k, v = (qkv.new_empty(batch, num_heads, tokens, head_dim) for _ in range(3))
+    has_norm = q_weight is not None
+    s_cos_b, s_cos_t = _table_strides(cos, tokens) if cos is not None else (0, 0)
+    block_t = 64 if head_dim <= 64 else 32
+    grid = (triton.cdiv(tokens, block_t), num_heads, batch)
+    kernel = _qkv_heads_fwd if launch is None else launch(_qkv_heads_fwd)
+    kernel[grid](
+        qkv, q, k, v,
+        q_weight if has_norm else qkv, q_bias if has_norm else qkv,
+        k_weight if has_norm else qkv, k_bias if has_norm else qkv,
+        cos if cos is not None else qkv, sin if sin is not None else qkv,
+        tokens, num_heads, q_eps, k_eps, qkv.stride(0), qkv.stride(1), s_cos_b, s_cos_t,
+        HEAD_DIM=head_dim, BLOCK_T=block_t, HAS_NORM=has_norm, HAS_ROPE=cos is not None,
+        INTERLEAVED=interleaved, AXES=axes, num_warps=4,
+    )
+    return q, k, v
+
+
+def _register_op():
+    """`launch_qkv_heads` as the custom op mapstream::qkv_heads, so torch.compile traces the
+    kernel into the compiled graph instead of breaking the graph around it."""
+    from torch.library import triton_op, wrap_triton
+
+    @triton_op("mapstream::qkv_heads", mutates_args=())
+    def qkv_heads_op(
+        qkv: torch.Tensor,
+        q_weight: Optional[torch.Tensor], q_bias: Optional[torch.Tensor],
+        k_weight: Optional[torch.Tensor], k_bias: Optional[torch.Tensor],
+        cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
+        num_heads: int, q_eps: float, k_eps: float, interleaved: bool, axes: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return launch_qkv_heads(
+            qkv, q_weight, q_bias, k_weight, k_bias, cos, sin, num_heads, q_eps, k_eps, interleaved, axes,
+            launch=wrap_triton,
+        )
+
+    return qkv_heads_op
+
+
+_qkv_heads_op = _register_op() if _HAS_TRITON else None

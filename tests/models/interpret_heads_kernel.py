@@ -1,0 +1,107 @@
+"""Run the q/k/v heads kernel (mapstream/layers/_heads_kernel.py) under Triton's CPU
+interpreter against the PyTorch composition with the same rounding points, and print the
+largest errors as JSON. Started by test_layers_fast_forms.py in a fresh process with
+TRITON_INTERPRET=1."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def to_interpreted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t rounded to dtype as the interpreter rounds fp32 to bf16: toward zero (the GPU rounds
+    to nearest even; tests/gpu compares with PyTorch there), then back to fp32."""
+    if dtype != torch.bfloat16:
+        return t.to(dtype).float()
+    return (t.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
+
+
+def reference(qkv, heads, q_norm, k_norm, rotary):
+    """Rounded where the modules round: the LayerNorm's result and the rotation table to the
+    tensor's dtype; the rotation in fp32, rounded once."""
+    dtype = qkv.dtype
+    dim = qkv.shape[-1] // (3 * heads)
+    q, k, v = qkv.float().unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4).unbind(0)
+    if q_norm is not None:
+        q = to_interpreted(F.layer_norm(q, (dim,), q_norm.weight.float(), q_norm.bias.float(), q_norm.eps), dtype)
+        k = to_interpreted(F.layer_norm(k, (dim,), k_norm.weight.float(), k_norm.bias.float(), k_norm.eps), dtype)
+    if rotary is not None:
+        table = dataclasses.replace(rotary, cos=to_interpreted(rotary.cos, dtype), sin=to_interpreted(rotary.sin, dtype))
+        q, k = table.apply(q), table.apply(k)
+    return [to_interpreted(t, dtype).to(dtype) for t in (q, k, v)]
+
+
+@torch.no_grad()
+def main() -> None:
+    from mapstream.layers import rope2d, rope3d
+    from mapstream.layers.heads import launch_qkv_heads
+    from mapstream.layers.rope import patch_positions_2d, token_positions_3d
+
+    torch.manual_seed(0)
+    report = {}
+    cases = [
+        # name, batch, tokens, heads, head dim, norm, rope kind
+        ("2d_norm", 3, 37, 2, 16, True, "2d"),
+        ("3d_norm", 1, 70, 2, 16, True, "3d"),
+        ("3d_norm_stacked", 2, 70, 2, 16, True, "3d_stacked"),
+        ("norm_only", 2, 9, 3, 16, True, None),
+        ("rope_only", 1, 70, 2, 16, False, "3d"),
+        ("2d_norm_d64", 1, 130, 3, 64, True, "2d"),
+        ("3d_norm_d64", 1, 130, 2, 64, True, "3d"),
+    ]
+    for name, batch, tokens, heads, dim, norm, kind in cases:
+        for dtype in (torch.float32, torch.bfloat16):
+            qkv = (torch.randn(batch, tokens, 3 * heads * dim) * 2 + 0.5).to(dtype)
+            q_norm = k_norm = None
+            if norm:
+                q_norm, k_norm = nn.LayerNorm(dim, eps=1e-5), nn.LayerNorm(dim, eps=1e-6)
+                for m in (q_norm, k_norm):
+                    nn.init.normal_(m.weight, 1.0, 0.3)
+                    nn.init.normal_(m.bias, 0.0, 0.3)
+                    m.to(dtype)
+            rotary = None
+            if kind == "2d":
+                side = int(tokens ** 0.5)
+                pos = patch_positions_2d(side, (tokens - 1) // side, 1, "cpu")[:tokens]
+                pos = torch.cat((pos, torch.zeros(tokens - len(pos), 2, dtype=pos.dtype)))
+                rotary = rope2d(pos * 3, dim, 100.0)
+            elif kind in ("3d", "3d_stacked"):
+                dims = (dim // 4, 3 * dim // 8, 3 * dim // 8)
+                pos = token_positions_3d(torch.arange(5, 5 + -(-tokens // 35)), 5, 6, 5)[:tokens]  # 35 tokens a frame
+                rotary = rope3d(pos * 7, dims, 10000.0)
+                if kind == "3d_stacked":
+                    other = rope3d(pos * 11 + 1, dims, 10000.0)
+                    rotary = dataclasses.replace(
+                        rotary, cos=torch.stack((rotary.cos, other.cos)).unsqueeze(1),
+                        sin=torch.stack((rotary.sin, other.sin)).unsqueeze(1),
+                    )
+            got = launch_qkv_heads(
+                qkv,
+                None if q_norm is None else q_norm.weight, None if q_norm is None else q_norm.bias,
+                None if k_norm is None else k_norm.weight, None if k_norm is None else k_norm.bias,
+                None if rotary is None else rotary.cos, None if rotary is None else rotary.sin,
+                heads, 1e-5 if norm else 0.0, 1e-6 if norm else 0.0,
+                rotary is not None and rotary.interleaved, 1 if rotary is None else rotary.axes,
+            )
+            want = reference(qkv, heads, q_norm, k_norm, rotary)
+            row = {}
+            for label, g, w in zip("qkv", got, want):
+                diff = (g.float() - w.float()).abs()
+                # bf16: at most one unit in the last place (2^-7 relative) where the fp32
+                # arithmetic's order differs on a rounding boundary.
+                row[label] = {
+                    "max_abs": float(diff.max()),
+                    "max_ulps": float((diff / (w.float().abs() * 2.0**-7 + 1e-30)).max()) if dtype == torch.bfloat16 else 0.0,
+                    "shape_ok": list(g.shape) == [batch, heads, tokens, dim] and g.is_contiguous(),
+                    "dtype_ok": g.dtype == dtype,
+                }
+            report[f"{name}/{str(dtype)[6:]}"] = row
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
