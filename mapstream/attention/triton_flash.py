@@ -334,6 +334,7 @@ def flash_attention(
     kv_range: torch.Tensor | tuple[int, int] | None = None,
     out: torch.Tensor | None = None,
     config: KernelConfig | None = None,
+    launch=None,
 ) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(D)) v over keys [lo, hi) of k/v.
 
@@ -342,6 +343,8 @@ def flash_attention(
     int tensor [2] on q's device (read by the kernel: graph-safe), or None for all T keys.
     Returns [H, Nq, D] in q's dtype, a transposed view of token-major [Nq, H, D] storage
     (`out`, if given, must be that storage). config: None picks `default_config(q.device)`.
+    launch: wraps the (pointer, non-TMA) kernels before launching them, e.g. with
+    `torch.library.wrap_triton` inside a `triton_op` that torch.compile traces.
     """
     heads, n_q, dim = q.shape
     config = config or default_config(q.device)
@@ -355,6 +358,9 @@ def flash_attention(
     in_memory, lo, hi = key_bounds(k, kv_range)
     range_arg = kv_range if in_memory else out  # any pointer; unused when the range is scalar
     splits = config.splits
+    if launch is not None and config.tma:
+        raise ValueError("launch wraps the pointer kernels only: use a config with tma=False")
+    wrap = launch or (lambda kernel: kernel)
     if splits > 1:
         partial_acc = torch.empty(splits, heads, n_q, dim, device=q.device, dtype=torch.float32)
         partial_ml = torch.empty(splits, heads, n_q, 2, device=q.device, dtype=torch.float32)
@@ -378,13 +384,13 @@ def flash_attention(
             *scalars, WARP_SPECIALIZE=config.warp_specialize, **meta,
         )
     else:
-        _flash_fwd[grid](
+        wrap(_flash_fwd)[grid](
             q, k, v, out, range_arg, partial_acc, partial_ml,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
             *scalars, PIPELINE_QK=config.pipeline_qk, **meta,
         )
     if splits > 1:
-        _merge_splits[grid[:2]](
+        wrap(_merge_splits)[grid[:2]](
             partial_acc, partial_ml, out, out.stride(0), out.stride(1), n_q, heads,
             HEAD_DIM=dim, BLOCK_M=config.block_m, SPLITS=splits, num_warps=4,
         )

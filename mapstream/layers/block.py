@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention.dense import dense_attention
 from .heads import qkv_heads
 from .rope import Rotary
 
@@ -68,7 +69,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
         q, k, v = self.heads(x, rotary)
-        return self.merge(F.scaled_dot_product_attention(q, k, v))
+        return self.merge(dense_attention(q, k, v))
 
 
 class Block(nn.Module):

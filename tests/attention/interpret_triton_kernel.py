@@ -59,6 +59,19 @@ def main() -> None:
                 err = float((out.double() - ref).norm() / ref.norm())
                 report[f"{name}/{how}/{lo}-{hi}"] = {"err": err, "token_major": token_major,
                                                       "shape": list(out.shape)}
+    # The hook torch.compile's custom op uses (`launch=wrap_triton`): every kernel goes
+    # through it, and the result is the plain call's.
+    wrapped = []
+
+    def launch(kernel):
+        wrapped.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+        return kernel
+
+    for config in (configs["plain"], configs["split3"]):
+        plain = flash_attention(q, storage[0], storage[1], config=config)
+        hooked = flash_attention(q, storage[0], storage[1], config=config, launch=launch)
+        report[f"launch_hook/splits{config.splits}"] = {"equal": bool(torch.equal(plain, hooked))}
+    report["launch_hook/wrapped"] = wrapped
     print(json.dumps({"flash": report, "rows": rows_report(storage)}))
 
 

@@ -48,6 +48,9 @@ def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
     assert run.returncode == 0, run.stderr[-3000:]
     reports = json.loads(run.stdout.strip().splitlines()[-1])
     report = reports["flash"]
+    assert report.pop("launch_hook/wrapped") == ["_flash_fwd", "_flash_fwd", "_merge_splits"]
+    assert report.pop("launch_hook/splits1") == {"equal": True}
+    assert report.pop("launch_hook/splits3") == {"equal": True}
     assert len(report) == 6 * 7 * 2
     for case, row in report.items():
         # float32 inputs: the interpreter's dots are exact float32 products.
@@ -81,3 +84,23 @@ def test_triton_kernels_reject_bad_arguments(kernel):
         attend(q, k, k, kv_range=(3, 10))
     with pytest.raises(ValueError, match="unit stride"):
         attend(q, k.transpose(1, 2).contiguous().transpose(1, 2), k)
+
+
+def test_dense_attention_is_sdpa_off_the_kernels_cases():
+    """CPU, fp32 and batches of frames go to PyTorch's SDPA unchanged (our kernel serves one
+    half-precision frame on CUDA: tests/gpu)."""
+    from mapstream.attention.dense import dense_attention
+
+    torch.manual_seed(0)
+    for shape, dtype in (((1, 2, 9, 16), torch.float32), ((3, 2, 9, 16), torch.bfloat16)):
+        q, k, v = (torch.randn(shape).to(dtype) for _ in range(3))
+        assert torch.equal(dense_attention(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_flash_launch_hook_refuses_the_tma_kernel():
+    from mapstream.attention.triton_flash import KernelConfig, flash_attention
+
+    q, k, v = torch.randn(2, 5, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16)
+    with pytest.raises(ValueError, match="tma=False"):
+        flash_attention(q, k, v, config=KernelConfig(tma=True), launch=lambda kernel: kernel)

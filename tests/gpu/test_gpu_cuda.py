@@ -250,6 +250,42 @@ def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
         assert bool(((g.float() - w.float()).abs() <= ulp * w.float().abs() + 1e-5).all()), (kind, dtype)
 
 
+@pytest.mark.parametrize("layout", ["heads", "vit_views"])
+def test_dense_attention_of_one_frame_is_our_kernel(layout):
+    """One bf16 frame at 504x378 (978 tokens, 16 heads of 64): one `_flash_fwd` call and no
+    cuDNN, a token-major result, the same bit for bit under torch.compile (traced into the
+    graph), and as close to fp32 SDPA as cuDNN's bf16 kernel is; q/k/v either contiguous
+    heads (frame blocks) or strided views of the projection (the ViT's blocks). Two frames
+    at once go to SDPA."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mapstream.attention.dense import dense_attention
+
+    torch.manual_seed(0)
+    if layout == "heads":
+        q, k, v = (torch.randn(1, 16, 978, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    else:
+        qkv = torch.randn(1, 978, 3, 16, 64, device="cuda", dtype=torch.bfloat16)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    with torch.no_grad():
+        got = dense_attention(q, k, v)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            dense_attention(q, k, v)
+            torch.cuda.synchronize()
+        compiled = torch.compile(dense_attention, fullgraph=True, dynamic=False)(q, k, v)
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+        cudnn = F.scaled_dot_product_attention(q, k, v)
+        two = torch.cat((q, q)), torch.cat((k, k)), torch.cat((v, v))
+        assert torch.equal(dense_attention(*two), F.scaled_dot_product_attention(*two))
+    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels == ["_flash_fwd"], kernels
+    assert got.shape == q.shape and got.transpose(1, 2).is_contiguous()
+    assert torch.equal(got, compiled)
+    err, err_cudnn = _rel(got, want), _rel(cudnn, want)
+    _report(f"dense_attention_rel_err_{layout}", {"ours": err, "cudnn": err_cudnn})
+    assert err < max(1.5 * err_cudnn, 5e-3), (err, err_cudnn)
+
+
 @pytest.mark.parametrize("fast", [False, True], ids=["eager", "graphs"])
 def test_gpu_memory_is_flat_on_a_long_stream(full_fp32, fast):
     """Flat after the window and the trajectory memory are full, eager and replayed from

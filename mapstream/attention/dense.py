@@ -1,0 +1,59 @@
+"""Attention of a frame's tokens over themselves: the ViT's blocks and the frame blocks.
+
+`dense_attention(q, k, v)` is `F.scaled_dot_product_attention(q, k, v)` (no mask, default
+scale). For one frame in half precision on CUDA — every streaming step — it runs our flash
+kernel (`triton_flash`, pointer loads) instead: in a 504x378 step cuDNN's kernel took
+≈ 14 µs a call plus ≈ 8 µs of idle GPU before it inside the captured graphs, and its
+[B, H, N, D] output needed a layout copy before the output projection, 48 calls a frame;
+ours writes token-major [N, H, D], the projection's layout (docs/BENCHMARKS.md, session 6).
+It is registered as the custom op `mapstream::dense_attention`, so torch.compile traces it
+into the compiled blocks. Everything else (CPU, fp32, batches of frames such as the scale
+phase, autocast) is PyTorch's SDPA.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["dense_attention"]
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(D)) v for q, k, v [B, H, N, D] -> [B, H, N, D]."""
+    if _kernel_ok(q, k, v):
+        return _dense_op(q[0], k[0], v[0]).transpose(0, 1).unsqueeze(0)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def _kernel_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    if not (_HAS_TRITON and q.is_cuda and q.dim() == 4 and q.shape[0] == 1):
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
+        return False
+    if k.shape != v.shape or k.shape[0] != 1 or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3]:
+        return False
+    if q.shape[3] not in (16, 32, 64, 128) or any(t.stride(-1) != 1 for t in (q, k, v)):
+        return False
+    return torch.cuda.get_device_capability(q.device) >= (8, 0)
+
+
+def _register_op():
+    from torch.library import triton_op, wrap_triton
+
+    from .triton_flash import KernelConfig, flash_attention
+
+    @triton_op("mapstream::dense_attention", mutates_args=())
+    def dense_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [H, N, D], k/v [H, T, D] -> token-major [N, H, D]."""
+        out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])
+        flash_attention(q, k, v, out=out, config=KernelConfig(), launch=wrap_triton)
+        return out
+
+    return dense_op
+
+
+_dense_op = _register_op() if _HAS_TRITON else None
