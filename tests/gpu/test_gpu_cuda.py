@@ -203,7 +203,7 @@ def test_resize_kernel_matches_interpolate_at_the_dpt_sizes(dtype):
 @pytest.mark.parametrize("kind", ["2d", "3d", "3d_two_streams"])
 def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
     """The trunk blocks' q, k, v at 504x378 (978 tokens a frame, 16 heads of 64): one kernel
-    a call, the same under torch.compile (traced into the graph, bit for bit), and equal to
+    a call, eager and under torch.compile (traced into the graph), both equal to
     the modules' composition computed in fp32 with the same rounding points (LayerNorm
     result and rotation table rounded to the dtype, one rounding at the end)."""
     import dataclasses
@@ -236,24 +236,32 @@ def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             heads(qkv)
             torch.cuda.synchronize()
-        compiled = torch.compile(heads, fullgraph=True, dynamic=False)(qkv)
+        compiled_heads = torch.compile(heads, fullgraph=True, dynamic=False)
+        compiled = compiled_heads(qkv)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof_compiled:
+            compiled_heads(qkv)
+            torch.cuda.synchronize()
         q, k, v = qkv.float().unflatten(-1, (3, 16, 64)).permute(2, 0, 3, 1, 4).unbind(0)
         table = dataclasses.replace(rotary, cos=rotary.cos.to(dtype).float(), sin=rotary.sin.to(dtype).float())
         want = [table.apply(F.layer_norm(t, (64,), n.weight.float(), n.bias.float(), n.eps).to(dtype).float()).to(dtype)
                 for t, n in ((q, attn.q_norm), (k, attn.k_norm))] + [v.to(dtype)]
     kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert kernels == ["_qkv_heads_fwd"], kernels
+    # Compiled, the op is traced into the graph (fullgraph) and its kernel is the graph's one
+    # kernel; Inductor builds it with its own compile options, so bits may differ.
+    compiled_kernels = [e.key for e in prof_compiled.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(compiled_kernels) == 1, compiled_kernels
+    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -22
     for g, c, w in zip(got, compiled, want):
         assert g.shape == (batch, 16, 978, 64) and g.dtype == dtype
-        assert torch.equal(g, c)
-        ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -22
-        assert bool(((g.float() - w.float()).abs() <= ulp * w.float().abs() + 1e-5).all()), (kind, dtype)
+        for out in (g, c):
+            assert bool(((out.float() - w.float()).abs() <= ulp * w.float().abs() + 1e-5).all()), (kind, dtype)
 
 
 @pytest.mark.parametrize("layout", ["heads", "vit_views"])
 def test_dense_attention_of_one_frame_is_our_kernel(layout):
     """One bf16 frame at 504x378 (978 tokens, 16 heads of 64): one `_flash_fwd` call and no
-    cuDNN, a token-major result, the same bit for bit under torch.compile (traced into the
+    cuDNN, a token-major result, one kernel under torch.compile too (traced into the
     graph), and as close to fp32 SDPA as cuDNN's bf16 kernel is; q/k/v either contiguous
     heads (frame blocks) or strided views of the projection (the ViT's blocks). Two frames
     at once go to SDPA."""
@@ -272,18 +280,23 @@ def test_dense_attention_of_one_frame_is_our_kernel(layout):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             dense_attention(q, k, v)
             torch.cuda.synchronize()
-        compiled = torch.compile(dense_attention, fullgraph=True, dynamic=False)(q, k, v)
+        compiled_attention = torch.compile(dense_attention, fullgraph=True, dynamic=False)
+        compiled = compiled_attention(q, k, v)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof_compiled:
+            compiled_attention(q, k, v)
+            torch.cuda.synchronize()
         want = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
         cudnn = F.scaled_dot_product_attention(q, k, v)
         two = torch.cat((q, q)), torch.cat((k, k)), torch.cat((v, v))
         assert torch.equal(dense_attention(*two), F.scaled_dot_product_attention(*two))
     kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert kernels == ["_flash_fwd"], kernels
+    compiled_kernels = [e.key for e in prof_compiled.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(compiled_kernels) == 1 and "cudnn" not in compiled_kernels[0].lower(), compiled_kernels
     assert got.shape == q.shape and got.transpose(1, 2).is_contiguous()
-    assert torch.equal(got, compiled)
-    err, err_cudnn = _rel(got, want), _rel(cudnn, want)
-    _report(f"dense_attention_rel_err_{layout}", {"ours": err, "cudnn": err_cudnn})
-    assert err < max(1.5 * err_cudnn, 5e-3), (err, err_cudnn)
+    err, err_compiled, err_cudnn = _rel(got, want), _rel(compiled, want), _rel(cudnn, want)
+    _report(f"dense_attention_rel_err_{layout}", {"ours": err, "compiled": err_compiled, "cudnn": err_cudnn})
+    assert max(err, err_compiled) < max(1.5 * err_cudnn, 5e-3), (err, err_compiled, err_cudnn)
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["eager", "graphs"])
