@@ -79,24 +79,28 @@ def default_config(device: torch.device) -> KernelConfig:
 # issues 16 exponentials a clock per multiprocessor, the softmax's scarcest resource;
 # FlashAttention-4 moves part of them the same way. Arguments below -126 give ~1e-38, not 0:
 # only unmasked tiles use it (masked keys must weigh exactly 0).
-_EXP2_X4 = tl.constexpr("""{
-.reg .f32 t, r, f, p;
-.reg .b32 rb, pb, j;
-ex2.approx.ftz.f32 $0, $4;
-ex2.approx.ftz.f32 $1, $5;
-ex2.approx.ftz.f32 $2, $6;
-max.ftz.f32 t, $7, 0fC2FC0000;
-add.rn.ftz.f32 r, t, 0f4B400000;
-sub.rn.ftz.f32 f, r, 0f4B400000;
-sub.rn.ftz.f32 f, t, f;
-fma.rn.ftz.f32 p, f, 0f3D6204B4, 0f3E786F42;
-fma.rn.ftz.f32 p, p, f, 0f3F317973;
-fma.rn.ftz.f32 p, p, f, 0f3F7FFB48;
-mov.b32 rb, r;
-mov.b32 pb, p;
-shl.b32 j, rb, 23;
-add.s32 $3, pb, j;
-}""")
+# One line (statements end with ";"): torch.compile copies this global into generated
+# Python source, where a multi-line string literal does not survive.
+_EXP2_X4 = tl.constexpr(" ".join([
+    "{",
+    ".reg .f32 t, r, f, p;",
+    ".reg .b32 rb, pb, j;",
+    "ex2.approx.ftz.f32 $0, $4;",
+    "ex2.approx.ftz.f32 $1, $5;",
+    "ex2.approx.ftz.f32 $2, $6;",
+    "max.ftz.f32 t, $7, 0fC2FC0000;",
+    "add.rn.ftz.f32 r, t, 0f4B400000;",
+    "sub.rn.ftz.f32 f, r, 0f4B400000;",
+    "sub.rn.ftz.f32 f, t, f;",
+    "fma.rn.ftz.f32 p, f, 0f3D6204B4, 0f3E786F42;",
+    "fma.rn.ftz.f32 p, p, f, 0f3F317973;",
+    "fma.rn.ftz.f32 p, p, f, 0f3F7FFB48;",
+    "mov.b32 rb, r;",
+    "mov.b32 pb, p;",
+    "shl.b32 j, rb, 23;",
+    "add.s32 $3, pb, j;",
+    "}",
+]))
 
 
 @triton.jit

@@ -243,19 +243,28 @@ def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
             torch.cuda.synchronize()
         q, k, v = qkv.float().unflatten(-1, (3, 16, 64)).permute(2, 0, 3, 1, 4).unbind(0)
         table = dataclasses.replace(rotary, cos=rotary.cos.to(dtype).float(), sin=rotary.sin.to(dtype).float())
-        want = [table.apply(F.layer_norm(t, (64,), n.weight.float(), n.bias.float(), n.eps).to(dtype).float()).to(dtype)
-                for t, n in ((q, attn.q_norm), (k, attn.k_norm))] + [v.to(dtype)]
+        normed = [F.layer_norm(t, (64,), n.weight.float(), n.bias.float(), n.eps).to(dtype).float()
+                  for t, n in ((q, attn.q_norm), (k, attn.k_norm))]
+        want = [table.apply(t).to(dtype) for t in normed] + [v.to(dtype)]
+        scale = [t.abs().amax(-1, keepdim=True) for t in normed] + [v.abs()]
     kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert kernels == ["_qkv_heads_fwd"], kernels
     # Compiled, the op is traced into the graph (fullgraph) and its kernel is the graph's one
     # kernel; Inductor builds it with its own compile options, so bits may differ.
     compiled_kernels = [e.key for e in prof_compiled.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(compiled_kernels) == 1, compiled_kernels
+    # Where the two LayerNorms' fp32 statistics differ in the last bits, a LayerNorm result
+    # can round the other way (one unit of the dtype); the rotation carries that into both
+    # channels of its pair: so the bound is one unit of the row's largest normed value, and
+    # nearly every element must sit within one unit of its own value.
     ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -22
-    for g, c, w in zip(got, compiled, want):
+    for g, c, w, sc in zip(got, compiled, want, scale):
         assert g.shape == (batch, 16, 978, 64) and g.dtype == dtype
         for out in (g, c):
-            assert bool(((out.float() - w.float()).abs() <= ulp * w.float().abs() + 1e-5).all()), (kind, dtype)
+            diff = (out.float() - w.float()).abs()
+            beyond_own_unit = float((diff > ulp * w.float().abs() + 1e-6).float().mean())
+            worst = float((diff / (ulp * sc)).max())
+            assert worst <= 1.0 and beyond_own_unit < 1e-3, (kind, dtype, worst, beyond_own_unit)
 
 
 @pytest.mark.parametrize("layout", ["heads", "vit_views"])
