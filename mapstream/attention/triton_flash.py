@@ -143,6 +143,8 @@ def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr,
     per-tile chain of adds stalls the exponentials issued between them."""
     if MASKED:
         s = tl.where(key_ok[None, :], s, float("-inf"))
+    # fp32 whatever the caller's scalar is (torch.compile passes Python floats as fp64).
+    qk_scale = tl.cast(qk_scale, tl.float32)
     m_new = tl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)
     p = _exp2(s * qk_scale - m_new[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
     alpha = tl.math.exp2(m_i - m_new)
