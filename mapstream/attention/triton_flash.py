@@ -184,14 +184,21 @@ def _split_range(lo, hi, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
 
 
 @triton.jit
-def _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_N: tl.constexpr, WIDE_SUM: tl.constexpr):
-    """This program's query rows (block program_id(0) of head program_id(1)) and an empty
-    online-softmax state for them."""
-    head = tl.program_id(1)
+def _query_rows(n_q, BLOCK_M: tl.constexpr):
+    """This program's query rows (block program_id(0)) and which of them exist. Kept apart
+    from `_start_rows` so that the output's addresses derive from no input pointer:
+    torch.compile's analysis of which arguments a kernel writes follows function calls
+    whole, and would count Q as written (and copy it) if they came out of a call given Q."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return offs_m, offs_m < n_q
+
+
+@triton.jit
+def _start_rows(Q, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_N: tl.constexpr, WIDE_SUM: tl.constexpr):
+    """The query rows offs_m of head program_id(1) and an empty online-softmax state for them."""
+    head = tl.program_id(1)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < n_q
     q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     if WIDE_SUM:
@@ -199,7 +206,7 @@ def _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M: tl.constexpr, HEAD_DIM: t
     else:
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    return q, offs_m, row_ok, m_i, l_i, acc
+    return q, m_i, l_i, acc
 
 
 @triton.jit
@@ -256,7 +263,8 @@ def _flash_fwd(
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
-    q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
+    offs_m, row_ok = _query_rows(n_q, BLOCK_M)
+    q, m_i, l_i, acc = _start_rows(Q, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
     q = q.to(K.dtype.element_ty)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
@@ -308,7 +316,8 @@ def _flash_fwd_tma(
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
-    q, offs_m, row_ok, m_i, l_i, acc = _start_rows(Q, stride_qh, stride_qn, n_q, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
+    offs_m, row_ok = _query_rows(n_q, BLOCK_M)
+    q, m_i, l_i, acc = _start_rows(Q, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
     q = q.to(k_desc.dtype)
     offs_n = tl.arange(0, BLOCK_N)
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
@@ -362,7 +371,9 @@ def flash_attention(
     elif out.shape != (n_q, heads, dim) or out.stride(-1) != 1:
         raise ValueError(f"out must be [Nq, H, D] = {(n_q, heads, dim)} with a unit last stride")
     in_memory, lo, hi = key_bounds(k, kv_range)
-    range_arg = kv_range if in_memory else out  # any pointer; unused when the range is scalar
+    # Unused pointer arguments get q, which the kernel only reads: torch.compile clones the
+    # tensors a kernel writes, and `out` passed twice would keep it from writing in place.
+    range_arg = kv_range if in_memory else q
     splits = config.splits
     if launch is not None and config.tma:
         raise ValueError("launch wraps the pointer kernels only: use a config with tma=False")
@@ -371,7 +382,7 @@ def flash_attention(
         partial_acc = torch.empty(splits, heads, n_q, dim, device=q.device, dtype=torch.float32)
         partial_ml = torch.empty(splits, heads, n_q, 2, device=q.device, dtype=torch.float32)
     else:
-        partial_acc = partial_ml = out  # unused
+        partial_acc = partial_ml = q  # unused
     grid = (triton.cdiv(n_q, config.block_m), heads, splits)
     scalars = (n_q, lo, hi, _LOG2E / math.sqrt(dim))
     meta = dict(
