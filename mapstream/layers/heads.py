@@ -5,13 +5,16 @@
 On CUDA one Triton kernel (`_heads_kernel.py`) does it in one pass over the projection. In
 the compiled trunk the same work was five kernels a block (split, the two norms, the RoPE
 products, a layout copy), 25–30 µs of a 977-token frame on an H200 where one pass over its
-6 MB needs a few (docs/BENCHMARKS.md, session 6). Elsewhere, under autocast, and for shapes
-the kernel does not take, it is the plain PyTorch composition, which is also the definition
+6 MB needs a few (docs/BENCHMARKS.md, session 6). Elsewhere and for shapes the kernel does
+not take, it is the plain PyTorch composition, which is also the definition
 the kernel is tested against.
 
 Arithmetic as the modules': LayerNorm statistics in fp32, its result rounded to the tensor's
 dtype; the rotation table rounded to that dtype, the rotation computed in fp32 and rounded
 once (PyTorch's eager bf16 rounds each product too, so eager and fused differ by an ulp).
+Under autocast (the sessions' bf16 mode) the modules keep the norms and the rotation in fp32
+and q, k reach their consumers as fp32, each of which rounds them to the autocast dtype; the
+kernel computes in fp32 and returns them already rounded to that dtype.
 """
 from __future__ import annotations
 
@@ -38,6 +41,9 @@ def qkv_heads(
     """q, k, v [B, H, N, D] of the projection qkv [B, N, 3 * H * D]: q, k normalised by
     q_norm / k_norm (LayerNorms over D), then rotated by `rotary` (if given)."""
     if _fused_ok(qkv, num_heads, q_norm, k_norm, rotary):
+        # Under autocast the norms and the rotation run in fp32 and every consumer of q and k
+        # (SDPA, the cache, our kernels) rounds them to the autocast dtype: the kernel does
+        # the same arithmetic and rounds once, returning that dtype.
         return _qkv_heads_op(
             qkv,
             None if q_norm is None else q_norm.weight, None if q_norm is None else q_norm.bias,
@@ -45,6 +51,7 @@ def qkv_heads(
             None if rotary is None else rotary.cos, None if rotary is None else rotary.sin,
             num_heads, q_norm.eps if q_norm is not None else 0.0, k_norm.eps if k_norm is not None else 0.0,
             rotary is not None and rotary.interleaved, 1 if rotary is None else rotary.axes,
+            not torch.is_autocast_enabled("cuda"),
         )
     head_dim = qkv.shape[-1] // (3 * num_heads)
     q, k, v = qkv.unflatten(-1, (3, num_heads, head_dim)).permute(2, 0, 3, 1, 4).unbind(0)
@@ -72,7 +79,9 @@ def _fused_ok(qkv, num_heads, q_norm, k_norm, rotary) -> bool:
     """Whether the Triton kernel computes this case (and there is more to do than a view)."""
     if not (_HAS_TRITON and qkv.is_cuda and qkv.dim() == 3 and qkv.stride(-1) == 1):
         return False
-    if torch.is_autocast_enabled("cuda") or qkv.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if qkv.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    if torch.is_autocast_enabled("cuda") and qkv.dtype != torch.get_autocast_dtype("cuda"):
         return False
     head_dim, rest = divmod(qkv.shape[-1], 3 * num_heads)
     if rest or head_dim & (head_dim - 1) or head_dim < 16:
@@ -82,7 +91,7 @@ def _fused_ok(qkv, num_heads, q_norm, k_norm, rotary) -> bool:
     for norm in (q_norm, k_norm):
         if norm is not None and (
             norm.weight is None or norm.bias is None or tuple(norm.normalized_shape) != (head_dim,)
-            or norm.weight.dtype != qkv.dtype
+            or norm.weight.dtype not in (qkv.dtype, torch.float32)
         ):
             return False
     if rotary is not None:
@@ -101,10 +110,12 @@ def launch_qkv_heads(
     q_weight: Optional[torch.Tensor], q_bias: Optional[torch.Tensor],
     k_weight: Optional[torch.Tensor], k_bias: Optional[torch.Tensor],
     cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
-    num_heads: int, q_eps: float, k_eps: float, interleaved: bool, axes: int,
+    num_heads: int, q_eps: float, k_eps: float, interleaved: bool, axes: int, round_intermediates: bool = True,
     *, launch=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Allocate q, k, v and run the kernel (`launch` wraps it for torch.compile)."""
+    """Allocate q, k, v and run the kernel (`launch` wraps it for torch.compile).
+    round_intermediates: round the LayerNorm's result and the rotation table to qkv's dtype
+    (as the modules do in that dtype); False: fp32 until the one rounding at the end."""
     import triton
 
     from ._heads_kernel import _qkv_heads_fwd
@@ -124,7 +135,7 @@ def launch_qkv_heads(
         cos if cos is not None else qkv, sin if sin is not None else qkv,
         tokens, num_heads, q_eps, k_eps, qkv.stride(0), qkv.stride(1), s_cos_b, s_cos_t,
         HEAD_DIM=head_dim, BLOCK_T=block_t, HAS_NORM=has_norm, HAS_ROPE=cos is not None,
-        INTERLEAVED=interleaved, AXES=axes, num_warps=4,
+        INTERLEAVED=interleaved, AXES=axes, ROUND_INTERMEDIATES=round_intermediates, num_warps=4,
     )
     return q, k, v
 
@@ -140,11 +151,11 @@ def _register_op():
         q_weight: Optional[torch.Tensor], q_bias: Optional[torch.Tensor],
         k_weight: Optional[torch.Tensor], k_bias: Optional[torch.Tensor],
         cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
-        num_heads: int, q_eps: float, k_eps: float, interleaved: bool, axes: int,
+        num_heads: int, q_eps: float, k_eps: float, interleaved: bool, axes: int, round_intermediates: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return launch_qkv_heads(
             qkv, q_weight, q_bias, k_weight, k_bias, cos, sin, num_heads, q_eps, k_eps, interleaved, axes,
-            launch=wrap_triton,
+            round_intermediates, launch=wrap_triton,
         )
 
     return qkv_heads_op

@@ -268,6 +268,40 @@ def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
             assert worst <= 1.0 and beyond_own_unit < 1e-3, (kind, dtype, worst, beyond_own_unit)
 
 
+def test_qkv_heads_under_autocast_rounds_once_to_the_autocast_dtype():
+    """Sessions run bf16 weights under autocast, where the modules' norms and rotation give
+    fp32 q, k that every consumer rounds to bf16: the kernel returns that rounding directly
+    (one kernel, within one unit of the rounded composition)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mapstream.layers import Attention, rope3d, token_positions_3d
+    from mapstream.layers.heads import qkv_heads
+
+    torch.manual_seed(0)
+    attn = Attention(1024, 16, qk_norm=True).cuda()
+    for norm in (attn.q_norm, attn.k_norm):
+        torch.nn.init.normal_(norm.weight, 1.0, 0.3)
+        torch.nn.init.normal_(norm.bias, 0.0, 0.3)
+    attn.to(torch.bfloat16)
+    rotary = rope3d(token_positions_3d(torch.tensor([130], device="cuda"), 27, 36, 6), (16, 24, 24), 10000.0)
+    x = torch.randn(1, 978, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        qkv = attn.qkv(x)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = qkv_heads(qkv, 16, attn.q_norm, attn.k_norm, rotary)
+            torch.cuda.synchronize()
+        q, k, v = qkv.unflatten(-1, (3, 16, 64)).permute(2, 0, 3, 1, 4).unbind(0)
+        want = [rotary.apply(attn.q_norm(q)), rotary.apply(attn.k_norm(k)), v]
+    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels == ["_qkv_heads_fwd"], kernels
+    assert want[0].dtype == torch.float32 and all(g.dtype == torch.bfloat16 for g in got)
+    for g, w in zip(got, want):
+        rounded = w.to(torch.bfloat16).float()
+        diff = (g.float() - rounded).abs()
+        assert bool((diff <= 2.0 ** -7 * rounded.abs() + 1e-6).all()), float(diff.max())
+        assert float((diff > 0).float().mean()) < 1e-2
+
+
 @pytest.mark.parametrize("layout", ["heads", "vit_views"])
 def test_dense_attention_of_one_frame_is_our_kernel(layout):
     """One bf16 frame at 504x378 (978 tokens, 16 heads of 64): one `_flash_fwd` call and no

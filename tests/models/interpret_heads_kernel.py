@@ -20,17 +20,19 @@ def to_interpreted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (t.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
 
 
-def reference(qkv, heads, q_norm, k_norm, rotary):
+def reference(qkv, heads, q_norm, k_norm, rotary, round_intermediates=True):
     """Rounded where the modules round: the LayerNorm's result and the rotation table to the
-    tensor's dtype; the rotation in fp32, rounded once."""
+    tensor's dtype (unless round_intermediates is False: autocast keeps them fp32); the
+    rotation in fp32, rounded once."""
     dtype = qkv.dtype
+    mid = dtype if round_intermediates else torch.float32
     dim = qkv.shape[-1] // (3 * heads)
     q, k, v = qkv.float().unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4).unbind(0)
     if q_norm is not None:
-        q = to_interpreted(F.layer_norm(q, (dim,), q_norm.weight.float(), q_norm.bias.float(), q_norm.eps), dtype)
-        k = to_interpreted(F.layer_norm(k, (dim,), k_norm.weight.float(), k_norm.bias.float(), k_norm.eps), dtype)
+        q = to_interpreted(F.layer_norm(q, (dim,), q_norm.weight.float(), q_norm.bias.float(), q_norm.eps), mid)
+        k = to_interpreted(F.layer_norm(k, (dim,), k_norm.weight.float(), k_norm.bias.float(), k_norm.eps), mid)
     if rotary is not None:
-        table = dataclasses.replace(rotary, cos=to_interpreted(rotary.cos, dtype), sin=to_interpreted(rotary.sin, dtype))
+        table = dataclasses.replace(rotary, cos=to_interpreted(rotary.cos, mid), sin=to_interpreted(rotary.sin, mid))
         q, k = table.apply(q), table.apply(k)
     return [to_interpreted(t, dtype).to(dtype) for t in (q, k, v)]
 
@@ -54,7 +56,7 @@ def main() -> None:
         ("3d_norm_d64", 1, 130, 2, 64, True, "3d"),
     ]
     for name, batch, tokens, heads, dim, norm, kind in cases:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype, rounding in ((torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)):
             qkv = (torch.randn(batch, tokens, 3 * heads * dim) * 2 + 0.5).to(dtype)
             q_norm = k_norm = None
             if norm:
@@ -85,9 +87,9 @@ def main() -> None:
                 None if k_norm is None else k_norm.weight, None if k_norm is None else k_norm.bias,
                 None if rotary is None else rotary.cos, None if rotary is None else rotary.sin,
                 heads, 1e-5 if norm else 0.0, 1e-6 if norm else 0.0,
-                rotary is not None and rotary.interleaved, 1 if rotary is None else rotary.axes,
+                rotary is not None and rotary.interleaved, 1 if rotary is None else rotary.axes, rounding,
             )
-            want = reference(qkv, heads, q_norm, k_norm, rotary)
+            want = reference(qkv, heads, q_norm, k_norm, rotary, rounding)
             row = {}
             for label, g, w in zip("qkv", got, want):
                 diff = (g.float() - w.float()).abs()
@@ -99,7 +101,7 @@ def main() -> None:
                     "shape_ok": list(g.shape) == [batch, heads, tokens, dim] and g.is_contiguous(),
                     "dtype_ok": g.dtype == dtype,
                 }
-            report[f"{name}/{str(dtype)[6:]}"] = row
+            report[f"{name}/{str(dtype)[6:]}{'' if rounding else '/fp32_between'}"] = row
     print(json.dumps(report))
 
 
