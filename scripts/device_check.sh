@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# One device call that checks and measures the fast path (about 8 minutes on an H200):
+# One device call that checks and measures the fast path (about 7 minutes on an H200):
 # the GPU tests, the tensor/special-function overlap probe, the benchmark protocol at
 # 504x378 (compiled and bf16-heads), and a profiled step summarized by part.
 # Usage (device, from the repository root): . scripts/device_setup.sh; bash scripts/device_check.sh
-# Writes its logs under $OUT (or ./device_check when OUT is unset) and prints their tails.
+# Writes under $OUT (or ./device_check when OUT is unset) six files (the device call returns
+# at most eight): log.txt with every command's output, probe.json, bench.json, prof.json,
+# trace.json.gz and trace_summary.txt; prints their tails.
 set -uo pipefail
 out="${OUT:-device_check}"
 mkdir -p "$out"
-python3 -m pytest tests/gpu -q > "$out/gpu_tests.txt" 2>&1; tail -2 "$out/gpu_tests.txt"
-grep -E "^E .*(assert|Error)" "$out/gpu_tests.txt" | head -5
-python3 scripts/probe_tensor_sfu_overlap.py "$out/probe.json" > "$out/probe_log.txt" 2>&1; tail -14 "$out/probe_log.txt"
+log="$out/log.txt"
+python3 -m pytest tests/gpu -q > "$out/gpu_tests.tmp" 2>&1; tail -2 "$out/gpu_tests.tmp"
+grep -E "^E .*(assert|Error)" "$out/gpu_tests.tmp" | head -5
+cat "$out/gpu_tests.tmp" >> "$log"; rm "$out/gpu_tests.tmp"
+python3 scripts/probe_tensor_sfu_overlap.py "$out/probe.json" >> "$log" 2>&1
 python3 -m mapstream bench --backends triton --variants compiled bf16-heads --resolutions 504x378 --no-stages \
-    --out "$out/bench.json" > "$out/bench_log.txt" 2>&1; grep -E "FPS" "$out/bench_log.txt"
+    --out "$out/bench.json" > "$out/bench.tmp" 2>&1; grep -E "FPS" "$out/bench.tmp"
+cat "$out/bench.tmp" >> "$log"; rm "$out/bench.tmp"
 python3 scripts/profile_step.py --fast --backend triton --compile --bf16-heads --out "$out/prof.json" \
-    --trace "$out/trace.json" > "$out/prof_log.txt" 2>&1
+    --trace "$out/trace.json" >> "$log" 2>&1
 python3 scripts/trace_summary.py "$out/trace.json" > "$out/trace_summary.txt" 2>&1; head -8 "$out/trace_summary.txt"
 gzip -f "$out/trace.json"

@@ -6,7 +6,7 @@ the part before the first cache attention (patch embedding, first frame block); 
 from the first to the last cache attention (the attention kernels' share apart); the heads
 after it, per CUDA stream (they run side by side); and the kernels with the most time.
 
-Usage: python scripts/trace_summary.py TRACE.json[.gz] [--attention _flash_fwd] [--layers 24] [--top 15]
+Usage: python scripts/trace_summary.py TRACE.json[.gz] [--attention _flash_fwd_tma] [--layers 24] [--top 15]
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _short(name: str) -> str:
     return re.sub(r"\(.*", "", re.sub(r"<.*", "", name))[:70]
 
 
-def summarize(path: str, attention: str = "_flash_fwd", layers: int = 24, top: int = 15) -> dict:
+def summarize(path: str, attention: str = "_flash_fwd_tma", layers: int = 24, top: int = 15) -> dict:
     kernels = _load(path)
     att = [i for i, e in enumerate(kernels) if attention in e["name"]]
     if len(att) < layers:
@@ -75,7 +75,8 @@ def summarize(path: str, attention: str = "_flash_fwd", layers: int = 24, top: i
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
-    ap.add_argument("--attention", default="_flash_fwd", help="name fragment of the cache-attention kernel")
+    ap.add_argument("--attention", default="_flash_fwd_tma",
+                    help="name fragment of the cache-attention kernel (the frames' own attention runs _flash_fwd)")
     ap.add_argument("--layers", type=int, default=24, help="cache attentions a step (global blocks)")
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
