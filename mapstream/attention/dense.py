@@ -2,10 +2,11 @@
 
 `dense_attention(q, k, v)` is `F.scaled_dot_product_attention(q, k, v)` (no mask, default
 scale). For one frame in half precision on CUDA — every streaming step — it runs our flash
-kernel (`triton_flash`, pointer loads) instead: in a 504x378 step cuDNN's kernel took
-≈ 14 µs a call plus ≈ 8 µs of idle GPU before it inside the captured graphs, and its
-[B, H, N, D] output needed a layout copy before the output projection, 48 calls a frame;
-ours writes token-major [N, H, D], the projection's layout (docs/BENCHMARKS.md, session 6).
+kernel (`triton_flash`, pointer loads) instead: in a 504x378 step cuDNN's kernel sat behind
+≈ 8 µs of idle GPU inside the captured graphs and its [B, H, N, D] output needed a layout
+copy before the output projection, 48 calls a frame; ours takes about as long a call
+(≈ 14 µs) but needs neither, writing token-major [N, H, D], the projection's layout
+(docs/BENCHMARKS.md, session 6).
 It is registered as the custom op `mapstream::dense_attention`, so torch.compile traces it
 into the compiled blocks. Everything else (CPU, fp32, batches of frames such as the scale
 phase, autocast) is PyTorch's SDPA.
