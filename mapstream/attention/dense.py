@@ -8,8 +8,9 @@ copy before the output projection, 48 calls a frame; ours takes about as long a 
 (≈ 14 µs) but needs neither, writing token-major [N, H, D], the projection's layout
 (docs/BENCHMARKS.md, session 6).
 It is registered as the custom op `mapstream::dense_attention`, so torch.compile traces it
-into the compiled blocks. Everything else (CPU, fp32, batches of frames such as the scale
-phase, autocast) is PyTorch's SDPA.
+into the compiled blocks. Everything else is PyTorch's SDPA: CPU, fp32 (also fp32 q, k under
+autocast, which SDPA rounds to the autocast dtype itself), batches of frames such as the
+scale phase.
 """
 from __future__ import annotations
 
