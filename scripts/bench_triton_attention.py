@@ -2,10 +2,13 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense]
 
 --exp: A/B of the default configuration with and without the polynomial exponential
 (`KernelConfig.exp_poly`), replayed from CUDA graphs.
+
+--dense: a frame's attention over itself (978 tokens, the ViT's and frame blocks' shape,
+48 calls a frame): kernel configurations against cuDNN SDPA, replayed from CUDA graphs.
 
 --softmax: A/B of the softmax's reductions (`KernelConfig.tree_max`, `wide_sum`), replayed
 from CUDA graphs.
@@ -80,6 +83,32 @@ def softmax_ab(q, k, v, lo, nk, rounds=7):
     }, "softmax ", rounds)
 
 
+def dense_ab(rounds=7):
+    """One frame's attention over itself: `dense_attention`'s configuration against others
+    and cuDNN, all checked against fp32 SDPA first, then interleaved graph replays."""
+    heads, n, d = 16, 978, 64
+    q, k, v = (torch.randn(heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q[None].float(), k[None].float(), v[None].float())[0]
+    out = torch.empty(n, heads, d, device="cuda", dtype=torch.bfloat16)
+    configs = {
+        "default": KernelConfig(), "n64": KernelConfig(block_n=64), "s2": KernelConfig(num_stages=2),
+        "s4": KernelConfig(num_stages=4), "n64_s4": KernelConfig(block_n=64, num_stages=4),
+        "m128_w8_s2": KernelConfig(128, 128, 8, 2), "pipeline_qk": KernelConfig(pipeline_qk=True),
+        "tma": KernelConfig(tma=True), "splits2": KernelConfig(splits=2),
+    }
+    variants = {}
+    for name, cfg in configs.items():
+        graph = captured(lambda cfg=cfg: flash_attention(q, k, v, out=out, config=cfg))
+        out.fill_(float("nan"))
+        graph.replay()
+        err = float((out.transpose(0, 1).float() - ref).norm() / ref.norm())
+        print(f"dense {name:14s} rel. error vs fp32 SDPA {err:.2e}")
+        assert err < 1e-2, (name, err)
+        variants[name] = graph.replay
+    variants["cudnn"] = captured(lambda: F.scaled_dot_product_attention(q[None], k[None], v[None])).replay
+    return interleaved(variants, rounds, label="dense ")
+
+
 def range_ab(q, k, v, lo, nk, rounds=5):
     rng = torch.tensor([lo, nk], device="cuda", dtype=torch.int32)
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], device="cuda", dtype=q.dtype)
@@ -93,8 +122,14 @@ def range_ab(q, k, v, lo, nk, rounds=5):
 
 
 def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False,
-         softmax_only=False):
+         softmax_only=False, dense_only=False):
     torch.manual_seed(0)
+    if dense_only:
+        res = {"dense_ab_us": dense_ab()}
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     nq, heads, d = 978, 16, 64
     nk = 72 * 978 + 128 * 6  # 8 anchors + 64 window frames + 128 trajectory frames
     lo = 978  # keyframe steps skip the spare slot
@@ -183,4 +218,4 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
          splits="--splits" in sys.argv, range_only="--range" in sys.argv, exp_only="--exp" in sys.argv,
-         softmax_only="--softmax" in sys.argv)
+         softmax_only="--softmax" in sys.argv, dense_only="--dense" in sys.argv)
