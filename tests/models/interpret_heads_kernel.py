@@ -9,18 +9,34 @@ import json
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from torch import nn
 
 
-def to_interpreted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """t rounded to dtype as the interpreter rounds fp32 to bf16: toward zero (the GPU rounds
-    to nearest even; tests/gpu compares with PyTorch there), then back to fp32."""
-    if dtype != torch.bfloat16:
+@triton.jit
+def _to_bf16(X, Y, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Y + offs, tl.load(X + offs).to(tl.bfloat16))
+
+
+def _interpreter_truncates() -> bool:
+    """Whether the interpreter rounds fp32 to bf16 toward zero (Triton 3.6–3.9 do; the GPU
+    rounds to nearest even, as PyTorch does, and tests/gpu compares with PyTorch there)."""
+    x = torch.tensor([1.0 + 2.0**-8 + 2.0**-10] * 16)
+    y = torch.empty(16, dtype=torch.bfloat16)
+    _to_bf16[(1,)](x, y, N=16)
+    return float(y[0]) == 1.0
+
+
+def to_interpreted(t: torch.Tensor, dtype: torch.dtype, truncates: bool) -> torch.Tensor:
+    """t rounded to dtype as the interpreter rounds it, then back to fp32."""
+    if dtype != torch.bfloat16 or not truncates:
         return t.to(dtype).float()
     return (t.float().contiguous().view(torch.int32) & -65536).view(torch.float32)
 
 
-def reference(qkv, heads, q_norm, k_norm, rotary, round_intermediates=True):
+def reference(qkv, heads, q_norm, k_norm, rotary, round_intermediates=True, truncates=True):
     """Rounded where the modules round: the LayerNorm's result and the rotation table to the
     tensor's dtype (unless round_intermediates is False: autocast keeps them fp32); the
     rotation in fp32, rounded once."""
@@ -29,12 +45,12 @@ def reference(qkv, heads, q_norm, k_norm, rotary, round_intermediates=True):
     dim = qkv.shape[-1] // (3 * heads)
     q, k, v = qkv.float().unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4).unbind(0)
     if q_norm is not None:
-        q = to_interpreted(F.layer_norm(q, (dim,), q_norm.weight.float(), q_norm.bias.float(), q_norm.eps), mid)
-        k = to_interpreted(F.layer_norm(k, (dim,), k_norm.weight.float(), k_norm.bias.float(), k_norm.eps), mid)
+        q = to_interpreted(F.layer_norm(q, (dim,), q_norm.weight.float(), q_norm.bias.float(), q_norm.eps), mid, truncates)
+        k = to_interpreted(F.layer_norm(k, (dim,), k_norm.weight.float(), k_norm.bias.float(), k_norm.eps), mid, truncates)
     if rotary is not None:
-        table = dataclasses.replace(rotary, cos=to_interpreted(rotary.cos, mid), sin=to_interpreted(rotary.sin, mid))
+        table = dataclasses.replace(rotary, cos=to_interpreted(rotary.cos, mid, truncates), sin=to_interpreted(rotary.sin, mid, truncates))
         q, k = table.apply(q), table.apply(k)
-    return [to_interpreted(t, dtype).to(dtype) for t in (q, k, v)]
+    return [to_interpreted(t, dtype, truncates).to(dtype) for t in (q, k, v)]
 
 
 @torch.no_grad()
@@ -44,6 +60,7 @@ def main() -> None:
     from mapstream.layers.rope import patch_positions_2d, token_positions_3d
 
     torch.manual_seed(0)
+    truncates = _interpreter_truncates()
     report = {}
     cases = [
         # name, batch, tokens, heads, head dim, norm, rope kind
@@ -89,7 +106,7 @@ def main() -> None:
                 heads, 1e-5 if norm else 0.0, 1e-6 if norm else 0.0,
                 rotary is not None and rotary.interleaved, 1 if rotary is None else rotary.axes, rounding,
             )
-            want = reference(qkv, heads, q_norm, k_norm, rotary, rounding)
+            want = reference(qkv, heads, q_norm, k_norm, rotary, rounding, truncates)
             row = {}
             for label, g, w in zip("qkv", got, want):
                 diff = (g.float() - w.float()).abs()

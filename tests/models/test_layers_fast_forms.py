@@ -48,9 +48,10 @@ def test_resize_kernel_matches_interpolate_interpreted():
 def test_qkv_heads_kernel_matches_norm_and_rope_interpreted():
     """2D (rotate-half, two axes) and 3D (interleaved) RoPE, per-stream tables, norm or RoPE
     alone, head dims 16 and 64, token counts off the tile size; fp32 to float rounding,
-    bf16 to one unit in the last place (the interpreter rounds toward zero where the GPU
-    rounds to nearest: the reference does the same), with the intermediates rounded to bf16
-    (the modules in bf16) or kept fp32 (autocast)."""
+    bf16 to one unit in the last place, with the intermediates rounded to bf16 (the modules
+    in bf16) or kept fp32 (autocast). Triton 3.6–3.9's interpreter rounds fp32 to bf16
+    toward zero where the GPU rounds to nearest: the reference rounds as the interpreter
+    does, checked at run time."""
     script = Path(__file__).with_name("interpret_heads_kernel.py")
     run = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
