@@ -302,6 +302,31 @@ def test_qkv_heads_under_autocast_rounds_once_to_the_autocast_dtype():
         assert float((diff > 0).float().mean()) < 1e-2
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "graphs"])
+def test_session_steps_run_the_fused_heads_and_our_frame_attention(fast):
+    """A bf16 session step (bf16 weights under autocast, as sessions run) goes through the
+    fused q/k/v heads in every frame and global block and through our kernel for every
+    frame's own attention (ViT and frame blocks), never SDPA: guards against a silent
+    fallback, such as the autocast refusal that kept the fused heads out of the first
+    measurement of session 6."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
+    c = model.config
+    images = torch.rand(5, 3, 56, 70, device="cuda")
+    with model.session(num_scale_frames=2, precision="bf16", fast=fast) as s:
+        for i in range(4):
+            s.step(images[i])
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            s.step(images[4])
+            torch.cuda.synchronize()
+    calls = {e.key: e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA}
+    assert calls.get("_qkv_heads_fwd", 0) >= 2 * c.depth, calls
+    assert calls.get("_flash_fwd", 0) == c.vit_depth + c.depth, calls
+    assert not [n for n in calls if any(w in n.lower() for w in ("sdpa", "fmha", "pytorch_flash"))], calls
+
+
 @pytest.mark.parametrize("layout", ["heads", "vit_views"])
 def test_dense_attention_of_one_frame_is_our_kernel(layout):
     """One bf16 frame at 504x378 (978 tokens, 16 heads of 64): one `_flash_fwd` call and no
