@@ -32,15 +32,21 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 def _kernel_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    if not (_HAS_TRITON and q.is_cuda and q.dim() == 4 and q.shape[0] == 1):
+    if not (_HAS_TRITON and q.is_cuda and _kernel_takes(q, k, v)):
+        return False
+    return torch.cuda.get_device_capability(q.device) >= (8, 0)
+
+
+def _kernel_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """The shapes and dtypes the kernel computes, whatever the device: one frame, half
+    precision, equal heads and head dims, K and V of one length, unit last strides."""
+    if not (q.dim() == 4 and q.shape[0] == 1):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == q.dtype):
         return False
     if k.shape != v.shape or k.shape[0] != 1 or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3]:
         return False
-    if q.shape[3] not in (16, 32, 64, 128) or any(t.stride(-1) != 1 for t in (q, k, v)):
-        return False
-    return torch.cuda.get_device_capability(q.device) >= (8, 0)
+    return q.shape[3] in (16, 32, 64, 128) and k.shape[2] > 0 and all(t.stride(-1) == 1 for t in (q, k, v))
 
 
 def _register_op():

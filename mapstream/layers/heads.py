@@ -71,13 +71,19 @@ def _table_strides(table: torch.Tensor, tokens: int) -> tuple[int, int] | None:
     if table.dim() == 2:
         return 0, table.stride(0)
     if table.dim() == 4 and table.shape[1] == 1:
-        return table.stride(0), table.stride(2)
+        # One table for every batch row broadcasts (batch stride 0).
+        return (table.stride(0) if table.shape[0] > 1 else 0), table.stride(2)
     return None
 
 
 def _fused_ok(qkv, num_heads, q_norm, k_norm, rotary) -> bool:
     """Whether the Triton kernel computes this case (and there is more to do than a view)."""
-    if not (_HAS_TRITON and qkv.is_cuda and qkv.dim() == 3 and qkv.stride(-1) == 1):
+    return _HAS_TRITON and qkv.is_cuda and _kernel_takes(qkv, num_heads, q_norm, k_norm, rotary)
+
+
+def _kernel_takes(qkv, num_heads, q_norm, k_norm, rotary) -> bool:
+    """The shapes, dtypes and modules the kernel computes, whatever the device."""
+    if not (qkv.dim() == 3 and qkv.stride(-1) == 1):
         return False
     if qkv.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False

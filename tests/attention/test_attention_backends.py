@@ -104,3 +104,26 @@ def test_flash_launch_hook_refuses_the_tma_kernel():
     q, k, v = torch.randn(2, 5, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16)
     with pytest.raises(ValueError, match="tma=False"):
         flash_attention(q, k, v, config=KernelConfig(tma=True), launch=lambda kernel: kernel)
+
+
+def test_dense_attention_kernel_takes_one_half_precision_frame():
+    """Which calls our kernel would take (on CUDA): the decision without the device."""
+    from mapstream.attention.dense import _kernel_takes
+
+    def qkv(shape=(1, 4, 9, 64), dtype=torch.bfloat16, keys=9):
+        q = torch.randn(shape, dtype=dtype)
+        kv = torch.randn(shape[0], shape[1], keys, shape[3], dtype=dtype)
+        return q, kv, kv.clone()
+
+    assert _kernel_takes(*qkv())
+    assert _kernel_takes(*qkv(keys=31))  # keys need not match queries
+    assert _kernel_takes(*qkv(dtype=torch.float16))
+    assert not _kernel_takes(*qkv(shape=(2, 4, 9, 64)))  # a batch of frames: SDPA
+    assert not _kernel_takes(*qkv(dtype=torch.float32))
+    assert not _kernel_takes(*qkv(shape=(1, 4, 9, 48)))  # head dim not a power of two
+    assert not _kernel_takes(*qkv(keys=0))
+    q, k, v = qkv()
+    assert not _kernel_takes(q, k[:, :2], v[:, :2])  # heads differ
+    assert not _kernel_takes(q, k, v[:, :, :5])  # K and V lengths differ
+    assert not _kernel_takes(q, k, v.float())
+    assert not _kernel_takes(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)  # last stride
