@@ -76,6 +76,8 @@ def main() -> None:
         ("rope_only", 1, 70, 2, 16, False, "3d"),
         ("2d_norm_d64", 1, 130, 3, 64, True, "2d"),
         ("3d_norm_d64", 1, 130, 2, 64, True, "3d"),
+        ("2d_norm_d32", 2, 37, 3, 32, True, "2d"),
+        ("3d_norm_d128", 1, 40, 2, 128, True, "3d"),
     ]
     for name, batch, tokens, heads, dim, norm, kind in cases:
         for dtype, rounding in ((torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)):
