@@ -5,9 +5,9 @@
 On CUDA one Triton kernel (`_heads_kernel.py`) does it in one pass over the projection. In
 the compiled trunk the same work was five kernels a block (split, the two norms, the RoPE
 products, a layout copy), 25–30 µs of a 977-token frame on an H200 where one pass over its
-6 MB needs a few (docs/BENCHMARKS.md, session 6). Elsewhere and for shapes the kernel does
-not take, it is the plain PyTorch composition, which is also the definition
-the kernel is tested against.
+6 MB needs a few (docs/BENCHMARKS.md, session 6). Elsewhere, and for what the kernel does not
+take (`_kernel_takes`), it is the plain PyTorch composition, the definition the kernel is
+tested against.
 
 Arithmetic as the modules': LayerNorm statistics in fp32, its result rounded to the tensor's
 dtype; the rotation table rounded to that dtype, the rotation computed in fp32 and rounded
