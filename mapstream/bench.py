@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .attention.fused import plain_pytorch
+
 __all__ = ["BenchConfig", "run_benchmark", "reference_samples", "compare_samples"]
 
 log = logging.getLogger(__name__)
@@ -210,14 +212,16 @@ def _keep_sample(cfg: BenchConfig, samples: dict, index: int, pred) -> None:
 @torch.no_grad()
 def reference_samples(cfg: BenchConfig, model) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """The predictions `run_benchmark` keeps, from an eager pass with PyTorch's SDPA (the
-    reference backend) over the same frames and weights."""
+    reference backend) and PyTorch's composition for the blocks' fused kernels
+    (`plain_pytorch`), over the same frames and weights: a reference that shares none of
+    our kernels with the variants it checks."""
     device = torch.device(cfg.device)
     frames = _frames(cfg, device)
     saved = model.backend_name
     model.set_backend("sdpa")
     samples: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     try:
-        with model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision) as session:
+        with plain_pytorch(), model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision) as session:
             session.run_frames(frames[: cfg.scale_frames])
             for i in range(cfg.scale_frames, cfg.scale_frames + cfg.stream_frames):
                 (pred,) = session.step(frames[i])

@@ -19,6 +19,8 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from .fused import fused_kernels_allowed
+
 __all__ = ["dense_attention"]
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -32,7 +34,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 def _kernel_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    if not (_HAS_TRITON and q.is_cuda and _kernel_takes(q, k, v)):
+    if not (_HAS_TRITON and q.is_cuda and fused_kernels_allowed() and _kernel_takes(q, k, v)):
         return False
     return torch.cuda.get_device_capability(q.device) >= (8, 0)
 

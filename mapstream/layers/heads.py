@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..attention.fused import fused_kernels_allowed
 from .rope import Rotary
 
 __all__ = ["qkv_heads"]
@@ -78,7 +79,10 @@ def _table_strides(table: torch.Tensor, tokens: int) -> tuple[int, int] | None:
 
 def _fused_ok(qkv, num_heads, q_norm, k_norm, rotary) -> bool:
     """Whether the Triton kernel computes this case (and there is more to do than a view)."""
-    return _HAS_TRITON and qkv.is_cuda and _kernel_takes(qkv, num_heads, q_norm, k_norm, rotary)
+    return (
+        _HAS_TRITON and qkv.is_cuda and fused_kernels_allowed()
+        and _kernel_takes(qkv, num_heads, q_norm, k_norm, rotary)
+    )
 
 
 def _kernel_takes(qkv, num_heads, q_norm, k_norm, rotary) -> bool:

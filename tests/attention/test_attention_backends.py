@@ -127,3 +127,23 @@ def test_dense_attention_kernel_takes_one_half_precision_frame():
     assert not _kernel_takes(q, k, v[:, :, :5])  # K and V lengths differ
     assert not _kernel_takes(q, k, v.float())
     assert not _kernel_takes(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)  # last stride
+
+
+def test_plain_pytorch_turns_the_fused_kernels_off_inside_only():
+    import threading
+
+    from mapstream.attention.fused import fused_kernels_allowed, plain_pytorch
+
+    assert fused_kernels_allowed()
+    other = []
+    with plain_pytorch():
+        assert not fused_kernels_allowed()
+        thread = threading.Thread(target=lambda: other.append(fused_kernels_allowed()))
+        thread.start()
+        thread.join()
+    assert other == [True]  # another thread keeps its own setting
+    assert fused_kernels_allowed()
+    with pytest.raises(RuntimeError):
+        with plain_pytorch():
+            raise RuntimeError("boom")
+    assert fused_kernels_allowed()  # restored after an exception

@@ -44,3 +44,30 @@ def test_reference_samples_are_an_eager_sdpa_pass_over_the_bench_frames():
     for i, (pose, depth) in samples.items():
         torch.testing.assert_close(pose, preds[i].pose_enc)
         torch.testing.assert_close(depth, preds[i].depth)
+
+
+def test_reference_samples_keep_our_fused_kernels_out(monkeypatch):
+    """The reference pass runs every block with our fused kernels turned off (on CUDA they
+    would otherwise serve it too, and the check would compare them with themselves)."""
+    import mapstream.layers.block as block
+    from mapstream.attention.fused import fused_kernels_allowed
+
+    seen = []
+    heads, attention = block.qkv_heads, block.dense_attention
+
+    def spy_heads(*args, **kwargs):
+        seen.append(fused_kernels_allowed())
+        return heads(*args, **kwargs)
+
+    def spy_attention(*args, **kwargs):
+        seen.append(fused_kernels_allowed())
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(block, "qkv_heads", spy_heads)
+    monkeypatch.setattr(block, "dense_attention", spy_attention)
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+    cfg = BenchConfig(preset="tiny", width=42, height=28, scale_frames=2, stream_frames=2, window=3,
+                      precision="fp32", device="cpu", check_every=1)
+    reference_samples(cfg, model)
+    assert seen and not any(seen)
+    assert fused_kernels_allowed()  # restored after the pass
