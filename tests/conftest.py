@@ -51,6 +51,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
 
 
+def run_interpreted(script: Path) -> dict:
+    """Run `script` in a fresh process under Triton's CPU interpreter (the variable must be
+    set before Triton is imported) and return the JSON report on its last line of output."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""

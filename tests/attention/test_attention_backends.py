@@ -3,16 +3,13 @@ arithmetic under Triton's CPU interpreter (the compiled kernel is tested on the 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import mapstream
+from conftest import run_interpreted
 from mapstream.attention import SDPABackend, available_backends, select_backend
 
 
@@ -42,11 +39,7 @@ def test_auto_falls_back_to_sdpa_and_named_backends_explain_refusals():
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
-    script = Path(__file__).with_name("interpret_triton_kernel.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    reports = json.loads(run.stdout.strip().splitlines()[-1])
+    reports = run_interpreted(Path(__file__).with_name("interpret_triton_kernel.py"))
     report = reports["flash"]
     assert report.pop("launch_hook/wrapped") == ["_flash_fwd", "_flash_fwd", "_merge_splits"]
     assert report.pop("launch_hook/splits1") == {"equal": True}

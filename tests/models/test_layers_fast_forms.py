@@ -6,16 +6,13 @@ product."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import run_interpreted
 from mapstream.layers import resize_bilinear
 
 
@@ -31,13 +28,7 @@ def test_cpu_resize_is_interpolate_plus_the_addend():
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_resize_kernel_matches_interpolate_interpreted():
-    script = Path(__file__).with_name("interpret_resize_kernel.py")
-    run = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report = run_interpreted(Path(__file__).with_name("interpret_resize_kernel.py"))
     assert len(report) == 8
     for case, row in report.items():
         assert row["err"] < 1e-5 and row["err_add"] < 1e-5, (case, row)
@@ -54,13 +45,7 @@ def test_qkv_heads_kernel_matches_norm_and_rope_interpreted():
     bf16) or kept fp32 (autocast). Triton 3.6–3.9's interpreter rounds fp32 to bf16
     toward zero where the GPU rounds to nearest: the reference rounds as the interpreter
     does, checked at run time."""
-    script = Path(__file__).with_name("interpret_heads_kernel.py")
-    run = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report = run_interpreted(Path(__file__).with_name("interpret_heads_kernel.py"))
     assert len(report) == 30
     for case, row in report.items():
         for part, r in row.items():
