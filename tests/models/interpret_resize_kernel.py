@@ -1,6 +1,6 @@
 """Run the bilinear resize kernel (mapstream/layers/_resize_kernel.py) under Triton's CPU
 interpreter against F.interpolate and print the errors as JSON. Started by
-test_resize.py in a fresh process with TRITON_INTERPRET=1."""
+test_layers_fast_forms.py in a fresh process with TRITON_INTERPRET=1."""
 from __future__ import annotations
 
 import json
