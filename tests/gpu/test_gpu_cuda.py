@@ -199,6 +199,19 @@ def test_resize_kernel_matches_interpolate_at_the_dpt_sizes(dtype):
         assert float(((got.float() - want).abs() / want.abs().clamp_min(1.0)).max()) < tol, (shape, dtype)
 
 
+def _trunk_attention(dtype):
+    """A trunk block's attention projections (1024 wide, 16 heads of 64, q/k LayerNorms with
+    weights and biases away from 1 and 0, so the norms' affine part is exercised), seeded."""
+    from mapstream.layers import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(1024, 16, qk_norm=True).cuda()
+    for norm in (attn.q_norm, attn.k_norm):
+        torch.nn.init.normal_(norm.weight, 1.0, 0.3)
+        torch.nn.init.normal_(norm.bias, 0.0, 0.3)
+    return attn.to(dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["2d", "3d", "3d_two_streams"])
 def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
@@ -210,15 +223,10 @@ def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
 
     from torch.profiler import ProfilerActivity, profile
 
-    from mapstream.layers import Attention, patch_positions_2d, rope2d, rope3d, token_positions_3d
+    from mapstream.layers import patch_positions_2d, rope2d, rope3d, token_positions_3d
     from mapstream.layers.heads import qkv_heads
 
-    torch.manual_seed(0)
-    attn = Attention(1024, 16, qk_norm=True).cuda()
-    for norm in (attn.q_norm, attn.k_norm):
-        torch.nn.init.normal_(norm.weight, 1.0, 0.3)
-        torch.nn.init.normal_(norm.bias, 0.0, 0.3)
-    attn.to(dtype)
+    attn = _trunk_attention(dtype)
     if kind == "2d":
         rotary = rope2d(patch_positions_2d(27, 36, 6, torch.device("cuda")), 64, 100.0)
     else:
@@ -274,15 +282,10 @@ def test_qkv_heads_under_autocast_rounds_once_to_the_autocast_dtype():
     (one kernel, within one unit of the rounded composition)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from mapstream.layers import Attention, rope3d, token_positions_3d
+    from mapstream.layers import rope3d, token_positions_3d
     from mapstream.layers.heads import qkv_heads
 
-    torch.manual_seed(0)
-    attn = Attention(1024, 16, qk_norm=True).cuda()
-    for norm in (attn.q_norm, attn.k_norm):
-        torch.nn.init.normal_(norm.weight, 1.0, 0.3)
-        torch.nn.init.normal_(norm.bias, 0.0, 0.3)
-    attn.to(torch.bfloat16)
+    attn = _trunk_attention(torch.bfloat16)
     rotary = rope3d(token_positions_3d(torch.tensor([130], device="cuda"), 27, 36, 6), (16, 24, 24), 10000.0)
     x = torch.randn(1, 978, 1024, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
