@@ -212,9 +212,9 @@ def _keep_sample(cfg: BenchConfig, samples: dict, index: int, pred) -> None:
 @torch.no_grad()
 def reference_samples(cfg: BenchConfig, model) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """The predictions `run_benchmark` keeps, from an eager pass with PyTorch's SDPA (the
-    reference backend) and PyTorch's composition for the blocks' fused kernels
-    (`plain_pytorch`), over the same frames and weights: a reference that shares none of
-    our kernels with the variants it checks."""
+    reference backend), with every other kernel of ours off (`plain_pytorch`), over the
+    same frames and weights: a reference that shares none of our kernels with the variants
+    it checks."""
     device = torch.device(cfg.device)
     frames = _frames(cfg, device)
     saved = model.backend_name

@@ -14,17 +14,12 @@ scale phase.
 """
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
-from .fused import fused_kernels_allowed
+from .fused import HAS_TRITON, our_kernels_may_serve
 
 __all__ = ["dense_attention"]
-
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
-
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(D)) v for q, k, v [B, H, N, D] -> [B, H, N, D]."""
@@ -34,7 +29,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 def _kernel_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    if not (_HAS_TRITON and q.is_cuda and fused_kernels_allowed() and _kernel_takes(q, k, v)):
+    if not (our_kernels_may_serve(q) and _kernel_takes(q, k, v)):
         return False
     return torch.cuda.get_device_capability(q.device) >= (8, 0)
 
@@ -66,4 +61,4 @@ def _register_op():
     return dense_op
 
 
-_dense_op = _register_op() if _HAS_TRITON else None
+_dense_op = _register_op() if HAS_TRITON else None

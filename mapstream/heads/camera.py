@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend, SDPABackend, select_backend
+from ..attention.fused import fused_kernels_allowed
 from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
 from ..layers import Block, Mlp
 
@@ -56,19 +57,23 @@ class CameraCausalHead(nn.Module):
         self.pose_branch = Mlp(dim_in, dim_in // 2, POSE_DIM)
         self.pools = pools if pools is not None else PoolRegistry()
         self.kv_cache = self.new_cache()
-        self._backends: dict[tuple[str, torch.dtype], AttentionBackend] = {}
+        self._backends: dict[tuple[str, torch.dtype, bool], AttentionBackend] = {}
 
     def attention_backend(self, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
         """The backend of the trunk's cache attention on `device` for K/V of `dtype`: one query
         a frame over a key count that grows every frame. Our Triton rows kernel where it runs
         (one kernel a call, fp32 arithmetic, the range read on the device); else SDPA without
-        cuDNN, which plans on the host for every new key count (see SDPABackend)."""
-        key = (torch.device(device).type, dtype)
+        cuDNN, which plans on the host for every new key count (see SDPABackend). Inside
+        `plain_pytorch()` (reference passes) always the latter."""
+        ours = fused_kernels_allowed()
+        key = (torch.device(device).type, dtype, ours)
         if key not in self._backends:
-            try:
-                self._backends[key] = select_backend("triton-rows", device, dtype)
-            except ValueError:  # it states why (no CUDA, no Triton); the fallback serves all
-                self._backends[key] = SDPABackend(cudnn=False)
+            self._backends[key] = SDPABackend(cudnn=False)
+            if ours:
+                try:
+                    self._backends[key] = select_backend("triton-rows", device, dtype)
+                except ValueError:  # it states why (no CUDA, no Triton); the fallback serves all
+                    pass
         return self._backends[key]
 
     def new_cache(self, spec: CacheSpec | None = None) -> StreamCacheManager:

@@ -18,19 +18,15 @@ kernel computes in fp32 and returns them already rounded to that dtype.
 """
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 import torch
 from torch import nn
 
-from ..attention.fused import fused_kernels_allowed
+from ..attention.fused import HAS_TRITON, our_kernels_may_serve
 from .rope import Rotary
 
 __all__ = ["qkv_heads"]
-
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
-
 
 def qkv_heads(
     qkv: torch.Tensor,
@@ -79,10 +75,7 @@ def _table_strides(table: torch.Tensor, tokens: int) -> tuple[int, int] | None:
 
 def _fused_ok(qkv, num_heads, q_norm, k_norm, rotary) -> bool:
     """Whether the Triton kernel computes this case (and there is more to do than a view)."""
-    return (
-        _HAS_TRITON and qkv.is_cuda and fused_kernels_allowed()
-        and _kernel_takes(qkv, num_heads, q_norm, k_norm, rotary)
-    )
+    return our_kernels_may_serve(qkv) and _kernel_takes(qkv, num_heads, q_norm, k_norm, rotary)
 
 
 def _kernel_takes(qkv, num_heads, q_norm, k_norm, rotary) -> bool:
@@ -171,4 +164,4 @@ def _register_op():
     return qkv_heads_op
 
 
-_qkv_heads_op = _register_op() if _HAS_TRITON else None
+_qkv_heads_op = _register_op() if HAS_TRITON else None

@@ -13,23 +13,20 @@ once (with `add`, the sum is rounded once instead of twice).
 """
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..attention.fused import our_kernels_may_serve
+
 __all__ = ["resize_bilinear"]
-
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
-
 
 def resize_bilinear(x: torch.Tensor, size: tuple[int, int], add: torch.Tensor | None = None) -> torch.Tensor:
     """x [N, C, H, W] resized to `size` (bilinear, align_corners=True), then `add` (a tensor
     that broadcasts to [N, C, *size]) added. The result keeps x's memory format."""
     if x.dim() != 4:
         raise ValueError(f"resize_bilinear needs x [N, C, H, W], got {list(x.shape)}")
-    if not (x.is_cuda and _HAS_TRITON and x.dtype in (torch.float32, torch.float16, torch.bfloat16)):
+    if not (our_kernels_may_serve(x) and x.dtype in (torch.float32, torch.float16, torch.bfloat16)):
         out = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
         return out if add is None else out + add
     return _resize_triton(x, size, add)
