@@ -4,8 +4,9 @@ Usage (device): ncu --clock-control none -k regex:KERNEL -s 3 -c 1 --set full \\
                     python3 scripts/ncu_attention.py [triton[:flag,...]|gluon|pingpong]
 KERNEL: _flash_fwd (triton, the default), _gluon_flash_fwd / _pingpong_fwd for the
 experimental Gluon kernels; `triton:tree_max,wide_sum` turns KernelConfig flags on. Runs
-the kernel four times (the first three warm up and are skipped by -s 3). For per-line stall reasons add `--import-source yes` and open the report's
-source page (the ping-pong kernel's overlap problem, docs/BENCHMARKS.md session 4).
+the kernel four times (the first three warm up and are skipped by -s 3). For per-line stall
+reasons add `--import-source yes` and open the report's source page (the ping-pong kernel's
+overlap problem, docs/BENCHMARKS.md session 4).
 """
 from __future__ import annotations
 
