@@ -1,4 +1,12 @@
-"""The Triton kernel of `heads.qkv_heads` (imported only when Triton runs it)."""
+"""The Triton kernel of `heads.qkv_heads` (imported only when Triton runs it).
+
+Each of q, k, v is read from the projection once, with whole-row vector loads; the
+LayerNorm and the rotation happen in registers (the rotation pairs channels by reshaping
+the row, not by loading it a second time in partner order). The first version loaded each
+row four times through gathered addresses and held 64-token tiles: 255 registers a thread
+and 1.8 KB of spills on sm90, 19–27 µs a call for a 977-token frame (docs/BENCHMARKS.md,
+session 7).
+"""
 from __future__ import annotations
 
 import triton
@@ -6,27 +14,39 @@ import triton.language as tl
 
 
 @triton.jit
-def _row_stats(X, d, row_ok, eps, HEAD_DIM: tl.constexpr):
-    """Mean and 1/std over the head dim of the rows at X (LayerNorm's statistics)."""
-    x = tl.load(X + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-    mean = tl.sum(x, 1) / HEAD_DIM
-    centred = x - mean[:, None]
-    return mean, tl.math.rsqrt(tl.sum(centred * centred, 1) / HEAD_DIM + eps)
-
-
-@triton.jit
-def _normed(X, W, B, cols, row_ok, mean, rstd, HAS_NORM: tl.constexpr, ROUND_TO: tl.constexpr,
-            ROUND: tl.constexpr):
-    """Columns `cols` of the rows at X, LayerNormed with the rows' statistics and (ROUND)
-    rounded to the output dtype as the LayerNorm module's result is; fp32 out."""
-    x = tl.load(X + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+def _layer_norm(x, W, B, eps, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, ROUND_TO: tl.constexpr,
+                ROUND: tl.constexpr):
+    """LayerNorm over the last dim of x [T, D] (fp32); with ROUND its result is rounded to
+    ROUND_TO, as the module computing in that dtype returns it."""
     if HAS_NORM:
-        w = tl.load(W + cols).to(tl.float32)
-        b = tl.load(B + cols).to(tl.float32)
-        x = (x - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :]
+        d = tl.arange(0, HEAD_DIM)
+        mean = tl.sum(x, 1) / HEAD_DIM
+        centred = x - mean[:, None]
+        rstd = tl.math.rsqrt(tl.sum(centred * centred, 1) / HEAD_DIM + eps)
+        w = tl.load(W + d).to(tl.float32)
+        b = tl.load(B + d).to(tl.float32)
+        x = centred * rstd[:, None] * w[None, :] + b[None, :]
         if ROUND:
             x = x.to(ROUND_TO).to(tl.float32)
     return x
+
+
+@triton.jit
+def _rotate(x, cos, sin, BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
+            AXES: tl.constexpr):
+    """Rotary.apply on x [T, D] with the table cos, sin [T, D/2] (pair-major): pair p holds
+    channels (2p, 2p+1) when INTERLEAVED, else channels (j, j + F) of each of the AXES
+    blocks of 2F channels; the pair (a, b) becomes (a cos - b sin, b cos + a sin)."""
+    if INTERLEAVED:
+        a, b = tl.split(tl.reshape(x, (BLOCK_T, HEAD_DIM // 2, 2)))
+        return tl.reshape(tl.join(a * cos - b * sin, b * cos + a * sin), (BLOCK_T, HEAD_DIM))
+    else:
+        half: tl.constexpr = HEAD_DIM // (2 * AXES)
+        a, b = tl.split(tl.permute(tl.reshape(x, (BLOCK_T, AXES, 2, half)), (0, 1, 3, 2)))
+        c = tl.reshape(cos, (BLOCK_T, AXES, half))
+        s = tl.reshape(sin, (BLOCK_T, AXES, half))
+        out = tl.permute(tl.join(a * c - b * s, b * c + a * s), (0, 1, 3, 2))
+        return tl.reshape(out, (BLOCK_T, HEAD_DIM))
 
 
 @triton.jit
@@ -47,47 +67,24 @@ def _qkv_heads_fwd(
     batch = tl.program_id(2).to(tl.int64)
     d = tl.arange(0, HEAD_DIM)
     row_ok = tok < n_tokens
-    src = QKV + batch * s_qkv_b + tok.to(tl.int64)[:, None] * s_qkv_t + head * HEAD_DIM
-    dst = (batch * n_heads + head) * n_tokens * HEAD_DIM + tok.to(tl.int64)[:, None] * HEAD_DIM + d[None, :]
+    src = QKV + batch * s_qkv_b + (tok.to(tl.int64) * s_qkv_t + head * HEAD_DIM)[:, None] + d[None, :]
+    dst = ((batch * n_heads + head) * n_tokens + tok.to(tl.int64))[:, None] * HEAD_DIM + d[None, :]
     out_ty = Q.dtype.element_ty
-    v = tl.load(src + 2 * n_heads * HEAD_DIM + d[None, :], mask=row_ok[:, None], other=0.0)
-    tl.store(V + dst, v, mask=row_ok[:, None])
-    k_src = src + n_heads * HEAD_DIM
-    if HAS_NORM:
-        q_mean, q_rstd = _row_stats(src, d, row_ok, q_eps, HEAD_DIM)
-        k_mean, k_rstd = _row_stats(k_src, d, row_ok, k_eps, HEAD_DIM)
-    else:
-        q_mean = tl.zeros([BLOCK_T], dtype=tl.float32)
-        q_rstd = q_mean
-        k_mean = q_mean
-        k_rstd = q_mean
-    q = _normed(src, QW, QB, d, row_ok, q_mean, q_rstd, HAS_NORM, out_ty, ROUND_INTERMEDIATES)
-    k = _normed(k_src, KW, KB, d, row_ok, k_mean, k_rstd, HAS_NORM, out_ty, ROUND_INTERMEDIATES)
+    width = n_heads * HEAD_DIM
+    tl.store(V + dst, tl.load(src + 2 * width, mask=row_ok[:, None]), mask=row_ok[:, None])
+    q = tl.load(src, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    k = tl.load(src + width, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    q = _layer_norm(q, QW, QB, q_eps, HEAD_DIM, HAS_NORM, out_ty, ROUND_INTERMEDIATES)
+    k = _layer_norm(k, KW, KB, k_eps, HEAD_DIM, HAS_NORM, out_ty, ROUND_INTERMEDIATES)
     if HAS_ROPE:
-        # Channel d is rotated with its partner channel: out = x[d] cos + sign * x[partner] sin
-        # with sign -1 on the pair's first channel, +1 on its second (Rotary.apply's pairing).
-        if INTERLEAVED:
-            pair = d // 2
-            first = (d % 2) == 0
-            partner = d ^ 1
-        else:
-            half: tl.constexpr = HEAD_DIM // (2 * AXES)
-            axis = d // (2 * half)
-            r = d % (2 * half)
-            first = r < half
-            pair = axis * half + (r % half)
-            partner = tl.where(first, d + half, d - half)
-        sign = tl.where(first, -1.0, 1.0)
-        table = batch * s_cos_b + tok.to(tl.int64)[:, None] * s_cos_t + pair[None, :]
-        cos = tl.load(COS + table, mask=row_ok[:, None], other=0.0)
-        sin = tl.load(SIN + table, mask=row_ok[:, None], other=0.0)
+        pair = tl.arange(0, HEAD_DIM // 2)
+        table = batch * s_cos_b + (tok.to(tl.int64) * s_cos_t)[:, None] + pair[None, :]
+        cos = tl.load(COS + table, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        sin = tl.load(SIN + table, mask=row_ok[:, None], other=0.0).to(tl.float32)
         if ROUND_INTERMEDIATES:  # Rotary.apply rounds the table to the tensor's dtype
             cos = cos.to(out_ty).to(tl.float32)
             sin = sin.to(out_ty).to(tl.float32)
-        sin = sin * sign[None, :]
-        q_p = _normed(src, QW, QB, partner, row_ok, q_mean, q_rstd, HAS_NORM, out_ty, ROUND_INTERMEDIATES)
-        k_p = _normed(k_src, KW, KB, partner, row_ok, k_mean, k_rstd, HAS_NORM, out_ty, ROUND_INTERMEDIATES)
-        q = q * cos + q_p * sin
-        k = k * cos + k_p * sin
+        q = _rotate(q, cos, sin, BLOCK_T, HEAD_DIM, INTERLEAVED, AXES)
+        k = _rotate(k, cos, sin, BLOCK_T, HEAD_DIM, INTERLEAVED, AXES)
     tl.store(Q + dst, q.to(out_ty), mask=row_ok[:, None])
     tl.store(K + dst, k.to(out_ty), mask=row_ok[:, None])
