@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.backend import AttentionBackend
+from .frame_write import write_frame_kv
 from .manager import CacheStateError, Step
 
 __all__ = ["DeviceStep"]
@@ -62,6 +63,5 @@ class DeviceStep:
         if self.storage is None:
             raise CacheStateError("DeviceStep.attend before prepare()")
         kv = self.storage[layer]  # [2, H, T, D]
-        kv[0].index_copy_(1, self.write_index, k[0].detach().to(kv.dtype))
-        kv[1].index_copy_(1, self.write_index, v[0].detach().to(kv.dtype))
+        write_frame_kv(kv, k[0].detach(), v[0].detach(), self.write_index)
         return backend.attend_range(q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), self.kv_range)

@@ -44,6 +44,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .frame_write import write_frame_kv
 from .page_pool import PageRun, PoolRegistry
 from .spec import CacheSpec, StorageKey, TokenLayout
 
@@ -469,10 +470,8 @@ class StreamCacheManager:
         for op in ops:
             if isinstance(op, _Write):
                 assert k is not None and v is not None
-                dst = slice(op.slot * tpf, (op.slot + 1) * tpf)
                 src = slice(op.frame * tpf, (op.frame + 1) * tpf)
-                kv[0, :, dst] = k[:, src].detach()
-                kv[1, :, dst] = v[:, src].detach()
+                write_frame_kv(kv, k[:, src].detach(), v[:, src].detach(), op.slot * tpf)
             elif isinstance(op, _Move):
                 src_start = op.src_slot * tpf
                 kv[..., op.dst_slot * tpf : (op.dst_slot + 1) * tpf, :] = kv[..., src_start : src_start + tpf, :]

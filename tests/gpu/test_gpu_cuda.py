@@ -328,6 +328,37 @@ def test_session_steps_run_the_fused_heads_and_our_frame_attention(fast):
     assert calls.get("_qkv_heads_fwd", 0) >= 2 * c.depth, calls
     assert calls.get("_flash_fwd", 0) == c.vit_depth + c.depth, calls
     assert not [n for n in calls if any(w in n.lower() for w in ("sdpa", "fmha", "pytorch_flash"))], calls
+    # Every cache write (aggregator and camera head) is one kernel for both k and v.
+    assert calls.get("_write_frame_kv", 0) >= c.depth, calls
+    assert not [n for n in calls if "index_copy" in n], calls
+
+
+@pytest.mark.parametrize("start_on_device", [False, True], ids=["int", "tensor"])
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                    (torch.bfloat16, torch.float32)], ids=["bf16", "fp32", "fp32_into_bf16"])
+def test_frame_write_is_one_kernel_matching_the_copies(dtypes, start_on_device):
+    """A 504x378 frame's k, v (views of its q/k/v projection) written into one layer of a
+    stacked cache storage: one kernel, bit-identical to PyTorch's copies (also when it
+    rounds fp32 to bf16), the other layers untouched."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mapstream.cache.frame_write import write_frame_kv
+
+    kv_dtype, dtype = dtypes
+    storage = torch.randn(3, 2, 16, 72 * 978, 64, device="cuda").to(kv_dtype)
+    qkv = torch.randn(978, 3, 16, 64, device="cuda").to(dtype)
+    k, v = qkv[:, 1].transpose(0, 1), qkv[:, 2].transpose(0, 1)
+    start = 5 * 978
+    want = storage.clone()
+    want[1, 0, :, start : start + 978] = k
+    want[1, 1, :, start : start + 978] = v
+    where = torch.arange(start, start + 978, device="cuda") if start_on_device else start
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        write_frame_kv(storage[1], k, v, where)
+        torch.cuda.synchronize()
+    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels == ["_write_frame_kv"], kernels
+    assert torch.equal(storage, want)
 
 
 @pytest.mark.parametrize("layout", ["heads", "vit_views"])
