@@ -21,7 +21,7 @@ def _write_frame_kv(
     if START_IN_MEMORY:
         first = tl.load(START).to(tl.int64)
     else:
-        first = start.to(tl.int64)
+        first = tl.cast(start, tl.int64)  # Triton passes a start of 1 as a constant, not a tensor
     if which == 0:
         rows = tl.load(K + head * s_k_h + tok.to(tl.int64)[:, None] * s_k_t + d[None, :], mask=ok[:, None])
     else:

@@ -17,6 +17,7 @@ def main() -> None:
         # name, heads, tokens written, total tokens, head dim, start, storage dtype, source dtype
         ("frame", 3, 37, 120, 16, 41, torch.float32, torch.float32),
         ("one_token", 4, 1, 9, 32, 5, torch.float32, torch.float32),
+        ("start_1", 2, 1, 9, 32, 1, torch.float32, torch.float32),  # Triton passes 1 as a constant
         ("first_slot", 2, 70, 70, 8, 0, torch.float32, torch.float32),
         ("bf16", 2, 65, 200, 64, 130, torch.bfloat16, torch.bfloat16),
         ("fp32_into_bf16", 2, 9, 30, 16, 11, torch.bfloat16, torch.float32),
