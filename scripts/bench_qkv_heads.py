@@ -18,6 +18,7 @@ from mapstream.layers.heads import launch_qkv_heads
 from mapstream.layers.rope import token_positions_3d
 
 
+@torch.no_grad()
 def main() -> None:
     dev = torch.device("cuda")
     heads, dim, grid_h, grid_w, special = 16, 64, 27, 36, 6

@@ -60,5 +60,3 @@ def _launch(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int | tor
         kv.stride(0), kv.stride(1), kv.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         START_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_T=block_t, num_warps=4,
     )
-
-
