@@ -31,8 +31,11 @@ index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step 
                slots in device tensors; its own memory pool)   } small kernels fill the gaps
 
 The trunk and DPT graphs share one memory pool and are replayed in capture order. Inputs
-that change per frame (the image, the 3D-RoPE angles of the frame's time index, the
-attention results) are copied into static buffers before the replays that read them.
+that change per frame (the image, the frame's time index, the attention results) are copied
+into static buffers before the replays that read them; graph 0 rewrites the 3D-RoPE table's
+time columns from the time index itself, so that the host launches one fill instead of the
+half-dozen small ops of the columns. Graph 0 needs nothing from the cache, so it is launched
+before the host plans the cache step: the GPU embeds the frame while the host works.
 
 `capture=False` runs the same code eagerly (no CUDA needed): the CPU tests use it to show
 both decompositions compute the model's function.
@@ -125,11 +128,13 @@ class GraphedStep:
         self.frame_rotary = rope2d(self.pos2d, c.head_dim, c.rope2d_frequency)
         self.tokens_per_frame = self.pos2d.shape[0]
         self.global_rotary: Rotary | None = agg._global_rotary(0, 1, grid_h, grid_w, self.pos2d)
-        # The 3D RoPE's time frequencies, kept: `_set_time_index` rewrites the time columns.
+        # The 3D RoPE's time frequencies, kept, and the frame's time index as a device scalar:
+        # the graphs rewrite the table's time columns from it (`_rotate_to_time`).
         self._time_inv_freq = (
             rope3d_time_inv_freq(c.rope3d_dims, c.rope3d_theta, device)
             if self.global_rotary is not None and c.enable_3d_rope else None
         )
+        self._time = torch.zeros((), dtype=torch.float64, device=device)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.whole = whole
         self.camera_device_step = DeviceStep(1, device)
@@ -154,19 +159,27 @@ class GraphedStep:
             self._outputs: list[tuple] = []
 
     # ------------------------------------------------------------------ per-frame inputs
-    def _set_time_index(self, time_index: int) -> None:
-        """Point the global blocks' rotation table at frame `time_index`, in place (the
-        captured graphs read these very buffers). Only the 3D RoPE's time columns depend on
-        the frame; rebuilding the whole table cost ~35 small host-side ops a step, during
-        which the GPU waited."""
+    def _load_frame(self, frame: torch.Tensor, cache) -> None:
+        """Copy the frame and its time index (frames stored so far) into the static inputs of
+        the first graph."""
+        self.frame.copy_(frame)
+        self._time.fill_(float(cache.frames_stored))
+
+    def _rotate_to_time(self) -> None:
+        """Point the global blocks' rotation table at the time in `_time`, in place (the
+        captured graphs read these very buffers); runs inside the first graph. Only the 3D
+        RoPE's time columns depend on the frame: rebuilding the whole table cost ~35 small
+        host-side ops a step, rewriting the columns from the host half a dozen, during which
+        the GPU waited."""
         if self._time_inv_freq is None:
             return  # no global RoPE, or a 2D one: the table is the same for every frame
-        cos, sin = rope3d_time_columns(time_index, self._time_inv_freq)
+        cos, sin = rope3d_time_columns(self._time, self._time_inv_freq)
         self.global_rotary.cos[:, : cos.numel()].copy_(cos)
         self.global_rotary.sin[:, : sin.numel()].copy_(sin)
 
     # ------------------------------------------------------------------ the pieces
     def _first(self) -> tuple:
+        self._rotate_to_time()
         tokens = self.agg.embed(self.frame, self.special)
         return self.agg.enter_layer(0, tokens, self.frame_rotary, self.global_rotary)
 
@@ -232,11 +245,8 @@ class GraphedStep:
                 return self._call_whole(frame, state, store, backend)
             return self._call_pieces(frame, state, store, backend)
 
-    def _open_step(self, frame: torch.Tensor, cache, store: bool):
-        """Load the frame and its RoPE angles into the static inputs; open the aggregator
-        cache's step for it (a context manager yielding [step])."""
-        self.frame.copy_(frame)
-        self._set_time_index(cache.frames_stored)
+    def _open_step(self, cache, store: bool):
+        """Open the aggregator cache's step for the frame (a context manager yielding [step])."""
         layout = self.agg.cache_layout(self.tokens_per_frame, cache)
         return open_steps(
             [cache], [store], num_frames=1, layout=lambda _: layout, dtype=_kv_dtype(self.special),
@@ -246,6 +256,7 @@ class GraphedStep:
     # ------------------------------------------------------------------ whole-step mode
     def _whole_step(self) -> tuple:
         agg, depth, backend = self.agg, self.config.depth, self._backend
+        self._rotate_to_time()
         tokens = agg.embed(self.frame, self.special)
         frames, globals_ = [], []
         for i in range(depth):
@@ -284,7 +295,8 @@ class GraphedStep:
         return _prepared(steps, self.camera_device_step)
 
     def _call_whole(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
-        with self._open_step(frame, state.aggregator, store) as (agg_step,), self._open_camera_steps(state, store):
+        self._load_frame(frame, state.aggregator)
+        with self._open_step(state.aggregator, store) as (agg_step,), self._open_camera_steps(state, store):
             self.agg_device_step.prepare(agg_step)
             # A graph holds the storage addresses and the backend it was captured with.
             self._backend = backend
@@ -298,11 +310,16 @@ class GraphedStep:
 
     # ------------------------------------------------------------------ pieces mode
     def _call_pieces(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
-        with self._open_step(frame, state.aggregator, store) as (step,):
+        self._load_frame(frame, state.aggregator)
+        # Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache: launched
+        # first, the GPU works on it while the host plans the cache step below, whose copies
+        # queue behind it and still precede the first attention.
+        first = self.pieces[0]()
+        with self._open_step(state.aggregator, store) as (step,):
             # The copies that do not involve this frame (window eviction into the trajectory
             # memory), for all layers at once: one kernel instead of one between every layer.
             step.apply_moves()
-            self._outputs = [self.pieces[0]()]
+            self._outputs = [first]
             for i in range(self.config.depth):
                 q, k, v = self._qkv(i)
                 result = step.attend(i, q, k, v, backend.attend, moves_done=True)

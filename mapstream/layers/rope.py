@@ -137,14 +137,16 @@ def rope3d_time_inv_freq(dims: tuple[int, int, int], theta: float, device: torch
     return _inv_freq_f64(dims[0], theta, device)
 
 
-def rope3d_time_columns(time_index: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope3d_time_columns(time_index: int | torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [dims[0] / 2] of the time pairs of `rope3d` at time `time_index`, from the
     time axis' inverse frequencies (`rope3d_time_inv_freq`, computed once by the caller).
 
     Every token of one frame shares its time, and the time pairs come first, so a frame's
     table is its first dims[0] / 2 columns filled with these and height/width columns that
     never change: a streaming step can update that much instead of rebuilding the table.
-    Same arithmetic as `rope3d` (float64 angles, one rounding to float32).
+    Same arithmetic as `rope3d` (float64 angles, one rounding to float32). `time_index` may be
+    a float64 scalar tensor on inv_freq's device, which a captured CUDA graph can read.
     """
-    angles = inv_freq * float(time_index)
+    time = time_index if isinstance(time_index, torch.Tensor) else float(time_index)
+    angles = inv_freq * time
     return angles.cos().float(), angles.sin().float()

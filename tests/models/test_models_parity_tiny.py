@@ -175,15 +175,18 @@ def test_forward_rejects_bad_input(tiny_weights):
         model(torch.rand(1, 3, 84, 140), causal_inference=False)
 
 
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["int", "tensor"])
 @pytest.mark.parametrize("time_index", [0, 1, 17, 4096, 123_457])
-def test_rope3d_time_columns_update_a_frame_table_to_any_time(time_index):
+def test_rope3d_time_columns_update_a_frame_table_to_any_time(time_index, as_tensor):
     """A streaming step keeps one frame's 3D RoPE table and rewrites only its time pairs
-    (`rope3d_time_columns`); the result must be bit-identical to the table built for that
-    time, and its other columns must not depend on time."""
+    (`rope3d_time_columns`, the time as an int or as the float64 scalar tensor a captured
+    graph reads); the result must be bit-identical to the table built for that time, and its
+    other columns must not depend on time."""
     dims, theta = (20, 22, 22), 10000.0
     table = rope3d(token_positions_3d(torch.tensor([0]), 3, 4, 6), dims, theta)
     want = rope3d(token_positions_3d(torch.tensor([time_index]), 3, 4, 6), dims, theta)
-    cos, sin = rope3d_time_columns(time_index, rope3d_time_inv_freq(dims, theta, torch.device("cpu")))
+    time = torch.tensor(float(time_index), dtype=torch.float64) if as_tensor else time_index
+    cos, sin = rope3d_time_columns(time, rope3d_time_inv_freq(dims, theta, torch.device("cpu")))
     assert cos.shape == sin.shape == (dims[0] // 2,)
     table.cos[:, : cos.numel()].copy_(cos)
     table.sin[:, : sin.numel()].copy_(sin)

@@ -263,6 +263,35 @@ def test_fast_path_computes_the_same_function(model, kf, whole):
         assert a.keyframe == b.keyframe
 
 
+def test_pieces_launch_the_first_graph_before_planning_the_cache_step(model, monkeypatch):
+    """Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache, so a
+    single-frame step launches it before the host plans the aggregator's cache step: on a
+    GPU the frame is embedded while the host works. The step's copies (window eviction)
+    still run before its first attention."""
+    from mapstream.cache import Step, StreamCacheManager
+    from mapstream.fast import graphs
+
+    events = []
+    piece_call, begin, moves, attend = graphs._Piece.__call__, StreamCacheManager.begin_step, Step.apply_moves, Step.attend
+
+    def logged(name, fn):
+        def wrapper(self, *args, **kwargs):
+            events.append(name(self))
+            return fn(self, *args, **kwargs)
+        return wrapper
+
+    with model.session(num_scale_frames=2, fast=True) as s:
+        for frame in frames_of(3, seed=5):  # the scale phase and one graphed step
+            s.step(frame)
+        first_piece = s._graphed[(28, 42)].pieces[0]
+        monkeypatch.setattr(graphs._Piece, "__call__", logged(lambda p: "piece 0" if p is first_piece else "piece", piece_call))
+        monkeypatch.setattr(StreamCacheManager, "begin_step", logged(lambda m: f"begin {m.name}", begin))
+        monkeypatch.setattr(Step, "apply_moves", logged(lambda st: "moves", moves))
+        monkeypatch.setattr(Step, "attend", logged(lambda st: "attend", attend))
+        s.step(frames_of(1, seed=6)[0])
+    assert events[:4] == ["piece 0", "begin aggregator", "moves", "attend"], events[:6]
+
+
 def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_changing_outputs():
     plain = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
     cast = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval().cast_for_inference("fp32")
