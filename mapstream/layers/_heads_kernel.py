@@ -5,8 +5,7 @@ LayerNorm and the rotation happen in registers (the rotation pairs channels by r
 the row, not by loading it a second time in partner order). The first version loaded each
 row four times through gathered addresses and held 64-token tiles: 220–255 registers a
 thread (spilling with the 3D RoPE) in an offline sm90 build, 19–27 µs a call for a 978-token
-frame on an H200, where this one is at the floor of copying the projection (≈ 9 µs;
-docs/BENCHMARKS.md, session 7).
+frame on an H200, where this one takes 5.5 µs (docs/BENCHMARKS.md, session 7).
 """
 from __future__ import annotations
 
