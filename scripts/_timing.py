@@ -29,22 +29,28 @@ def timeit(fn, reps: int = 50, warmup: int = 5) -> float:
     return times[len(times) // 2] * 1000.0
 
 
-def captured(fn) -> torch.cuda.CUDAGraph:
-    """`fn` run once (compilation, warm-up), then captured in a CUDA graph."""
+def captured(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
+    """`fn` run once (compilation, warm-up), then captured `calls` times in one CUDA graph.
+    Replaying a graph costs ≈ 9–15 µs on an H200 however short its kernels, so timing one
+    kernel of a few µs needs many calls a graph (and `interleaved(..., calls=)` to divide)."""
     fn()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls):
+            fn()
     return graph
 
 
-def interleaved(variants: dict, rounds: int = 5, label: str = "", flops: float | None = None) -> dict[str, list[float]]:
+def interleaved(
+    variants: dict, rounds: int = 5, label: str = "", flops: float | None = None, calls: int = 1
+) -> dict[str, list[float]]:
     """Time every variant (a callable) once per round, round-robin, so drift between rounds
-    hits all of them alike; prints a row per variant with its median. Returns µs per round."""
+    hits all of them alike; prints a row per variant with its median. Returns µs per round
+    and call (each callable making `calls` calls, e.g. a graph from `captured(fn, calls)`)."""
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
-            times[name].append(timeit(fn))
+            times[name].append(timeit(fn) / calls)
     for name, ts in times.items():
         med = sorted(ts)[len(ts) // 2]
         rate = f"  {flops / med / 1e6:6.1f} TFLOP/s" if flops else ""
