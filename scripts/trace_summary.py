@@ -1,7 +1,9 @@
 """Where one streaming step's GPU time goes, from a trace written by `profile_step.py --trace`.
 
 Takes the last step of the trace (from the largest idle gap between the previous step's
-last cache attention and this step's first) and prints, in ms: its span and kernel time;
+last cache attention and this step's first) and prints, in ms: the cycle from the previous
+step's first cache attention to this one's with the time the GPU was busy in it (what is left
+is host time the GPU waited for, e.g. between steps); the step's span and kernel time;
 the part before the first cache attention (patch embedding, first frame block); the trunk
 from the first to the last cache attention (the attention kernels' share apart); the heads
 after it, per CUDA stream (they run side by side); and the kernels with the most time.
@@ -31,6 +33,17 @@ def _span(seg: list[dict]) -> tuple[float, float, int]:
     return (end - seg[0]["ts"]) / 1e3, sum(e["dur"] for e in seg) / 1e3, len(seg)
 
 
+def _busy_ms(seg: list[dict]) -> float:
+    """ms in which at least one of the kernels in `seg` ran (streams overlap)."""
+    busy, end = 0.0, float("-inf")
+    for e in sorted(seg, key=lambda e: e["ts"]):
+        start, stop = max(e["ts"], end), e["ts"] + e["dur"]
+        if stop > start:
+            busy += stop - start
+        end = max(end, stop)
+    return busy / 1e3
+
+
 def _short(name: str) -> str:
     return re.sub(r"\(.*", "", re.sub(r"<.*", "", name))[:70]
 
@@ -49,7 +62,12 @@ def summarize(path: str, attention: str = "_flash_fwd_tma", layers: int = 24, to
         lo = max(idle)[1]
     step = kernels[lo:]
     first, last = first_att - lo, att[-1] - lo
+    cycle = None
+    if prev_att is not None and len(att) >= 2 * per_step:
+        seg = kernels[att[-2 * per_step] : first_att]
+        cycle = ((kernels[first_att]["ts"] - seg[0]["ts"]) / 1e3, _busy_ms(seg))
     out = {
+        "cycle": cycle,
         "step": _span(step),
         "before_first_attention": _span(step[:first]),
         "trunk": _span(step[first : last + 1]),
@@ -82,6 +100,9 @@ def main() -> None:
     args = ap.parse_args()
     s = summarize(args.trace, args.attention, args.layers, args.top)
     fmt = lambda t: f"{t[0]:7.3f} ms wall, {t[1]:7.3f} ms of kernels, {t[2]:5d} kernels"  # noqa: E731
+    if s["cycle"]:
+        print(f"cycle                   {s['cycle'][0]:7.3f} ms, GPU busy {s['cycle'][1]:7.3f} ms "
+              f"(idle {s['cycle'][0] - s['cycle'][1]:.3f} ms)")
     print(f"step                    {fmt(s['step'])}")
     print(f"before first attention  {fmt(s['before_first_attention'])}")
     print(f"trunk                   {fmt(s['trunk'])}  ({s['attention_kernels_ms']:.3f} ms in "
