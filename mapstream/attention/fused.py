@@ -1,7 +1,9 @@
 """Whether our own Triton kernels may serve a call outside the attention backends: the
 blocks' fused q/k/v heads (`layers.heads.qkv_heads`) and frame attention
 (`attention.dense.dense_attention`), the DPT head's resize (`layers.resize.resize_bilinear`)
-and the camera head's cache attention (`CameraCausalHead.attention_backend`).
+and convolution epilogues (`layers.conv_epilogue.conv_epilogue`), the cache's writes
+(`cache.frame_write.write_frame_kv`) and the camera head's cache attention
+(`CameraCausalHead.attention_backend`).
 
 They serve every call they apply to. Inside `plain_pytorch()` they step aside for the PyTorch
 code they are tested against, so that a reference pass — the benchmark's correctness check,

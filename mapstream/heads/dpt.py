@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.conv_epilogue import conv_epilogue
 from ..layers.resize import resize_bilinear
 
 __all__ = ["DPTHead", "dpt_position_embedding"]
@@ -51,11 +52,14 @@ class _ResidualConvUnit(nn.Module):
         self.conv1 = nn.Conv2d(features, features, 3, padding=1)
         self.conv2 = nn.Conv2d(features, features, 3, padding=1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """conv2(relu(conv1(relu(x)))) + relu(x), plus `extra` if given (the fusion block's
+        running map, added in the same pass)."""
         # NOTE: the trained weights expect relu(x) on the skip path, not x (the original
         # implementation applied an in-place ReLU to its input).
         x = F.relu(x)
-        return self.conv2(F.relu(self.conv1(x))) + x
+        hidden = conv_epilogue(self.conv1, x, relu=True)
+        return conv_epilogue(self.conv2, hidden, adds=(x,) if extra is None else (x, extra))
 
 
 class _FusionBlock(nn.Module):
@@ -68,9 +72,9 @@ class _FusionBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None, size: tuple[int, int]) -> torch.Tensor:
         if skip is not None:
-            x = x + self.resConfUnit1(skip)
+            x = self.resConfUnit1(skip, extra=x)  # x + unit(skip): addition commutes exactly
         x = self.resConfUnit2(x)
-        return self.out_conv(resize_bilinear(x, size))
+        return conv_epilogue(self.out_conv, resize_bilinear(x, size))
 
 
 class _Scratch(nn.Module):
@@ -165,11 +169,12 @@ class DPTHead(nn.Module):
             # channels-last too (`GCTStream.cast_for_inference`), cuDNN's NHWC convolutions
             # run without converting layouts around every call.
             x = x.reshape(x.shape[0], grid_h, grid_w, x.shape[-1]).permute(0, 3, 1, 2)
-            x = self.projects[i](x)
+            x = conv_epilogue(self.projects[i], x)
             if trace:
                 trace(f"dpt.projects.{i}", x)
             x = x + self._position(x.shape[1], grid_h, grid_w, aspect, x)
-            x = self.resize_layers[i](x)
+            resize = self.resize_layers[i]
+            x = resize(x) if isinstance(resize, nn.Identity) else conv_epilogue(resize, x)
             if trace:
                 trace(f"dpt.resize.{i}", x)
             maps.append(x)
@@ -190,12 +195,13 @@ class DPTHead(nn.Module):
         out = s.refinenet1(out, r1, (2 * r1.shape[-2], 2 * r1.shape[-1]))
         if trace:
             trace("dpt.refinenet1", out)
-        out = s.output_conv1(out)
+        out = conv_epilogue(s.output_conv1, out)
         if trace:
             trace("dpt.output_conv1", out)
         size = (grid_h * self.patch_size, grid_w * self.patch_size)
         out = resize_bilinear(out, size, add=self._position(out.shape[1], *size, aspect, out))
-        out = s.output_conv2(out)
+        # output_conv2 = (conv, ReLU, conv): the ReLU rides on the first convolution's pass.
+        out = conv_epilogue(s.output_conv2[2], conv_epilogue(s.output_conv2[0], out, relu=True))
         if trace:
             trace("dpt.output_conv2_logits", out)
         out = out.permute(0, 2, 3, 1)

@@ -199,6 +199,39 @@ def test_resize_kernel_matches_interpolate_at_the_dpt_sizes(dtype):
         assert float(((got.float() - want).abs() / want.abs().clamp_min(1.0)).max()) < tol, (shape, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dpt_head_convolutions_run_their_epilogues_in_one_kernel(dtype):
+    """The DPT head at 504x378 (channels-last weights, as `cast_for_inference` lays them out):
+    every convolution with a bias runs bias, residuals and ReLU in one `_conv_epilogue_fwd`
+    pass, no broadcast bias add is left on PyTorch's unvectorized path, and the depth and
+    confidence stay within the dtype's rounding of the PyTorch composition (`plain_pytorch`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mapstream.attention import plain_pytorch
+    from mapstream.heads.dpt import DPTHead
+
+    torch.manual_seed(0)
+    head = DPTHead(2048).cuda().eval().to(dtype).to(memory_format=torch.channels_last)
+    layers = [torch.randn(1, 1, 6 + 27 * 36, 2048, device="cuda", dtype=dtype) for _ in range(4)]
+    with torch.no_grad():
+        with plain_pytorch():
+            want = head(layers, (378, 504), 6)
+        head(layers, (378, 504), 6)  # warm-up (compilation)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = head(layers, (378, 504), 6)
+            torch.cuda.synchronize()
+    calls = {e.key: e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA}
+    biased = [m for m in head.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and m.bias is not None]
+    assert calls.get("_conv_epilogue_fwd", 0) == len(biased) == 28, calls
+    slow_adds = sum(n for name, n in calls.items() if "elementwise_kernel<128" in name and "CUDAFunctor_add" in name)
+    assert slow_adds <= 4, calls  # only the four position embeddings' broadcast adds are left
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        assert float((g.float() - w.float()).norm() / w.float().norm()) < tol
+
+
 def _trunk_attention(dtype):
     """A trunk block's attention projections (1024 wide, 16 heads of 64, q/k LayerNorms with
     weights and biases away from 1 and 0, so the norms' affine part is exercised), seeded."""

@@ -117,3 +117,97 @@ def test_one_stacked_rotation_table_broadcasts_over_the_batch():
     assert _table_strides(torch.randn(3, 1, 10, 8), 10) == (80, 8)
     assert _table_strides(torch.randn(10, 8), 10) == (0, 8)
     assert _table_strides(torch.randn(10, 8), 9) is None
+
+
+def test_conv_epilogue_on_cpu_is_the_composition():
+    """Off CUDA, `conv_epilogue` is relu?(conv(x) + adds...) computed by PyTorch, bit for bit."""
+    from torch import nn
+
+    from mapstream.layers.conv_epilogue import conv_epilogue
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 3, 3, padding=1)
+    x = torch.randn(2, 4, 5, 6)
+    a, b = torch.randn(2, 3, 5, 6), torch.randn(2, 3, 5, 6)
+    assert torch.equal(conv_epilogue(conv, x), conv(x))
+    assert torch.equal(conv_epilogue(conv, x, adds=(a,), relu=True), F.relu(conv(x) + a))
+    assert torch.equal(conv_epilogue(conv, x, adds=(a, b)), (conv(x) + a) + b)
+
+
+def test_conv_epilogue_kernel_takes_plain_2d_convolutions_of_one_dtype():
+    from torch import nn
+
+    from mapstream.layers.conv_epilogue import _kernel_takes
+
+    x = torch.randn(1, 4, 5, 6)
+    assert _kernel_takes(nn.Conv2d(4, 3, 3, padding=1), x)
+    assert _kernel_takes(nn.ConvTranspose2d(4, 3, 2, stride=2), x)
+    assert _kernel_takes(nn.Conv2d(4, 3, 1, bias=False).bfloat16(), x.bfloat16())
+    assert not _kernel_takes(nn.Conv2d(4, 3, 3, padding=1, padding_mode="reflect"), x)
+    assert not _kernel_takes(nn.Conv2d(4, 3, 3, padding="same"), x)
+    assert not _kernel_takes(nn.Conv2d(4, 3, 3).bfloat16(), x)  # fp32 input, bf16 weights
+    assert not _kernel_takes(nn.Conv1d(4, 3, 3), torch.randn(1, 4, 5))
+    assert not _kernel_takes(nn.Conv2d(4, 3, 3).double(), x.double())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_conv_epilogue_kernel_matches_the_composition_interpreted():
+    """Bias (or none), zero to two addends, ReLU or not, after 3x3, strided, 1x1 and transposed
+    convolutions, NCHW and channels-last, fp32 and bf16: the kernel's output keeps the map's
+    layout and stays as close to a float64 evaluation as PyTorch's composition does (fp32:
+    1e-6 of the largest value; bf16: one unit of it; the interpreter rounds toward zero)."""
+    report = run_interpreted(Path(__file__).with_name("interpret_conv_epilogue.py"))
+    assert len(report) == 64
+    for case, row in report.items():
+        assert row["layout_ok"] and row["kept_format"], case
+        bound = 1e-6 if "float32" in case else 2.0**-7
+        assert row["kernel_err"] <= bound and row["composition_err"] <= bound, (case, row)
+
+
+def test_dpt_head_routes_every_biased_convolution_through_the_epilogue(monkeypatch):
+    """Where the kernel may serve, each of the DPT head's 28 biased convolutions runs without
+    its bias and hands bias, residuals and ReLU to the epilogue (stood in for here by the same
+    arithmetic in PyTorch), and the head's outputs equal the plain head's."""
+    from mapstream.heads.dpt import DPTHead
+    from mapstream.layers import conv_epilogue as ce
+
+    torch.manual_seed(0)
+    head = DPTHead(64, features=16, out_channels=(8, 16, 32, 32), head_features=8).eval()
+    layers = [torch.randn(1, 2, 6 + 4 * 5, 64) for _ in range(4)]
+    with torch.no_grad():
+        want = head(layers, (56, 70), 6)
+    launched = []
+
+    def stand_in(y, bias, adds, relu):
+        launched.append(len(adds))
+        out = y + bias.view(1, -1, 1, 1) if bias is not None else y
+        for a in adds:
+            out = out + a
+        return F.relu(out) if relu else out
+
+    monkeypatch.setattr(ce, "our_kernels_may_serve", lambda t: True)
+    monkeypatch.setattr(ce, "_launch", stand_in)
+    with torch.no_grad():
+        got = head(layers, (56, 70), 6)
+    # Both frames in one chunk: 28 passes; the residual units' second convolutions carry their
+    # skip (4) and, in the three fusion blocks with a skip input, the running map too (3).
+    assert len(launched) == 28 and launched.count(1) == 4 and launched.count(2) == 3, launched
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_conv_epilogue_falls_back_to_pytorch_when_the_layouts_differ(monkeypatch):
+    """An addend whose strides differ from the convolution's output (here NCHW against a
+    channels-last map) is added by PyTorch after its own bias add: same values, no kernel."""
+    from torch import nn
+
+    from mapstream.layers import conv_epilogue as ce
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 3, 3, padding=1).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 4, 5, 6).to(memory_format=torch.channels_last)
+    a = torch.randn(2, 3, 5, 6)  # NCHW
+    monkeypatch.setattr(ce, "our_kernels_may_serve", lambda t: True)
+    monkeypatch.setattr(ce, "_launch", lambda *args: pytest.fail("the kernel was launched"))
+    got = ce.conv_epilogue(conv, x, adds=(a,), relu=True)
+    torch.testing.assert_close(got, F.relu(conv(x) + a), rtol=1e-6, atol=1e-6)
