@@ -30,6 +30,8 @@ def conv_epilogue(conv: _Conv, x: torch.Tensor, adds: Sequence[torch.Tensor] = (
     kernel's path), each addend of the output's shape."""
     if len(adds) <= 2 and our_kernels_may_serve(x) and _kernel_takes(conv, x):
         y = _without_bias(conv, x)
+        if conv.bias is None and not adds and not relu:
+            return y  # nothing to add: no pass
         if _same_layout(y, adds):
             return _launch(y, conv.bias, adds, relu)
         if conv.bias is not None:  # PyTorch's own bias add, then the rest as below

@@ -211,3 +211,6 @@ def test_conv_epilogue_falls_back_to_pytorch_when_the_layouts_differ(monkeypatch
     monkeypatch.setattr(ce, "_launch", lambda *args: pytest.fail("the kernel was launched"))
     got = ce.conv_epilogue(conv, x, adds=(a,), relu=True)
     torch.testing.assert_close(got, F.relu(conv(x) + a), rtol=1e-6, atol=1e-6)
+    # A convolution without bias, addends or ReLU has no epilogue at all.
+    plain = nn.Conv2d(4, 3, 3, padding=1, bias=False).to(memory_format=torch.channels_last)
+    torch.testing.assert_close(ce.conv_epilogue(plain, x), plain(x), rtol=1e-6, atol=1e-6)
