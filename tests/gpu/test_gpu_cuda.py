@@ -32,6 +32,17 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
 
 
+def _profiled(fn):
+    """(fn(), {CUDA kernel name: launches}) with `fn` run under the profiler to completion."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    kernels = {e.key: e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA}
+    return result, kernels
+
+
 @pytest.mark.parametrize("backend", ["flashinfer", "triton"])
 @pytest.mark.parametrize("kv_len", [54, 97, 1000, 7000])
 def test_backends_match_sdpa_at_awkward_sizes(kv_len, backend):
@@ -144,21 +155,15 @@ def test_bf16_fast_paths_agree_with_fp32_on_real_photos(full_fp32):
 def test_camera_head_attention_is_one_rows_kernel_a_call_and_never_cudnn(dtype):
     """The camera head's cache attention runs our rows kernel, once per trunk block and pass
     (cuDNN would plan on the host for every new key count, which grows every frame)."""
-    from torch.profiler import ProfilerActivity, profile
-
     head = mapstream.build_model("lingbot-map").camera_head.cuda().eval().to(dtype)
     tokens = torch.randn(1, 1, 2048, device="cuda", dtype=dtype)
     with torch.no_grad():
         for _ in range(3):
             head(tokens)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                head(tokens)
-            torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    calls = sum(e.count for e in events if "_rows_fwd" in e.key)
-    assert calls == 3 * head.num_iterations * len(head.trunk), [e.key for e in events]
-    assert not [e.key for e in events if "cudnn" in e.key.lower()]
+        _, kernels = _profiled(lambda: [head(tokens) for _ in range(3)])
+    calls = sum(n for name, n in kernels.items() if "_rows_fwd" in name)
+    assert calls == 3 * head.num_iterations * len(head.trunk), list(kernels)
+    assert not [name for name in kernels if "cudnn" in name.lower()]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -205,8 +210,6 @@ def test_dpt_head_convolutions_run_their_epilogues_in_one_kernel(dtype):
     every convolution with a bias runs bias, residuals and ReLU in one `_conv_epilogue_fwd`
     pass, no broadcast bias add is left on PyTorch's unvectorized path, and the depth and
     confidence stay within the dtype's rounding of the PyTorch composition (`plain_pytorch`)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from mapstream.attention import plain_pytorch
     from mapstream.heads.dpt import DPTHead
 
@@ -218,10 +221,7 @@ def test_dpt_head_convolutions_run_their_epilogues_in_one_kernel(dtype):
             want = head(layers, (378, 504), 6)
         head(layers, (378, 504), 6)  # warm-up (compilation)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            got = head(layers, (378, 504), 6)
-            torch.cuda.synchronize()
-    calls = {e.key: e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA}
+        got, calls = _profiled(lambda: head(layers, (378, 504), 6))
     biased = [m for m in head.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and m.bias is not None]
     assert calls.get("_conv_epilogue_fwd", 0) == len(biased) == 28, calls
     slow_adds = sum(n for name, n in calls.items() if "elementwise_kernel<128" in name and "CUDAFunctor_add" in name)
@@ -254,8 +254,6 @@ def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
     result and rotation table rounded to the dtype, one rounding at the end)."""
     import dataclasses
 
-    from torch.profiler import ProfilerActivity, profile
-
     from mapstream.layers import patch_positions_2d, rope2d, rope3d, token_positions_3d
     from mapstream.layers.heads import qkv_heads
 
@@ -274,25 +272,19 @@ def test_qkv_heads_is_one_kernel_matching_the_modules(dtype, kind):
         qkv = attn.qkv(torch.randn(batch, 978, 1024, device="cuda", dtype=dtype))
         heads = lambda t: qkv_heads(t, 16, attn.q_norm, attn.k_norm, rotary)  # noqa: E731
         got = heads(qkv)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            heads(qkv)
-            torch.cuda.synchronize()
+        _, kernels = _profiled(lambda: heads(qkv))
         compiled_heads = torch.compile(heads, fullgraph=True, dynamic=False)
         compiled = compiled_heads(qkv)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof_compiled:
-            compiled_heads(qkv)
-            torch.cuda.synchronize()
+        _, compiled_kernels = _profiled(lambda: compiled_heads(qkv))
         q, k, v = qkv.float().unflatten(-1, (3, 16, 64)).permute(2, 0, 3, 1, 4).unbind(0)
         table = dataclasses.replace(rotary, cos=rotary.cos.to(dtype).float(), sin=rotary.sin.to(dtype).float())
         normed = [F.layer_norm(t, (64,), n.weight.float(), n.bias.float(), n.eps).to(dtype).float()
                   for t, n in ((q, attn.q_norm), (k, attn.k_norm))]
         want = [table.apply(t).to(dtype) for t in normed] + [v.to(dtype)]
         scale = [t.abs().amax(-1, keepdim=True) for t in normed] + [v.abs().clamp_min(1e-30)]
-    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert kernels == ["_qkv_heads_fwd"], kernels
+    assert list(kernels) == ["_qkv_heads_fwd"], kernels
     # Compiled, the op is traced into the graph (fullgraph) and its kernel is the graph's one
     # kernel; Inductor builds it with its own compile options, so bits may differ.
-    compiled_kernels = [e.key for e in prof_compiled.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(compiled_kernels) == 1, compiled_kernels
     # Where the two LayerNorms' fp32 statistics differ in the last bits, a LayerNorm result
     # can round the other way (one unit of the dtype); the rotation carries that into both
@@ -313,8 +305,6 @@ def test_qkv_heads_under_autocast_rounds_once_to_the_autocast_dtype():
     """Sessions run bf16 weights under autocast, where the modules' norms and rotation give
     fp32 q, k that every consumer rounds to bf16: the kernel returns that rounding directly
     (one kernel, within one unit of the rounded composition)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from mapstream.layers import rope3d, token_positions_3d
     from mapstream.layers.heads import qkv_heads
 
@@ -323,13 +313,10 @@ def test_qkv_heads_under_autocast_rounds_once_to_the_autocast_dtype():
     x = torch.randn(1, 978, 1024, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         qkv = attn.qkv(x)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            got = qkv_heads(qkv, 16, attn.q_norm, attn.k_norm, rotary)
-            torch.cuda.synchronize()
+        got, kernels = _profiled(lambda: qkv_heads(qkv, 16, attn.q_norm, attn.k_norm, rotary))
         q, k, v = qkv.unflatten(-1, (3, 16, 64)).permute(2, 0, 3, 1, 4).unbind(0)
         want = [rotary.apply(attn.q_norm(q)), rotary.apply(attn.k_norm(k)), v]
-    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert kernels == ["_qkv_heads_fwd"], kernels
+    assert list(kernels) == ["_qkv_heads_fwd"], kernels
     assert want[0].dtype == torch.float32 and all(g.dtype == torch.bfloat16 for g in got)
     for g, w in zip(got, want):
         rounded = w.to(torch.bfloat16).float()
@@ -345,8 +332,6 @@ def test_session_steps_run_the_fused_heads_and_our_frame_attention(fast):
     frame's own attention (ViT and frame blocks), never SDPA: guards against a silent
     fallback, such as the autocast refusal that kept the fused heads out of the first
     measurement of session 6."""
-    from torch.profiler import ProfilerActivity, profile
-
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
     c = model.config
     images = torch.rand(5, 3, 56, 70, device="cuda")
@@ -354,10 +339,7 @@ def test_session_steps_run_the_fused_heads_and_our_frame_attention(fast):
         for i in range(4):
             s.step(images[i])
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            s.step(images[4])
-            torch.cuda.synchronize()
-    calls = {e.key: e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA}
+        _, calls = _profiled(lambda: s.step(images[4]))
     assert calls.get("_qkv_heads_fwd", 0) >= 2 * c.depth, calls
     assert calls.get("_flash_fwd", 0) == c.vit_depth + c.depth, calls
     assert not [n for n in calls if any(w in n.lower() for w in ("sdpa", "fmha", "pytorch_flash"))], calls
@@ -373,8 +355,6 @@ def test_frame_write_is_one_kernel_matching_the_copies(dtypes, start_on_device):
     """A 504x378 frame's k, v (views of its q/k/v projection) written into one layer of a
     stacked cache storage: one kernel, bit-identical to PyTorch's copies (also when it
     rounds fp32 to bf16), the other layers untouched."""
-    from torch.profiler import ProfilerActivity, profile
-
     from mapstream.cache.frame_write import write_frame_kv
 
     kv_dtype, dtype = dtypes
@@ -386,11 +366,8 @@ def test_frame_write_is_one_kernel_matching_the_copies(dtypes, start_on_device):
     want[1, 0, :, start : start + 978] = k
     want[1, 1, :, start : start + 978] = v
     where = torch.arange(start, start + 978, device="cuda") if start_on_device else start
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        write_frame_kv(storage[1], k, v, where)
-        torch.cuda.synchronize()
-    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert kernels == ["_write_frame_kv"], kernels
+    _, kernels = _profiled(lambda: write_frame_kv(storage[1], k, v, where))
+    assert list(kernels) == ["_write_frame_kv"], kernels
     assert torch.equal(storage, want)
 
 
@@ -401,8 +378,6 @@ def test_dense_attention_of_one_frame_is_our_kernel(layout):
     graph), and as close to fp32 SDPA as cuDNN's bf16 kernel is; q/k/v either contiguous
     heads (frame blocks) or strided views of the projection (the ViT's blocks). Two frames
     at once go to SDPA."""
-    from torch.profiler import ProfilerActivity, profile
-
     from mapstream.attention.dense import dense_attention
 
     torch.manual_seed(0)
@@ -413,22 +388,16 @@ def test_dense_attention_of_one_frame_is_our_kernel(layout):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
     with torch.no_grad():
         got = dense_attention(q, k, v)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            dense_attention(q, k, v)
-            torch.cuda.synchronize()
+        _, kernels = _profiled(lambda: dense_attention(q, k, v))
         compiled_attention = torch.compile(dense_attention, fullgraph=True, dynamic=False)
         compiled = compiled_attention(q, k, v)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof_compiled:
-            compiled_attention(q, k, v)
-            torch.cuda.synchronize()
+        _, compiled_kernels = _profiled(lambda: compiled_attention(q, k, v))
         want = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
         cudnn = F.scaled_dot_product_attention(q, k, v)
         two = torch.cat((q, q)), torch.cat((k, k)), torch.cat((v, v))
         assert torch.equal(dense_attention(*two), F.scaled_dot_product_attention(*two))
-    kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert kernels == ["_flash_fwd"], kernels
-    compiled_kernels = [e.key for e in prof_compiled.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(compiled_kernels) == 1 and "cudnn" not in compiled_kernels[0].lower(), compiled_kernels
+    assert list(kernels) == ["_flash_fwd"], kernels
+    assert len(compiled_kernels) == 1 and "cudnn" not in next(iter(compiled_kernels)).lower(), compiled_kernels
     assert got.shape == q.shape and got.transpose(1, 2).is_contiguous()
     err, err_compiled, err_cudnn = _rel(got, want), _rel(compiled, want), _rel(cudnn, want)
     _report(f"dense_attention_rel_err_{layout}", {"ours": err, "compiled": err_compiled, "cudnn": err_cudnn})
