@@ -123,14 +123,19 @@ def range_ab(q, k, v, lo, nk, rounds=5):
     return interleaved(variants, rounds, label="range ")
 
 
+def _save(res: dict, out_path: str | None) -> None:
+    """Write the results so far (after each configuration, so a crash keeps what ran)."""
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False,
          softmax_only=False, dense_only=False):
     torch.manual_seed(0)
     if dense_only:
         res = {"dense_ab_us": dense_ab()}
-        if out_path:
-            with open(out_path, "w") as f:
-                json.dump(res, f, indent=1)
+        _save(res, out_path)
         return
     nq, heads, d = 978, 16, 64
     nk = 72 * 978 + 128 * 6  # 8 anchors + 64 window frames + 128 trajectory frames
@@ -144,16 +149,12 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
     if exp_only or softmax_only:
         res["exp_ab_us" if exp_only else "softmax_ab_us"] = (exp_ab if exp_only else softmax_ab)(q, k, v, lo, nk)
-        if out_path:
-            with open(out_path, "w") as f:
-                json.dump(res, f, indent=1)
+        _save(res, out_path)
         return
     if range_only:
         res["range_ab_us"] = range_ab(q, k, v, lo, nk)
         res["splits_ab_us"] = splits_ab(q, k, v, lo, nk)
-        if out_path:
-            with open(out_path, "w") as f:
-                json.dump(res, f, indent=1)
+        _save(res, out_path)
         return
 
     def record(name, fn):
@@ -206,14 +207,10 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
         except Exception as e:  # noqa: BLE001
             res[name] = f"failed: {str(e)[:300]}"
             print(name, "failed", str(e)[:300], flush=True)
-        if out_path:
-            with open(out_path, "w") as f:
-                json.dump(res, f, indent=1)
+        _save(res, out_path)
     res["best"] = best
     print("best:", best, res.get(best + "_us") if best else None)
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump(res, f, indent=1)
+    _save(res, out_path)
 
 
 if __name__ == "__main__":
