@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention.fused import our_kernels_may_serve
+from ._layout import channels_last
 
 __all__ = ["conv_epilogue"]
 
@@ -62,13 +63,9 @@ def _without_bias(conv: _Conv, x: torch.Tensor) -> torch.Tensor:
     return F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
-def _channels_last(t: torch.Tensor) -> bool:
-    return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-
-
 def _same_layout(y: torch.Tensor, adds: Sequence[torch.Tensor]) -> bool:
     """y dense (contiguous or channels-last) and every addend of its shape, dtype and strides."""
-    if not (y.is_contiguous() or _channels_last(y)):
+    if not (y.is_contiguous() or channels_last(y)):
         return False
     return all(a.shape == y.shape and a.dtype == y.dtype and a.stride() == y.stride() and a.device == y.device
                for a in adds)
@@ -86,7 +83,7 @@ def _launch(y: torch.Tensor, bias: torch.Tensor | None, adds: Sequence[torch.Ten
     block = 1024
     _conv_epilogue_fwd[(triton.cdiv(y.numel(), block),)](
         y, bias if bias is not None else y, a1, a2, out, y.numel(), c, h * w,
-        CHANNELS_LAST=_channels_last(y), HAS_BIAS=bias is not None, N_ADDS=len(adds), RELU=relu,
+        CHANNELS_LAST=channels_last(y), HAS_BIAS=bias is not None, N_ADDS=len(adds), RELU=relu,
         BLOCK=block, num_warps=4,
     )
     return out

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.fused import our_kernels_may_serve
+from ._layout import channels_last
 
 __all__ = ["resize_bilinear"]
 
@@ -44,8 +45,7 @@ def _resize_triton(x: torch.Tensor, size: tuple[int, int], add: torch.Tensor | N
 
     n, c, h, w = x.shape
     out_h, out_w = int(size[0]), int(size[1])
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    fmt = torch.channels_last if channels_last(x) else torch.contiguous_format
     out = torch.empty(n, c, out_h, out_w, device=x.device, dtype=x.dtype, memory_format=fmt)
     if add is not None:
         add = add.expand(n, c, out_h, out_w)
