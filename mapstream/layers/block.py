@@ -10,11 +10,11 @@ self-attention over the tokens it is given.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..attention.dense import dense_attention
 from .heads import qkv_heads
+from .linear_gelu import linear_gelu
 from .rope import Rotary
 
 __all__ = ["Attention", "Block", "LayerScale", "Mlp"]
@@ -36,7 +36,7 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden, out_dim or dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(linear_gelu(x, self.fc1))
 
 
 class Attention(nn.Module):

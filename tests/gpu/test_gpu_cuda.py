@@ -232,6 +232,41 @@ def test_dpt_head_convolutions_run_their_epilogues_in_one_kernel(dtype):
         assert float((g.float() - w.float()).norm() / w.float().norm()) < tol
 
 
+def test_mlp_gelu_runs_in_the_products_epilogue_in_half_precision():
+    """The trunk's MLP (1024 -> 4096 -> 1024, 978 tokens) on CUDA: in bf16 (weights or
+    autocast) fc1's GELU is cuBLASLt's epilogue, so no elementwise kernel runs, and the result
+    stays within bf16 rounding of the exact composition; in fp32 and inside `plain_pytorch()`
+    it is exactly fc2(gelu(fc1(x)))."""
+    import copy
+
+    from mapstream.attention import plain_pytorch
+    from mapstream.layers import Mlp
+
+    torch.manual_seed(0)
+    mlp = Mlp(1024, 4096).cuda().eval()
+    x = torch.randn(1, 978, 1024, device="cuda")
+    half = copy.deepcopy(mlp).to(torch.bfloat16)
+    xb = x.to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(mlp(x), mlp.fc2(F.gelu(mlp.fc1(x))))
+        with plain_pytorch():
+            want = half(xb)
+        assert torch.equal(want, half.fc2(F.gelu(half.fc1(xb))))
+        half(xb)  # warm-up (cuBLASLt's heuristics)
+        got, calls = _profiled(lambda: half(xb))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            auto = mlp(x)
+            with plain_pytorch():
+                auto_want = mlp(x)
+    assert not [name for name in calls if "elementwise" in name], calls
+    assert len(calls) <= 2, calls  # the two products
+    for g, w in ((got, want), (auto, auto_want)):
+        assert g.dtype == torch.bfloat16 and torch.isfinite(g).all()
+        err = _rel(g, w)
+        _report("mlp_gelu_epilogue_vs_exact", err)
+        assert err < 1e-2
+
+
 def _trunk_attention(dtype):
     """A trunk block's attention projections (1024 wide, 16 heads of 64, q/k LayerNorms with
     weights and biases away from 1 and 0, so the norms' affine part is exercised), seeded."""
