@@ -26,7 +26,7 @@ from .config import CacheConfig
 from .geometry import invert_se3, pose_encoding_to_extri_intri
 from .keyframes import KeyframePolicy, make_policy
 from .models.gct import GCTStream, StreamState
-from .validation import check_images
+from .validation import ValueCheck, check_images
 
 __all__ = ["Session", "FramePrediction", "SessionClosedError", "resolve_precision"]
 
@@ -209,10 +209,29 @@ class Session:
         this frame's. `keyframe` overrides the policy after the scale phase.
         """
         self._check_open()
-        return self._step_checked(self._check_frame(frame), keyframe, name)
+        frames = self._check_frame(frame, values=False)
+        values = ValueCheck(frames)
+        # The graphed step's first part reads no cache: started before the value check's
+        # answer comes back, the GPU embeds the frame instead of waiting for the round trip.
+        # A frame that fails the check is never attended to or stored.
+        started = self._start_graphed(frames)
+        values.wait()
+        return self._step_checked(frames, keyframe, name, started=started)
 
-    def _step_checked(self, frames: torch.Tensor, keyframe: bool | None, name: str | None) -> list[FramePrediction]:
-        """`step` for a frame that already passed `_check_frame` ([1, 1, 3, H, W])."""
+    def _start_graphed(self, frames: torch.Tensor):
+        """`GraphedStep.start` of this frame when it takes the fast single-frame path, else None."""
+        if not self.fast or self.in_scale_phase or frames.shape[1] != 1:
+            return None
+        frames = frames.to(self.device, non_blocking=True)
+        graphs = self._graphs_for(frames)
+        with _autocast(self.device, self.precision):
+            return graphs.start(frames, self.state)
+
+    def _step_checked(
+        self, frames: torch.Tensor, keyframe: bool | None, name: str | None, *, started=None
+    ) -> list[FramePrediction]:
+        """`step` for a frame that already passed `_check_frame` ([1, 1, 3, H, W]); `started`:
+        its `GraphedStep.start`, if begun."""
         if self.in_scale_phase:
             self._buffer.append(frames)
             self._names.append(name)
@@ -220,11 +239,14 @@ class Session:
                 return self.flush()
             return self._provisional() if self.provisional else []
         plan = self._plan(keyframe, name)
-        return self._complete(plan, self._forward(frames, store=plan.store, scale=self._scale))
+        return self._complete(plan, self._forward(frames, store=plan.store, scale=self._scale, started=started))
 
-    def _check_frame(self, frame: torch.Tensor) -> torch.Tensor:
-        """A valid frame for this sequence as [1, 1, 3, H, W], or a clear error."""
-        frames = check_images(frame if frame.dim() == 4 else frame.unsqueeze(0), self.model.config.patch_size)
+    def _check_frame(self, frame: torch.Tensor, *, values: bool = True) -> torch.Tensor:
+        """A valid frame for this sequence as [1, 1, 3, H, W], or a clear error (values:
+        also check them, which waits for the device; otherwise the caller does)."""
+        frames = check_images(
+            frame if frame.dim() == 4 else frame.unsqueeze(0), self.model.config.patch_size, check_values=values
+        )
         if frames.shape[:2] != (1, 1):
             raise ValueError(f"step takes one frame [3, H, W]; got shape {list(frame.shape)}")
         if self.in_scale_phase and self._buffer and self._buffer[0].shape != frames.shape:
@@ -337,9 +359,14 @@ class Session:
         result["images"] = images.to(self.output_device) if self.output_device is not None else images
         return result
 
-    def _forward(self, frames: torch.Tensor, *, store: bool, scale: int) -> dict[str, torch.Tensor]:
+    def _forward(self, frames: torch.Tensor, *, store: bool, scale: int, started=None) -> dict[str, torch.Tensor]:
         frames = frames.to(self.device, non_blocking=True)
-        graphs = self._graphs_for(frames) if self.fast and frames.shape[1] == 1 and not self.in_scale_phase else None
+        if started is not None:
+            graphs = started
+        elif self.fast and frames.shape[1] == 1 and not self.in_scale_phase:
+            graphs = self._graphs_for(frames)
+        else:
+            graphs = None
         with _autocast(self.device, self.precision):
             out = self.model(
                 frames, num_frame_for_scale=scale, keyframe=store, state=self.state, validate=False, graphs=graphs

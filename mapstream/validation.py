@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_images"]
+__all__ = ["ValueCheck", "check_images"]
 
 
 def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = True) -> torch.Tensor:
@@ -33,9 +33,39 @@ def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = 
     if not images.is_floating_point():
         raise ValueError(f"images must be floating point in [0, 1], got {images.dtype}; divide uint8 frames by 255")
     if check_values:
-        # One device-to-host read for both (each read waits for the device).
-        lo, hi = torch.stack(torch.aminmax(images.detach())).tolist()
+        ValueCheck(images).wait()
+    return images
+
+
+class ValueCheck:
+    """The check that frames hold finite values in [0, 1], started now and answered by
+    `wait()`.
+
+    Frames on a GPU are checked there: their minimum and maximum come back to the host in one
+    asynchronous copy, so a caller can queue work that does not depend on the answer (a
+    streaming step's first graph reads no cache) before waiting for it, instead of leaving
+    the GPU idle during the round trip (≈ 0.3 ms a frame on an H200, docs/BENCHMARKS.md,
+    session 8)."""
+
+    def __init__(self, images: torch.Tensor) -> None:
+        self._images = images
+        stats = torch.stack(torch.aminmax(images.detach())).float()
+        self._event = None
+        if stats.is_cuda:
+            self._stats = torch.empty(2, dtype=torch.float32, pin_memory=True)
+            self._stats.copy_(stats, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._stats = stats
+
+    def wait(self) -> None:
+        """Return once the values are known to be fine; otherwise raise ValueError."""
+        if self._event is not None:
+            self._event.synchronize()
+        lo, hi = self._stats.tolist()
         if lo != lo or hi != hi or lo in (float("inf"), float("-inf")) or hi in (float("inf"), float("-inf")):
+            images = self._images
             bad = (~torch.isfinite(images)).flatten(2).any(-1).nonzero()
             where = ", ".join(f"batch {int(b)} frame {int(s)}" for b, s in bad[:5].tolist())
             raise ValueError(f"images contain NaN or inf values (at {where}); check the frame source")
@@ -44,4 +74,3 @@ def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = 
                 f"image values must lie in [0, 1], got [{lo:.4g}, {hi:.4g}]; "
                 "divide 0-255 data by 255 (mapstream.load_images does this)"
             )
-    return images

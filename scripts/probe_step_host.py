@@ -5,7 +5,9 @@ runs until the host has checked the frame, copied it into the first graph's inpu
 launched that graph (≈ 260 kernel nodes). Measured here with the host's clock around the
 benchmark's own session (compiled, bf16 heads), per step from frame 100 on:
 
-- `before_launch`: from `session.step` to the first graph's launch call;
+- `before_launch`: from `session.step` to the first graph's launch call, of it `check` (the
+  frame's shape and value check, one device read), `check_to_load` (planning, the model's
+  dispatch) and `load` (the copies into the first graph's inputs);
 - `launch`: the first graph's launch call itself (`CUDAGraph.replay`);
 - `step_host`: the whole `session.step` call, against `step_gpu`, the CUDA-event time the
   benchmark reports for it.
@@ -23,6 +25,19 @@ import torch
 
 from mapstream.bench import BenchConfig, _frames, build_bench_model
 from mapstream.models.compile import compile_model
+
+
+def _mark_around(obj, name: str, marks: dict, key: str) -> None:
+    """Replace obj.name by a wrapper recording marks[key + "_start" / "_end"]."""
+    fn = getattr(obj, name)
+
+    def wrapped(*args, **kwargs):
+        marks[key + "_start"] = time.perf_counter()
+        out = fn(*args, **kwargs)
+        marks[key + "_end"] = time.perf_counter()
+        return out
+
+    setattr(obj, name, wrapped)
 
 
 def main() -> None:
@@ -50,6 +65,8 @@ def main() -> None:
                 return out
 
             graphed.pieces[0] = timed_first
+            _mark_around(session, "_check_frame", marks, "check")
+            _mark_around(graphed, "_load_frame", marks, "load")
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -60,6 +77,9 @@ def main() -> None:
         torch.cuda.synchronize()
         if i >= 100 and "launch_start" in marks:
             rows.append({
+                "check": (marks["check_end"] - t0) * 1e6,
+                "check_to_load": (marks["load_start"] - marks["check_end"]) * 1e6,
+                "load": (marks["load_end"] - marks["load_start"]) * 1e6,
                 "before_launch": (marks["launch_start"] - t0) * 1e6,
                 "launch": (marks["launch_end"] - marks["launch_start"]) * 1e6,
                 "step_host": (t1 - t0) * 1e6,

@@ -34,8 +34,9 @@ The trunk and DPT graphs share one memory pool and are replayed in capture order
 that change per frame (the image, the frame's time index, the attention results) are copied
 into static buffers before the replays that read them; graph 0 rewrites the 3D-RoPE table's
 time columns from the time index itself, so that the host launches one fill instead of the
-half-dozen small ops of the columns. Graph 0 needs nothing from the cache, so it is launched
-before the host plans the cache step: the GPU embeds the frame while the host works.
+half-dozen small ops of the columns. Graph 0 needs nothing from the cache, so `start`
+launches it before the rest: a session starts it before it waits for the frame's value check
+and plans the cache step, and the GPU embeds the frame while the host works.
 
 `capture=False` runs the same code eagerly (no CUDA needed): the CPU tests use it to show
 both decompositions compute the model's function.
@@ -52,7 +53,7 @@ from ..cache import DeviceStep, open_steps
 from ..layers import Rotary, patch_positions_2d, rope2d, rope3d_time_columns, rope3d_time_inv_freq
 from ..models.gct import heads_without_autocast
 
-__all__ = ["GraphedStep"]
+__all__ = ["GraphedStep", "StartedStep"]
 
 log = logging.getLogger(__name__)
 
@@ -239,11 +240,22 @@ class GraphedStep:
     # ------------------------------------------------------------------ one step
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
         """frame [1, 1, 3, H, W]; returns the model's outputs for it (pose_enc, depth, ...)."""
-        # Streams, captures and replays belong to the model's GPU, whichever is current.
-        with torch.cuda.device(self.frame.device) if self.capture else contextlib.nullcontext():
-            if self.whole:
-                return self._call_whole(frame, state, store, backend)
-            return self._call_pieces(frame, state, store, backend)
+        return self.start(frame, state)(frame, state, store=store, backend=backend)
+
+    def start(self, frame: torch.Tensor, state) -> "StartedStep":
+        """Begin the step of `frame` [1, 1, 3, H, W] with what needs no cache: load the
+        frame and (pieces mode) launch the first graph. Returns the step's second half, to
+        call with the same frame and state; until then the caches are untouched, so a caller
+        may still abandon the step (e.g. when the frame's value check fails), and meanwhile
+        the GPU is busy with the first graph instead of waiting for the host."""
+        with self._on_device():
+            self._load_frame(frame, state.aggregator)
+            first = None if self.whole else self.pieces[0]()
+        return StartedStep(self, frame, first)
+
+    def _on_device(self):
+        """Streams, captures and replays belong to the model's GPU, whichever is current."""
+        return torch.cuda.device(self.frame.device) if self.capture else contextlib.nullcontext()
 
     def _open_step(self, cache, store: bool):
         """Open the aggregator cache's step for the frame (a context manager yielding [step])."""
@@ -294,8 +306,7 @@ class GraphedStep:
         )
         return _prepared(steps, self.camera_device_step)
 
-    def _call_whole(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
-        self._load_frame(frame, state.aggregator)
+    def _call_whole(self, state, store: bool, backend) -> dict[str, torch.Tensor]:
         with self._open_step(state.aggregator, store) as (agg_step,), self._open_camera_steps(state, store):
             self.agg_device_step.prepare(agg_step)
             # A graph holds the storage addresses and the backend it was captured with.
@@ -309,12 +320,10 @@ class GraphedStep:
         return out
 
     # ------------------------------------------------------------------ pieces mode
-    def _call_pieces(self, frame: torch.Tensor, state, store: bool, backend) -> dict[str, torch.Tensor]:
-        self._load_frame(frame, state.aggregator)
+    def _call_pieces(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
         # Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache: launched
-        # first, the GPU works on it while the host plans the cache step below, whose copies
-        # queue behind it and still precede the first attention.
-        first = self.pieces[0]()
+        # by `start`, the GPU works on it while the host plans the cache step below, whose
+        # copies queue behind it and still precede the first attention.
         with self._open_step(state.aggregator, store) as (step,):
             # The copies that do not involve this frame (window eviction into the trajectory
             # memory), for all layers at once: one kernel instead of one between every layer.
@@ -353,6 +362,29 @@ class GraphedStep:
         main_out = main()
         current.wait_stream(self._side_stream)
         return side_out, main_out
+
+
+class StartedStep:
+    """The second half of a `GraphedStep.start`ed step: call it once, with the frame and
+    state the step was started with, to run the rest (the cache attentions, the heads)."""
+
+    def __init__(self, graphed: GraphedStep, frame: torch.Tensor, first: tuple | None) -> None:
+        self._graphed, self._frame, self._first = graphed, frame, first
+        self._done = False
+
+    def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
+        if frame.shape != self._frame.shape:
+            raise ValueError(
+                f"a started step finishes with its own frame {list(self._frame.shape)}, got {list(frame.shape)}"
+            )
+        if self._done:
+            raise RuntimeError("this step has already run; start a new one for the next frame")
+        self._done = True
+        g = self._graphed
+        with g._on_device():
+            if g.whole:
+                return g._call_whole(state, store, backend)
+            return g._call_pieces(self._first, state, store, backend)
 
 
 @contextlib.contextmanager

@@ -487,3 +487,18 @@ def test_whole_step_graph_serves_every_cache_state(kf):
         assert torch.equal(a.depth, b.depth) and torch.equal(a.pose_enc, b.pose_enc)
         torch.testing.assert_close(a.depth, c.depth, rtol=1e-3, atol=1e-3)
         torch.testing.assert_close(a.pose_enc, c.pose_enc, rtol=1e-3, atol=1e-3)
+
+
+def test_value_check_of_frames_on_the_gpu_answers_through_one_asynchronous_copy():
+    """`ValueCheck` on CUDA frames: nothing waits until `wait()`, which passes good frames and
+    names the NaN frame or the out-of-range values of bad ones."""
+    from mapstream.validation import ValueCheck
+
+    frames = torch.rand(1, 3, 3, 28, 42, device="cuda")
+    ValueCheck(frames).wait()
+    bad = frames.clone()
+    bad[0, 2, 1, 5, 5] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf values \\(at batch 0 frame 2\\)"):
+        ValueCheck(bad).wait()
+    with pytest.raises(ValueError, match=r"\[0, 1\], got \[0, 2\]"):
+        ValueCheck(frames * 0 + torch.tensor([0.0, 2.0, 1.0], device="cuda")[:, None, None]).wait()

@@ -292,6 +292,62 @@ def test_pieces_launch_the_first_graph_before_planning_the_cache_step(model, mon
     assert events[:4] == ["piece 0", "begin aggregator", "moves", "attend"], events[:6]
 
 
+def test_a_frame_failing_the_value_check_is_rejected_after_the_first_graph_without_touching_the_session(model, monkeypatch):
+    """A graphed step launches its first graph (no cache read) before the frame's value
+    check answers; a NaN or out-of-range frame is then rejected with the check's error, and
+    the session goes on exactly as a twin that never saw it (same indices, same outputs)."""
+    from mapstream.fast import graphs
+    from mapstream.validation import ValueCheck
+
+    good = frames_of(5, seed=8)
+    nan = good[3].clone()
+    nan[1, 2, 3] = float("nan")
+    bright = good[3] * 2 + 0.5
+    with model.session(num_scale_frames=2, fast=True) as s, model.session(num_scale_frames=2, fast=True) as twin:
+        for frame in good[:3]:
+            s.step(frame)
+            twin.step(frame)
+        events = []
+        piece_call, wait = graphs._Piece.__call__, ValueCheck.wait
+        first_piece = s._graphed[(28, 42)].pieces[0]
+
+        def logged_piece(self):
+            if self is first_piece:
+                events.append("piece 0")
+            return piece_call(self)
+
+        def logged_wait(self):
+            events.append("value check")
+            return wait(self)
+
+        monkeypatch.setattr(graphs._Piece, "__call__", logged_piece)
+        monkeypatch.setattr(ValueCheck, "wait", logged_wait)
+        with pytest.raises(ValueError, match="NaN"):
+            s.step(nan)
+        assert events == ["piece 0", "value check"]
+        with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):
+            s.step(bright)
+        for frame in good[3:]:
+            (a,), (b,) = s.step(frame), twin.step(frame)
+            assert a.index == b.index
+            assert torch.equal(a.pose_enc, b.pose_enc) and torch.equal(a.depth, b.depth)
+
+
+def test_a_started_graphed_step_runs_once_and_only_with_its_own_frame(model):
+    with model.session(num_scale_frames=2, fast=True) as s:
+        for frame in frames_of(2, seed=9):
+            s.step(frame)
+        graphed = s._graphs_for(frames_of(1, seed=9)[None])
+        frame = frames_of(1, seed=10)[None]
+        started = graphed.start(frame, s.state)
+        with pytest.raises(ValueError, match="finishes with its own frame"):
+            started(frame[..., :14, :], s.state, store=True, backend=model.attention_backend(frame.device, frame.dtype))
+        out = started(frame, s.state, store=True, backend=model.attention_backend(frame.device, frame.dtype))
+        assert torch.isfinite(out["depth"]).all()
+        with pytest.raises(RuntimeError, match="already run"):
+            started(frame, s.state, store=True, backend=model.attention_backend(frame.device, frame.dtype))
+
+
 def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_changing_outputs():
     plain = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
     cast = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval().cast_for_inference("fp32")
