@@ -26,14 +26,11 @@ index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step 
     graph i:   global block i-1 output -> frame block i -> global block i inputs
     ...
     graph 24:  global block 23 output -> the heads' input layers
-    branches:  DPT reassembly of selected layers 4, 11, 17, each launched on a third stream
-               right after the graph that produces its layer (beside the trunk)
-    graph 25:  DPT reassembly of layer 23, fusion, output     } side by side, on two
+    graph 25:  DPT head(s)                                     } side by side, on two
     graph 26:  camera head (its own cache, key range and write } streams: the camera head's
                slots in device tensors; its own memory pool)   } small kernels fill the gaps
 
-The trunk's graphs share one memory pool and are replayed in capture order; the DPT's
-branches and graph 25 share another (they run in order, but beside the trunk). Inputs
+The trunk and DPT graphs share one memory pool and are replayed in capture order. Inputs
 that change per frame (the image, the frame's time index, the attention results) are copied
 into static buffers before the replays that read them; graph 0 rewrites the 3D-RoPE table's
 time columns from the time index itself, so that the host launches one fill instead of the
@@ -151,7 +148,7 @@ class GraphedStep:
             self.pieces = [_Piece(self._first, capture, self.pool)]
             self.pieces += [_Piece(self._make_middle(i), capture, self.pool) for i in range(1, c.depth)]
             self.pieces.append(_Piece(self._last, capture, self.pool))
-            self._init_dense_branches(capture)
+            self._dense_piece = _Piece(self._dense, capture, self.pool)
             # The camera head runs beside the dense heads on a second stream, so it needs
             # its own pool: graphs of one pool may reuse each other's temporaries, which is
             # only safe when they run one after the other.
@@ -161,28 +158,6 @@ class GraphedStep:
             )
             self._side_stream = torch.cuda.Stream(device) if capture else None
             self._outputs: list[tuple] = []
-
-    def _init_dense_branches(self, capture: bool) -> None:
-        """The dense heads' graphs: for each selected layer but those the last trunk piece
-        produces, a branch graph (`DPTHead.reassemble` of that layer) launched on a stream of
-        its own as soon as the layer leaves the trunk; then the dense piece (the remaining
-        layers' reassembly and `DPTHead.fuse`) after the trunk. They share a pool of their
-        own: they run one after another, but beside the trunk's graphs."""
-        c = self.config
-        self._dense_modules = [
-            (name, head) for name, head in (("depth", self.model.depth_head), ("world_points", self.model.point_head))
-            if head is not None
-        ]
-        dense_pool = torch.cuda.graph_pool_handle() if capture else None
-        # After piece `ready`, the branches of the layers whose global output it produced.
-        self._branches: dict[int, list[tuple[int, _Piece]]] = {}
-        for k, layer in enumerate(c.selected_layers):
-            ready = layer + 1  # global block `layer`'s output comes out of piece layer + 1
-            if ready < c.depth and self._dense_modules:
-                branch = _Piece(self._make_branch(k, layer), capture, dense_pool)
-                self._branches.setdefault(ready, []).append((k, branch))
-        self._branch_stream = torch.cuda.Stream(self.frame.device) if capture and self._branches else None
-        self._dense_piece = _Piece(self._dense, capture, dense_pool)
 
     # ------------------------------------------------------------------ per-frame inputs
     def _load_frame(self, frame: torch.Tensor, cache) -> None:
@@ -226,56 +201,15 @@ class GraphedStep:
         frames = [self._frame_out(i) for i in range(depth)]
         return (self._selected_layers(frames, globals_),)
 
-    def _make_branch(self, k: int, layer: int) -> Callable[[], tuple]:
-        def branch() -> tuple:
-            tokens = self._head_input(self._frame_out(layer), self._outputs[layer + 1][0])
-            with heads_without_autocast(self.frame.device):
-                return tuple(
-                    head.reassemble(k, tokens[0], self.image_hw, self.config.num_special_tokens)
-                    for _, head in self._dense_modules
-                )
-
-        return branch
-
     def _dense(self) -> tuple:
-        """The dense heads' outputs from the branches' maps, the other layers reassembled here."""
-        layers = self._outputs[-1][0]
-        early = {k: branch.outputs for branches in self._branches.values() for k, branch in branches}
-        heads = {}
-        with heads_without_autocast(self.frame.device):
-            for j, (name, head) in enumerate(self._dense_modules):
-                maps = [
-                    early[k][j] if k in early
-                    else head.reassemble(k, layers[k][0], self.image_hw, self.config.num_special_tokens)
-                    for k in range(len(layers))
-                ]
-                value, conf = head.fuse(maps, self.image_hw)
-                heads[name], heads[f"{name}_conf"] = value[None].float(), conf[None].float()
-        return (heads,)
-
-    def _launch_branches(self, ready: int) -> None:
-        """Launch the dense branches whose layer piece `ready` has just produced, on their
-        stream (after everything queued so far on the current one)."""
-        for _, branch in self._branches.get(ready, ()):
-            if self._branch_stream is None:
-                branch()
-                continue
-            self._branch_stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._branch_stream):
-                branch()
-
-    def _join_branches(self) -> None:
-        """The current stream waits for the dense branches (before the dense piece reads them)."""
-        if self._branch_stream is not None:
-            torch.cuda.current_stream().wait_stream(self._branch_stream)
+        return (self._dense_heads(self._outputs[-1][0]),)
 
     def _selected_layers(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> list[torch.Tensor]:
         """The layers the heads read: frame and global outputs side by side, heads' dtype."""
-        return [self._head_input(frames[i], globals_[i]) for i in self.config.selected_layers]
-
-    def _head_input(self, frame_out: torch.Tensor, global_out: torch.Tensor) -> torch.Tensor:
-        """One layer as the heads read it: [1, 1, P, 2C] in the heads' dtype."""
-        return torch.cat((frame_out, global_out.view(1, 1, self.tokens_per_frame, -1)), dim=-1).to(self.model.head_dtype)
+        return [
+            torch.cat((frames[i], globals_[i].view(1, 1, self.tokens_per_frame, -1)), dim=-1).to(self.model.head_dtype)
+            for i in self.config.selected_layers
+        ]
 
     def _dense_heads(self, layers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """The dense heads' outputs (fp32)."""
@@ -403,8 +337,6 @@ class GraphedStep:
                 else:
                     self.attended[i].copy_(result)
                 self._outputs.append(self.pieces[i + 1]())
-                self._launch_branches(i + 1)
-        self._join_branches()
         if self.model.camera_head is None:
             (heads,) = self._dense_piece()
             return {k: v.clone() for k, v in heads.items()}

@@ -159,43 +159,30 @@ class DPTHead(nn.Module):
         return value, conf
 
     def _forward_frames(self, layers, image_hw, patch_start_idx, trace):
-        maps = [self.reassemble(i, tokens, image_hw, patch_start_idx, trace) for i, tokens in enumerate(layers)]
-        return self.fuse(maps, image_hw, trace)
-
-    def reassemble(
-        self, i: int, tokens: torch.Tensor, image_hw: tuple[int, int], patch_start_idx: int, trace=None
-    ) -> torch.Tensor:
-        """Input layer i's tokens [N, P, dim_in] as a feature map at its fusion resolution:
-        norm, projection, position embedding, resize, then the scratch's layer{i+1}_rn
-        convolution. Depends on that layer alone, so a streaming step can run it as soon as
-        the layer is out of the trunk (`mapstream.fast.graphs`)."""
-        height, width = image_hw
-        grid_h, grid_w = height // self.patch_size, width // self.patch_size
-        x = self.norm(tokens[:, patch_start_idx:])
-        # [N, h*w, C] -> [N, C, h, w] as a channels-last view, no copy: with the weights
-        # channels-last too (`GCTStream.cast_for_inference`), cuDNN's NHWC convolutions
-        # run without converting layouts around every call.
-        x = x.reshape(x.shape[0], grid_h, grid_w, x.shape[-1]).permute(0, 3, 1, 2)
-        x = conv_epilogue(self.projects[i], x)
-        if trace:
-            trace(f"dpt.projects.{i}", x)
-        x = x + self._position(x.shape[1], grid_h, grid_w, width / height, x)
-        resize = self.resize_layers[i]
-        x = resize(x) if isinstance(resize, nn.Identity) else conv_epilogue(resize, x)
-        if trace:
-            trace(f"dpt.resize.{i}", x)
-        x = getattr(self.scratch, f"layer{i + 1}_rn")(x)
-        if trace:
-            trace(f"dpt.layer{i + 1}_rn", x)
-        return x
-
-    def fuse(self, maps: list[torch.Tensor], image_hw: tuple[int, int], trace=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The four `reassemble`d maps -> (values [N, H, W, output_dim - 1], confidence [N, H, W])."""
         height, width = image_hw
         grid_h, grid_w = height // self.patch_size, width // self.patch_size
         aspect = width / height
+        maps = []
+        for i, tokens in enumerate(layers):
+            x = self.norm(tokens[:, patch_start_idx:])
+            # [N, h*w, C] -> [N, C, h, w] as a channels-last view, no copy: with the weights
+            # channels-last too (`GCTStream.cast_for_inference`), cuDNN's NHWC convolutions
+            # run without converting layouts around every call.
+            x = x.reshape(x.shape[0], grid_h, grid_w, x.shape[-1]).permute(0, 3, 1, 2)
+            x = conv_epilogue(self.projects[i], x)
+            if trace:
+                trace(f"dpt.projects.{i}", x)
+            x = x + self._position(x.shape[1], grid_h, grid_w, aspect, x)
+            resize = self.resize_layers[i]
+            x = resize(x) if isinstance(resize, nn.Identity) else conv_epilogue(resize, x)
+            if trace:
+                trace(f"dpt.resize.{i}", x)
+            maps.append(x)
         s = self.scratch
-        r1, r2, r3, r4 = maps
+        r1, r2, r3, r4 = s.layer1_rn(maps[0]), s.layer2_rn(maps[1]), s.layer3_rn(maps[2]), s.layer4_rn(maps[3])
+        if trace:
+            for i, r in enumerate((r1, r2, r3, r4), start=1):
+                trace(f"dpt.layer{i}_rn", r)
         out = s.refinenet4(r4, None, r3.shape[-2:])
         if trace:
             trace("dpt.refinenet4", out)

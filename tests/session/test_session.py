@@ -348,45 +348,6 @@ def test_a_started_graphed_step_runs_once_and_only_with_its_own_frame(model):
             started(frame, s.state, store=True, backend=model.attention_backend(frame.device, frame.dtype))
 
 
-def test_dense_head_branches_start_as_soon_as_their_layer_leaves_the_trunk(model, monkeypatch):
-    """Pieces mode: each selected layer's reassembly (`DPTHead.reassemble`) runs as a branch
-    right after the trunk piece that produces the layer, the layers of the last piece in the
-    dense piece; the outputs equal the plain step's (the same DPT arithmetic, split)."""
-    from mapstream.fast import graphs
-
-    x = frames_of(4, seed=12)
-    with model.session(num_scale_frames=2) as plain:
-        want = plain.run_frames(x)
-    order = []
-    piece_call = graphs._Piece.__call__
-    with model.session(num_scale_frames=2, fast=True) as s:
-        got = [p for frame in x[:3] for p in s.step(frame)]
-        graphed = s._graphed[(28, 42)]
-        names = {id(p): f"piece {i}" for i, p in enumerate(graphed.pieces)}
-        names[id(graphed._dense_piece)] = "dense"
-        for ready, branches in graphed._branches.items():
-            for k, branch in branches:
-                names[id(branch)] = f"branch {k}"
-
-        def logged(self):
-            order.append(names.get(id(self), "other"))
-            return piece_call(self)
-
-        monkeypatch.setattr(graphs._Piece, "__call__", logged)
-        got += s.step(x[3])
-    selected, depth = model.config.selected_layers, model.config.depth
-    expected = ["piece 0"]
-    for i in range(1, depth + 1):
-        expected.append(f"piece {i}")
-        expected += [f"branch {k}" for k, layer in enumerate(selected) if layer + 1 == i and i < depth]
-    expected.append("dense")
-    assert [n for n in order if n != "other"] == expected
-    assert any(f"branch {k}" in order for k in range(len(selected)))
-    for a, b in zip(want, got):
-        torch.testing.assert_close(b.depth, a.depth, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(b.depth_conf, a.depth_conf, rtol=1e-5, atol=1e-6)
-
-
 def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_changing_outputs():
     plain = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
     cast = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval().cast_for_inference("fp32")
