@@ -52,10 +52,12 @@ class ValueCheck:
         stats = torch.stack(torch.aminmax(images.detach())).float()
         self._event = None
         if stats.is_cuda:
+            # The copy runs on the frames' device's current stream: the event marks that one.
+            stream = torch.cuda.current_stream(stats.device)
             self._stats = torch.empty(2, dtype=torch.float32, pin_memory=True)
             self._stats.copy_(stats, non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record()
+            self._event.record(stream)
         else:
             self._stats = stats
 
