@@ -220,12 +220,11 @@ class Session:
 
     def _start_graphed(self, frames: torch.Tensor):
         """`GraphedStep.start` of this frame when it takes the fast single-frame path, else None."""
-        if not self.fast or self.in_scale_phase or frames.shape[1] != 1:
+        graphs = self._graphed_step(frames)
+        if graphs is None:
             return None
-        frames = frames.to(self.device, non_blocking=True)
-        graphs = self._graphs_for(frames)
         with _autocast(self.device, self.precision):
-            return graphs.start(frames, self.state)
+            return graphs.start(frames.to(self.device, non_blocking=True), self.state)
 
     def _step_checked(
         self, frames: torch.Tensor, keyframe: bool | None, name: str | None, *, started=None
@@ -361,12 +360,7 @@ class Session:
 
     def _forward(self, frames: torch.Tensor, *, store: bool, scale: int, started=None) -> dict[str, torch.Tensor]:
         frames = frames.to(self.device, non_blocking=True)
-        if started is not None:
-            graphs = started
-        elif self.fast and frames.shape[1] == 1 and not self.in_scale_phase:
-            graphs = self._graphs_for(frames)
-        else:
-            graphs = None
+        graphs = started if started is not None else self._graphed_step(frames)
         with _autocast(self.device, self.precision):
             out = self.model(
                 frames, num_frame_for_scale=scale, keyframe=store, state=self.state, validate=False, graphs=graphs
@@ -379,6 +373,13 @@ class Session:
         if self.output_device is not None:
             out = {k: v.to(self.output_device) for k, v in out.items()}
         return out
+
+    def _graphed_step(self, frames: torch.Tensor):
+        """The `GraphedStep` for these frames when they take the fast path (one frame after
+        the scale phase, `fast` on), else None."""
+        if not self.fast or self.in_scale_phase or frames.shape[1] != 1:
+            return None
+        return self._graphs_for(frames)
 
     def _graphs_for(self, frames: torch.Tensor):
         from .fast import GraphedStep
