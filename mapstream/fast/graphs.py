@@ -369,14 +369,12 @@ class StartedStep:
     state the step was started with, to run the rest (the cache attentions, the heads)."""
 
     def __init__(self, graphed: GraphedStep, frame: torch.Tensor, first: tuple | None) -> None:
-        self._graphed, self._frame, self._first = graphed, frame, first
+        self._graphed, self._shape, self._first = graphed, frame.shape, first
         self._done = False
 
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
-        if frame.shape != self._frame.shape:
-            raise ValueError(
-                f"a started step finishes with its own frame {list(self._frame.shape)}, got {list(frame.shape)}"
-            )
+        if frame.shape != self._shape:
+            raise ValueError(f"a started step finishes with its own frame {list(self._shape)}, got {list(frame.shape)}")
         if self._done:
             raise RuntimeError("this step has already run; start a new one for the next frame")
         self._done = True
