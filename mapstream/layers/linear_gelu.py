@@ -41,6 +41,6 @@ def _product_dtype(x: torch.Tensor, linear: nn.Linear) -> torch.dtype | None:
     if not (x.is_cuda and linear.bias is not None and fused_kernels_allowed()):
         return None
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else linear.weight.dtype
-    if dtype not in _HALF or x.dtype not in (dtype, torch.float32) or x.shape[-1] == 0 or x.numel() == 0:
+    if dtype not in _HALF or x.dtype not in (dtype, torch.float32) or x.numel() == 0:
         return None
     return dtype
