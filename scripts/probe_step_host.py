@@ -27,9 +27,8 @@ from mapstream.bench import BenchConfig, _frames, build_bench_model
 from mapstream.models.compile import compile_model
 
 
-def _mark_around(obj, name: str, marks: dict, key: str) -> None:
-    """Replace obj.name by a wrapper recording marks[key + "_start" / "_end"]."""
-    fn = getattr(obj, name)
+def _marked(fn, marks: dict, key: str):
+    """fn, recording marks[key + "_start" / "_end"] around each call."""
 
     def wrapped(*args, **kwargs):
         marks[key + "_start"] = time.perf_counter()
@@ -37,7 +36,7 @@ def _mark_around(obj, name: str, marks: dict, key: str) -> None:
         marks[key + "_end"] = time.perf_counter()
         return out
 
-    setattr(obj, name, wrapped)
+    return wrapped
 
 
 def main() -> None:
@@ -56,17 +55,9 @@ def main() -> None:
     for i in range(cfg.scale_frames + args.frames):
         if i == cfg.scale_frames + 1:  # the graphs exist now: time the first piece's launches
             (graphed,) = session._graphed.values()
-            first = graphed.pieces[0]
-
-            def timed_first(first=first):
-                marks["launch_start"] = time.perf_counter()
-                out = first()
-                marks["launch_end"] = time.perf_counter()
-                return out
-
-            graphed.pieces[0] = timed_first
-            _mark_around(session, "_check_frame", marks, "check")
-            _mark_around(graphed, "_load_frame", marks, "load")
+            graphed.pieces[0] = _marked(graphed.pieces[0], marks, "launch")
+            session._check_frame = _marked(session._check_frame, marks, "check")
+            graphed._load_frame = _marked(graphed._load_frame, marks, "load")
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
