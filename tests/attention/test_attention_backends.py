@@ -50,9 +50,10 @@ def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
         assert row["err"] < 1e-5, (case, row)
         assert row["token_major"] and row["shape"] == [2, 21, 32], (case, row)
     # The rows kernel (camera head): fp32 arithmetic on fp32 or bf16 storage; the inputs
-    # are the same bf16 values the float64 reference reads, so both are exact to fp32.
+    # are the same bf16 values the float64 reference reads, so both are exact to fp32,
+    # whether one program walks the keys or several share them (merged by a second kernel).
     rows = reports["rows"]
-    assert len(rows) == 2 * 4 * 2
+    assert len(rows) == 2 * 4 * 2 * 3
     for case, row in rows.items():
         assert row["err"] < 1e-6, (case, row)
         assert row["shape"] == [2, 3, 32] and row["dtype"] == "torch.float32", (case, row)
@@ -77,6 +78,19 @@ def test_triton_kernels_reject_bad_arguments(kernel):
         attend(q, k, k, kv_range=(3, 10))
     with pytest.raises(ValueError, match="unit stride"):
         attend(q, k.transpose(1, 2).contiguous().transpose(1, 2), k)
+    if kernel == "rows":
+        for splits in (0, 3, 32):
+            with pytest.raises(ValueError, match=f"splits={splits}: needs a power of two from 1 to 16"):
+                attend(q, k, k, splits=splits)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_rows_kernel_shares_keys_among_programs_only_beyond_one_tile():
+    from mapstream.attention.triton_rows import default_splits
+
+    assert [default_splits(t, 64) for t in (1, 64, 65, 128, 129, 200, 1000, 1024, 1025, 100_000)] == [
+        1, 1, 2, 2, 4, 4, 16, 16, 16, 16,
+    ]
 
 
 def test_dense_attention_is_sdpa_off_the_kernels_cases():

@@ -166,8 +166,10 @@ def test_camera_head_attention_is_one_rows_kernel_a_call_and_never_cudnn(dtype):
     assert not [name for name in kernels if "cudnn" in name.lower()]
 
 
+@pytest.mark.parametrize("splits", [None, 1, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_kernel_matches_float64_and_follows_a_device_range_in_a_graph(dtype):
+def test_rows_kernel_matches_float64_and_follows_a_device_range_in_a_graph(dtype, splits):
+    """One program or several sharing the keys (None: the default for 1,500 keys, 16)."""
     from mapstream.attention.triton_rows import rows_attention
 
     torch.manual_seed(0)
@@ -175,16 +177,16 @@ def test_rows_kernel_matches_float64_and_follows_a_device_range_in_a_graph(dtype
     k, v = storage[0], storage[1]
     q = torch.randn(16, 1, 128, device="cuda")
     rng = torch.tensor([0, 1], device="cuda", dtype=torch.int32)
-    rows_attention(q, k, v, kv_range=rng)  # compile outside the capture
+    rows_attention(q, k, v, kv_range=rng, splits=splits)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = rows_attention(q, k, v, kv_range=rng)
-    for lo, hi in [(0, 1), (0, 97), (5, 1024), (700, 1500)]:
+        out = rows_attention(q, k, v, kv_range=rng, splits=splits)
+    for lo, hi in [(0, 1), (0, 3), (0, 97), (5, 1024), (700, 1500)]:
         rng.copy_(torch.tensor([lo, hi]))
         graph.replay()
         ref = F.scaled_dot_product_attention(q.double(), k[:, lo:hi].double(), v[:, lo:hi].double())
         err = float((out.double() - ref).norm() / ref.norm())
-        assert err < 1e-5, (dtype, lo, hi, err)
+        assert err < 1e-5, (dtype, splits, lo, hi, err)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -381,6 +383,21 @@ def test_session_steps_run_the_fused_heads_and_our_frame_attention(fast):
     # Every cache write (aggregator and camera head) is one kernel for both k and v.
     assert calls.get("_write_frame_kv", 0) >= c.depth, calls
     assert not [n for n in calls if "index_copy" in n], calls
+
+
+def test_graphed_steps_replay_the_camera_head_above_the_dense_heads_priority():
+    """The camera head (the tail's longest chain) replays on a stream of higher priority than
+    the caller's, where the dense heads replay; the poses are those of the eager step."""
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
+    images = torch.rand(5, 3, 56, 70, device="cuda")
+    with model.session(num_scale_frames=2) as plain:
+        want = plain.run_frames(images)
+    with model.session(num_scale_frames=2, fast=True) as s:
+        got = [p for image in images for p in s.step(image)]
+        (graphed,) = s._graphed.values()
+        assert graphed._side_stream.priority < torch.cuda.current_stream().priority
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b.pose_enc, a.pose_enc, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("start_on_device", [False, True], ids=["int", "tensor"])
