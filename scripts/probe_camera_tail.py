@@ -7,8 +7,9 @@
    CUDA graphs of 20 calls, interleaved rounds, µs a call.
 2. **The camera head's stream priority**: the benchmark's session (compiled; bf16 and fp32
    heads), steady frames 100-200 timed as the protocol does (CUDA events, synchronize after
-   each frame), alternating blocks of frames between the session's own camera stream (high
-   priority) and one of the default priority, so drift between machines cannot decide it.
+   each frame), alternating blocks of frames between a camera stream of high priority and
+   one of the default priority (the dense heads' stream has the default), so drift between
+   machines cannot decide it. Measured no difference (docs/BENCHMARKS.md, session 9).
 
 Usage (device): python3 scripts/probe_camera_tail.py [--out FILE.json]
 """
@@ -49,17 +50,16 @@ def priority(heads_precision: str, frames_per_block: int = 10) -> dict:
     model.set_backend(cfg.backend)
     frames = _frames(cfg, device)
     session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=cfg.fast)
-    times: dict[str, list[float]] = {"high (session's)": [], "default": []}
-    low = torch.cuda.Stream(device, priority=0)
+    times: dict[str, list[float]] = {"high": [], "default": []}
+    streams = {"high": torch.cuda.Stream(device, priority=-1), "default": torch.cuda.Stream(device, priority=0)}
     for rep in range(2):  # the first pass warms up (captures, compiles)
         session.reset()
         for i in range(cfg.scale_frames + cfg.stream_frames):
             arm = list(times)[(i // frames_per_block) % 2]
             if rep == 0 and i == cfg.scale_frames + 1:  # the graphed step exists from here on
                 (graphed,) = session._graphed.values()
-                own = graphed._side_stream
             if i > cfg.scale_frames:
-                graphed._side_stream = own if arm.startswith("high") else low
+                graphed._side_stream = streams[arm]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()
@@ -70,7 +70,7 @@ def priority(heads_precision: str, frames_per_block: int = 10) -> dict:
                 times[arm].append(start.elapsed_time(end))
     session.close()
     out = {
-        "priorities": {"session's camera stream": own.priority, "default": low.priority},
+        "priorities": {arm: stream.priority for arm, stream in streams.items()},
         **{arm: {"mean_ms": statistics.fmean(ts), "median_ms": statistics.median(ts), "frames": len(ts)}
            for arm, ts in times.items()},
     }

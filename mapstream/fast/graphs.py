@@ -27,9 +27,8 @@ index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step 
     ...
     graph 24:  global block 23 output -> the heads' input layers
     graph 25:  DPT head(s)                                     } side by side, on two
-    graph 26:  camera head (its own cache, key range and write } streams; the camera head's,
-               slots in device tensors; its own memory pool)   } the longer chain, at a
-                                                               } higher priority
+    graph 26:  camera head (its own cache, key range and write } streams: the camera head's
+               slots in device tensors; its own memory pool)   } small kernels fill the gaps
 
 The trunk and DPT graphs share one memory pool and are replayed in capture order. Inputs
 that change per frame (the image, the frame's time index, the attention results) are copied
@@ -54,10 +53,7 @@ from ..cache import DeviceStep, open_steps
 from ..layers import Rotary, patch_positions_2d, rope2d, rope3d_time_columns, rope3d_time_inv_freq
 from ..models.gct import heads_without_autocast
 
-__all__ = ["GraphedStep", "StartedStep", "CAMERA_STREAM_PRIORITY"]
-
-CAMERA_STREAM_PRIORITY = -1
-"""The camera head's stream priority (lower is higher; the default stream's is 0)."""
+__all__ = ["GraphedStep", "StartedStep"]
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +156,7 @@ class GraphedStep:
             self._camera = _KeyedPiece(
                 lambda: self._camera_poses(self._outputs[-1][0]), capture, camera_pool, "camera head"
             )
-            # The camera head is the tail's longest chain: ~265 kernels, each waiting for the
-            # one before. On a stream of higher priority than the dense heads' (the caller's
-            # stream, priority 0), its blocks are dispatched first whenever both have some
-            # waiting, and the DPT head's fill what it leaves (docs/BENCHMARKS.md, session 9).
-            self._side_stream = torch.cuda.Stream(device, priority=CAMERA_STREAM_PRIORITY) if capture else None
+            self._side_stream = torch.cuda.Stream(device) if capture else None
             self._outputs: list[tuple] = []
 
     # ------------------------------------------------------------------ per-frame inputs
