@@ -138,25 +138,41 @@ class CameraCausalHead(nn.Module):
         graph-safe `DeviceStep` in `mapstream.fast`). Returns the pose after every pass."""
         batch, num_frames, _ = camera_tokens.shape
         depth = len(self.trunk)
-        base = self.token_norm(camera_tokens)
-        normed = self.adaln_norm(base)
+        base, normed = self.normalize(camera_tokens)
         if trace:
             trace("cam.pose_tokens_normed", base)
         raw = None
         poses = []
         for it in range(self.num_iterations):
             pose_in = self.empty_pose_tokens.expand(batch, num_frames, -1) if raw is None else raw
-            shift, scale, gate = self.poseLN_modulation(self.embed_pose(pose_in)).chunk(3, dim=-1)
-            x = gate * (normed * (1 + scale) + shift) + base
+            x = self.modulate(base, normed, pose_in)
             for j, block in enumerate(self.trunk):
                 q, k, v = block.attention_inputs(x)
                 x = block.attention_output(x, attend(it * depth + j, q, k, v))
                 if trace:
                     trace(f"cam.trunk.{j}.it{it}", x)
-            delta = self.pose_branch(self.trunk_norm(x))
-            raw = delta if raw is None else raw + delta
-            poses.append(activate_pose(raw))
+            delta, raw, pose = self.update_pose(x, raw)
+            poses.append(pose)
             if trace:
                 trace(f"cam.delta.it{it}", delta)
-                trace(f"cam.pose_enc.it{it}", poses[-1])
+                trace(f"cam.pose_enc.it{it}", pose)
         return poses
+
+    # The steps around the trunk, each a function of its own so that `compile_model` can fuse
+    # each one's small kernels (on the camera head's chain they are ~20 launches a pass).
+    def normalize(self, camera_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the normalized tokens, those again through the adaLN norm)."""
+        base = self.token_norm(camera_tokens)
+        return base, self.adaln_norm(base)
+
+    def modulate(self, base: torch.Tensor, normed: torch.Tensor, pose_in: torch.Tensor) -> torch.Tensor:
+        """The trunk's input for a pass: `normed` modulated by the pose so far (adaLN shift,
+        scale and gate), plus `base`."""
+        shift, scale, gate = self.poseLN_modulation(self.embed_pose(pose_in)).chunk(3, dim=-1)
+        return gate * (normed * (1 + scale) + shift) + base
+
+    def update_pose(self, x: torch.Tensor, raw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the pass's pose delta, the raw pose with it added, that pose activated)."""
+        delta = self.pose_branch(self.trunk_norm(x))
+        raw = delta if raw is None else raw + delta
+        return delta, raw, activate_pose(raw)

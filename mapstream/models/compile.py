@@ -1,7 +1,8 @@
 """torch.compile of the per-frame parts whose shapes are static within a phase.
 
-The ViT blocks, the frame blocks, and the parts before and after the cache attention of the
-global blocks and of the camera head's trunk blocks are compiled; the cache attentions
+The ViT blocks, the frame blocks, the parts before and after the cache attention of the
+global blocks and of the camera head's trunk blocks, and the camera head's steps around its
+trunk are compiled; the cache attentions
 themselves (their key counts change every frame) stay eager, so compilation never sees a
 dynamic shape. The DPT heads stay eager by default: compiled, their fp32 convolutions
 measured 2.7 ms a frame against 1.0 ms eager on an H200 (docs/BENCHMARKS.md), more than
@@ -38,6 +39,10 @@ def compile_model(
         for block in blocks:
             block.attention_inputs = compiled(block.attention_inputs)
             block.attention_output = compiled(block.attention_output)
+    if model.camera_head is not None:
+        camera = model.camera_head
+        for name in ("normalize", "modulate", "update_pose"):
+            setattr(camera, name, compiled(getattr(camera, name)))
     for head in (model.depth_head, model.point_head) if heads else ():
         if head is not None:
             head._forward_frames = compiled(head._forward_frames)
