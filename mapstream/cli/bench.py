@@ -9,7 +9,7 @@ from typing import Literal
 from ..bench import BenchConfig, build_bench_model, compare_samples, reference_samples, run_benchmark, write_result
 
 
-_VARIANT_ORDER = ("eager", "fast", "compiled", "whole", "bf16-heads")
+_VARIANT_ORDER = ("eager", "fast", "compiled", "whole", "bf16-heads", "whole-bf16-heads")
 # Largest relative error against the eager SDPA pass that a bf16 variant may show (the
 # bf16 fast paths measure ~1e-2 on pose and ~5e-3 on depth, docs/BENCHMARKS.md).
 _TOLERANCE = {"pose_enc": 1e-1, "depth": 5e-2}
@@ -39,8 +39,8 @@ class Bench:
     """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs in pieces
     around the cache attentions; compiled: fast with the blocks compiled by torch.compile;
     whole: compiled, with the entire step as one graph; bf16-heads: compiled, with the
-    heads in bf16 too (the protocol keeps them fp32; a model of its own). Compiled variants
-    run last: compiling changes the model in place."""
+    heads in bf16 too (the protocol keeps them fp32; a model of its own); whole-bf16-heads:
+    both. Compiled variants run last: compiling changes the model in place."""
 
     def main(self) -> int:
         from ..attention import available_backends
@@ -68,8 +68,8 @@ class Bench:
                 width=width, height=height, backend=backend, precision=self.precision,
                 stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
                 images=self.images, stage_breakdown=self.stages and variant == "eager",
-                fast={"eager": False, "whole": "whole"}.get(variant, True),
-                heads_precision=self.precision if variant == "bf16-heads" else "fp32",
+                fast=False if variant == "eager" else "whole" if variant.startswith("whole") else True,
+                heads_precision=self.precision if variant.endswith("bf16-heads") else "fp32",
             )
             if model is None:
                 # fp32 heads first, whatever the variant: the reference pass is the protocol's.
@@ -86,7 +86,7 @@ class Bench:
                 gc.collect()
                 torch.cuda.empty_cache()
                 model = build_bench_model(cfg, torch.device("cuda"))
-            if variant in ("compiled", "whole", "bf16-heads"):
+            if variant not in ("eager", "fast"):
                 from ..models.compile import compile_model
 
                 compile_model(model)

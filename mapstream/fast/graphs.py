@@ -139,6 +139,7 @@ class GraphedStep:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.whole = whole
         self.camera_device_step = DeviceStep(1, device)
+        self._side_stream = torch.cuda.Stream(device) if capture else None
         if whole:
             self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
             self._whole = _KeyedPiece(self._whole_step, capture, self.pool, "whole step")
@@ -156,7 +157,6 @@ class GraphedStep:
             self._camera = _KeyedPiece(
                 lambda: self._camera_poses(self._outputs[-1][0]), capture, camera_pool, "camera head"
             )
-            self._side_stream = torch.cuda.Stream(device) if capture else None
             self._outputs: list[tuple] = []
 
     # ------------------------------------------------------------------ per-frame inputs
@@ -278,7 +278,10 @@ class GraphedStep:
             globals_.append(leaving)
             tokens = leaving.view(1, self.tokens_per_frame, -1)
         layers = self._selected_layers(frames, globals_)
-        return self._dense_heads(layers), self._camera_poses(layers)
+        # The heads side by side as in pieces mode, the camera head on a forked stream that
+        # the capture joins (its branch becomes a parallel path of the graph).
+        poses, heads = self._side_by_side(lambda: self._camera_poses(layers), lambda: self._dense_heads(layers))
+        return heads, poses
 
     def _camera_poses(self, layers: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """The camera head on the last selected layer's camera token, its cache attention read
@@ -348,11 +351,12 @@ class GraphedStep:
         out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
         return out
 
-    def _side_by_side(self, side: _Piece, main: _Piece) -> tuple[tuple, tuple]:
-        """Replay `side` on the second stream while `main` replays on the current one, both
-        after all work already queued; the current stream waits for both. The camera head is
-        a chain of ~400 small kernels that leave most of the GPU idle; beside the dense head
-        it costs little more than the dense head alone."""
+    def _side_by_side(self, side: Callable[[], object], main: Callable[[], object]) -> tuple:
+        """(side(), main()): `side` on the second stream while `main` runs on the current one,
+        both after all work already queued; the current stream waits for both. Used for
+        replays (pieces mode) and inside a capture (whole-step mode: the fork and join become
+        parallel branches of the graph). The camera head is a chain of ~260 small kernels
+        that leave much of the GPU idle; beside the dense head it costs less than after it."""
         if self._side_stream is None:
             return side(), main()
         current = torch.cuda.current_stream()
