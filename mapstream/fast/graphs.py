@@ -355,7 +355,7 @@ class GraphedStep:
         """(side(), main()): `side` on the second stream while `main` runs on the current one,
         both after all work already queued; the current stream waits for both. Used for
         replays (pieces mode) and inside a capture (whole-step mode: the fork and join become
-        parallel branches of the graph). The camera head is a chain of ~260 small kernels
+        parallel branches of the graph). The camera head is a chain of ~220 small kernels
         that leave much of the GPU idle; beside the dense head it costs less than after it."""
         if self._side_stream is None:
             return side(), main()
