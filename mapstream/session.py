@@ -210,21 +210,22 @@ class Session:
         """
         self._check_open()
         frames = self._check_frame(frame, values=False)
+        graphs = self._graphed_step(frames)
+        if graphs is not None:
+            # One copy to the device, which the started step and `_forward` both use.
+            frames = frames.to(self.device, non_blocking=True)
         values = ValueCheck(frames)
         # The graphed step's first part reads no cache: started before the value check's
         # answer comes back, the GPU embeds the frame instead of waiting for the round trip.
         # A frame that fails the check is never attended to or stored.
-        started = self._start_graphed(frames)
+        started = self._start_graphed(graphs, frames) if graphs is not None else None
         values.wait()
         return self._step_checked(frames, keyframe, name, started=started)
 
-    def _start_graphed(self, frames: torch.Tensor):
-        """`GraphedStep.start` of this frame when it takes the fast single-frame path, else None."""
-        graphs = self._graphed_step(frames)
-        if graphs is None:
-            return None
+    def _start_graphed(self, graphs, frames: torch.Tensor):
+        """`graphs.start` (a `GraphedStep`) of this frame, already on the session's device."""
         with _autocast(self.device, self.precision):
-            return graphs.start(frames.to(self.device, non_blocking=True), self.state)
+            return graphs.start(frames, self.state)
 
     def _step_checked(
         self, frames: torch.Tensor, keyframe: bool | None, name: str | None, *, started=None

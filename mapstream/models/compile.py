@@ -3,9 +3,10 @@
 The ViT blocks, the frame blocks, the parts before and after the cache attention of the
 global blocks and of the camera head's trunk blocks, and the camera head's steps around its
 trunk are compiled; the cache attentions themselves (their key counts change every frame)
-stay eager, so compilation never sees a dynamic shape. The DPT heads stay eager by default: compiled, their fp32 convolutions
-measured 2.7 ms a frame against 1.0 ms eager on an H200 (docs/BENCHMARKS.md), more than
-the fused elementwise work saves; `heads=True` compiles them anyway.
+stay eager, so compilation never sees a dynamic shape. The DPT heads stay eager by default:
+compiled, their fp32 convolutions measured 2.7 ms a frame against 1.0 ms eager on an H200
+(docs/BENCHMARKS.md), more than the fused elementwise work saves; `heads=True` compiles
+them anyway.
 """
 from __future__ import annotations
 
