@@ -4,13 +4,18 @@ An eager step launches thousands of small kernels from Python and leaves the GPU
 of the time (docs/BENCHMARKS.md). Two ways to replay a step:
 
 **Whole step** (`whole=True`; fast with backends that have `device_range`, e.g. our Triton
-kernel; others fall back to masked attention over the whole arena): the entire step —
-embedding, 48 blocks, the 24 cache writes and attentions, the heads, the camera head with
-its own cache — is one graph. What changes from frame to frame lives in device tensors
+kernel; others fall back to masked attention over the whole arena): the step is two graphs.
+The first is the pieces mode's graph 0 below (embedding, frame block 0, global block 0's
+q/k/v: no cache read), launched as soon as the frame is loaded; the second is everything
+else — the 24 cache writes and attentions, the other 47 blocks, the heads, the camera head
+with its own cache. What changes from frame to frame lives in device tensors
 (`mapstream.cache.DeviceStep`: write offsets and visible key ranges; the RoPE angles);
 the cache copies that do not involve the frame (trajectory bookkeeping) run eagerly
-before the replay. A new capture happens only when a cache's storage moves (new lease).
-The host's work per frame is a few small copies and one replay.
+before the second replay. A new capture of the second graph happens only when a cache's
+storage moves (new lease). The host's work per frame is a few small copies and two
+replays, and the GPU embeds the frame while the host checks it and plans the cache step
+(as one graph, the step started only after all of that: ≈ 0.5 ms slower a frame than the
+pieces, docs/BENCHMARKS.md, session 9).
 
 **Pieces** (the default): the aggregator's cache attentions run eagerly (exact key ranges,
 the fastest kernel); the rest, whose shapes are fixed by the frame size, is captured in
@@ -140,13 +145,15 @@ class GraphedStep:
         self.whole = whole
         self.camera_device_step = DeviceStep(1, device)
         self._side_stream = torch.cuda.Stream(device) if capture else None
+        # Graph 0 reads no cache: both modes launch it first (`start`).
+        self._first_piece = _Piece(self._first, capture, self.pool)
         if whole:
             self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
             self._whole = _KeyedPiece(self._whole_step, capture, self.pool, "whole step")
             self._backend = None
         else:
             self.attended: list[torch.Tensor | None] = [None] * c.depth
-            self.pieces = [_Piece(self._first, capture, self.pool)]
+            self.pieces = [self._first_piece]
             self.pieces += [_Piece(self._make_middle(i), capture, self.pool) for i in range(1, c.depth)]
             self.pieces.append(_Piece(self._last, capture, self.pool))
             self._dense_piece = _Piece(self._dense, capture, self.pool)
@@ -244,13 +251,13 @@ class GraphedStep:
 
     def start(self, frame: torch.Tensor, state) -> "StartedStep":
         """Begin the step of `frame` [1, 1, 3, H, W] with what needs no cache: load the
-        frame and (pieces mode) launch the first graph. Returns the step's second half, to
-        call with the same frame and state; until then the caches are untouched, so a caller
-        may still abandon the step (e.g. when the frame's value check fails), and meanwhile
-        the GPU is busy with the first graph instead of waiting for the host."""
+        frame and launch the first graph. Returns the step's second half, to call with the
+        same frame and state; until then the caches are untouched, so a caller may still
+        abandon the step (e.g. when the frame's value check fails), and meanwhile the GPU is
+        busy with the first graph instead of waiting for the host."""
         with self._on_device():
             self._load_frame(frame, state.aggregator)
-            first = None if self.whole else self.pieces[0]()
+            first = self._first_piece()
         return StartedStep(self, frame, first)
 
     def _on_device(self):
@@ -267,12 +274,14 @@ class GraphedStep:
 
     # ------------------------------------------------------------------ whole-step mode
     def _whole_step(self) -> tuple:
+        """Everything after graph 0, whose static outputs it starts from."""
         agg, depth, backend = self.agg, self.config.depth, self._backend
-        self._rotate_to_time()
-        tokens = agg.embed(self.frame, self.special)
         frames, globals_ = [], []
         for i in range(depth):
-            frame_out, seq, q, k, v = agg.enter_layer(i, tokens, self.frame_rotary, self.global_rotary)
+            if i == 0:
+                frame_out, seq, q, k, v = self._first_piece.outputs
+            else:
+                frame_out, seq, q, k, v = agg.enter_layer(i, tokens, self.frame_rotary, self.global_rotary)
             leaving = agg.leave_layer(i, seq, self.agg_device_step.attend(i, q, k, v, backend))
             frames.append(frame_out)
             globals_.append(leaving)
@@ -384,7 +393,7 @@ class StartedStep:
         self._done = True
         g = self._graphed
         with g._on_device():
-            if g.whole:
+            if g.whole:  # graph 0's outputs are the static tensors the second graph reads
                 return g._call_whole(state, store, backend)
             return g._call_pieces(self._first, state, store, backend)
 

@@ -263,11 +263,12 @@ def test_fast_path_computes_the_same_function(model, kf, whole):
         assert a.keyframe == b.keyframe
 
 
-def test_pieces_launch_the_first_graph_before_planning_the_cache_step(model, monkeypatch):
+@pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole-step"])
+def test_graphed_steps_launch_the_first_graph_before_planning_the_cache_step(model, monkeypatch, whole):
     """Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache, so a
     single-frame step launches it before the host plans the aggregator's cache step: on a
     GPU the frame is embedded while the host works. The step's copies (window eviction)
-    still run before its first attention."""
+    still run before its first attention (pieces) or the graph of the rest (whole step)."""
     from mapstream.cache import Step, StreamCacheManager
     from mapstream.fast import graphs
 
@@ -280,16 +281,19 @@ def test_pieces_launch_the_first_graph_before_planning_the_cache_step(model, mon
             return fn(self, *args, **kwargs)
         return wrapper
 
-    with model.session(num_scale_frames=2, fast=True) as s:
+    with model.session(num_scale_frames=2, fast="whole" if whole else True) as s:
         for frame in frames_of(3, seed=5):  # the scale phase and one graphed step
             s.step(frame)
-        first_piece = s._graphed[(28, 42)].pieces[0]
+        first_piece = s._graphed[(28, 42)]._first_piece
         monkeypatch.setattr(graphs._Piece, "__call__", logged(lambda p: "piece 0" if p is first_piece else "piece", piece_call))
         monkeypatch.setattr(StreamCacheManager, "begin_step", logged(lambda m: f"begin {m.name}", begin))
-        monkeypatch.setattr(Step, "apply_moves", logged(lambda st: "moves", moves))
+        monkeypatch.setattr(Step, "apply_moves", logged(lambda st: f"moves {st.manager.name}", moves))
         monkeypatch.setattr(Step, "attend", logged(lambda st: "attend", attend))
         s.step(frames_of(1, seed=6)[0])
-    assert events[:4] == ["piece 0", "begin aggregator", "moves", "attend"], events[:6]
+    if whole:  # both caches' steps planned and their copies run, then the graph of the rest
+        assert events == ["piece 0", "begin aggregator", "begin camera_head", "moves camera_head", "moves aggregator", "piece"], events
+    else:
+        assert events[:4] == ["piece 0", "begin aggregator", "moves aggregator", "attend"], events[:6]
 
 
 def test_a_frame_failing_the_value_check_is_rejected_after_the_first_graph_without_touching_the_session(model, monkeypatch):
