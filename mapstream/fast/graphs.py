@@ -193,10 +193,9 @@ class GraphedStep:
 
     def _make_middle(self, i: int) -> Callable[[], tuple]:
         def middle() -> tuple:
-            seq = self._seq(i - 1)
-            leaving = self.agg.leave_layer(i - 1, seq, self.attended[i - 1])
-            tokens = leaving.view(1, self.tokens_per_frame, -1)
-            return (leaving, *self.agg.enter_layer(i, tokens, self.frame_rotary, self.global_rotary))
+            return self.agg.between_layers(
+                i, self._seq(i - 1), self.attended[i - 1], self.tokens_per_frame, self.frame_rotary, self.global_rotary
+            )
 
         return middle
 
@@ -276,16 +275,18 @@ class GraphedStep:
     def _whole_step(self) -> tuple:
         """Everything after graph 0, whose static outputs it starts from."""
         agg, depth, backend = self.agg, self.config.depth, self._backend
-        frames, globals_ = [], []
+        frame_out, seq, q, k, v = self._first_piece.outputs
+        frames, globals_ = [frame_out], []
         for i in range(depth):
-            if i == 0:
-                frame_out, seq, q, k, v = self._first_piece.outputs
+            attended = self.agg_device_step.attend(i, q, k, v, backend)
+            if i + 1 < depth:
+                leaving, frame_out, seq, q, k, v = agg.between_layers(
+                    i + 1, seq, attended, self.tokens_per_frame, self.frame_rotary, self.global_rotary
+                )
+                frames.append(frame_out)
             else:
-                frame_out, seq, q, k, v = agg.enter_layer(i, tokens, self.frame_rotary, self.global_rotary)
-            leaving = agg.leave_layer(i, seq, self.agg_device_step.attend(i, q, k, v, backend))
-            frames.append(frame_out)
+                leaving = agg.leave_layer(i, seq, attended)
             globals_.append(leaving)
-            tokens = leaving.view(1, self.tokens_per_frame, -1)
         layers = self._selected_layers(frames, globals_)
         # The heads side by side as in pieces mode, the camera head on a forked stream that
         # the capture joins (its branch becomes a parallel path of the graph).

@@ -91,10 +91,17 @@ class PatchEmbedViT(nn.Module):
         tokens = tokens + self.position_embedding(height // p, width // p, tokens.dtype)
         # Registers go right after cls, after the positional embedding (they have none).
         tokens = torch.cat((tokens[:, :1], self.register_tokens.expand(n, -1, -1), tokens[:, 1:]), dim=1)
-        hidden = []
+        if return_hidden:
+            hidden = []
+            for block in self.blocks:
+                tokens = block(tokens)
+                hidden.append(tokens)
+            return self.norm(tokens)[:, 1 + self.num_registers :], hidden
+        return self.run_blocks(tokens)[:, 1 + self.num_registers :]
+
+    def run_blocks(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The blocks and the final norm, as one function: compiled whole (`compile_model`),
+        each block's last residual add fuses with the next block's first norm."""
         for block in self.blocks:
             tokens = block(tokens)
-            if return_hidden:
-                hidden.append(tokens)
-        patches = self.norm(tokens)[:, 1 + self.num_registers :]
-        return (patches, hidden) if return_hidden else patches
+        return self.norm(tokens)

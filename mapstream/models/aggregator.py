@@ -47,6 +47,31 @@ def aggregator_cache_spec(cache: CacheConfig) -> CacheSpec:
     )
 
 
+
+def _plain(block: nn.Module) -> nn.Module:
+    """The module itself, under a `torch.compile` wrapper if it has one (a compiled caller
+    traces through it, rather than calling a compiled callee)."""
+    return getattr(block, "_orig_mod", block)
+
+
+def _enter(frame_block, global_block, tokens, frame_rotary, global_rotary, streams: int):
+    """Frame block, then the global block's attention inputs (`Aggregator.enter_layer`)."""
+    frames = tokens.shape[0] // streams
+    tokens = frame_block(tokens, frame_rotary)
+    seq = tokens.view(streams, frames * tokens.shape[1], -1)
+    q, k, v = global_block.attention_inputs(seq, global_rotary)
+    return tokens.view(streams, frames, tokens.shape[1], -1), seq, q, k, v
+
+
+def _between_layers(prev_global, frame_block, next_global, seq, attended, tokens_per_frame, frame_rotary,
+                    global_rotary, streams: int):
+    """`Aggregator.between_layers` on the blocks themselves (what `compile_model` compiles:
+    one graph serves every layer, the blocks' weights being its inputs)."""
+    leaving = prev_global.attention_output(seq, attended)
+    tokens = leaving.view(-1, tokens_per_frame, leaving.shape[-1])
+    return (leaving, *_enter(frame_block, next_global, tokens, frame_rotary, global_rotary, streams))
+
+
 class AggregatorStream(nn.Module):
     def __init__(self, config: ModelConfig, cache: CacheConfig, pools: PoolRegistry | None = None) -> None:
         super().__init__()
@@ -212,15 +237,22 @@ class AggregatorStream(nn.Module):
             caches, stores, num_frames=num_frames, layout=lambda cache: self.cache_layout(per_frame, cache),
             dtype=kv_dtype(tokens), device=tokens.device,
         ) as steps:
+            frame_out, seq, q, k, v = self.enter_layer(0, tokens, frame_rotary, global_rotary, streams=streams)
             for i in range(c.depth):
-                frame_out, seq, q, k, v = self.enter_layer(i, tokens, frame_rotary, global_rotary, streams=streams)
-                seq = self.leave_layer(i, seq, attend_streams(steps, i, q, k, v, backend.attend))
-                tokens = seq.view(streams * num_frames, per_frame, -1)
+                attended = attend_streams(steps, i, q, k, v, backend.attend)
+                if i + 1 < c.depth:
+                    out, next_frame_out, next_seq, q, k, v = self.between_layers(
+                        i + 1, seq, attended, per_frame, frame_rotary, global_rotary, streams=streams
+                    )
+                else:
+                    out = self.leave_layer(i, seq, attended)
                 if trace:
                     trace(f"agg.frame_blocks.{i}", frame_out.flatten(0, 1))
-                    trace(f"agg.global_blocks.{i}", seq)
+                    trace(f"agg.global_blocks.{i}", out)
                 if i in c.selected_layers:
-                    selected[i] = torch.cat((frame_out, seq.view(streams, num_frames, per_frame, -1)), dim=-1)
+                    selected[i] = torch.cat((frame_out, out.view(streams, num_frames, per_frame, -1)), dim=-1)
+                if i + 1 < c.depth:
+                    frame_out, seq = next_frame_out, next_seq
         outputs = [selected[i] for i in c.selected_layers]
         if trace:
             for j, out in enumerate(outputs):
@@ -228,7 +260,8 @@ class AggregatorStream(nn.Module):
         return outputs, c.num_special_tokens
 
     # ------------------------------------------------------------------ the pieces of a step
-    # A step is: embed -> for each layer i: enter_layer(i) -> cache attention -> leave_layer(i).
+    # A step is: embed -> for each layer i: enter_layer(i) -> cache attention -> leave_layer(i),
+    # where leave_layer(i - 1) + enter_layer(i) may run as one `between_layers(i)`.
     # Everything but the cache attention has shapes fixed by the frame size, which is what
     # lets a fast path capture these pieces in CUDA graphs (mapstream.fast).
     def embed(self, images: torch.Tensor, special: torch.Tensor, trace: Trace | None = None) -> torch.Tensor:
@@ -252,15 +285,27 @@ class AggregatorStream(nn.Module):
         Returns (frame output [B, S, P, C], the global block's input [B, S*P, C], q, k, v)
         with q, k, v [B, heads, S*P, head_dim].
         """
-        frames = tokens.shape[0] // streams
-        tokens = self.frame_blocks[i](tokens, frame_rotary)
-        seq = tokens.view(streams, frames * tokens.shape[1], -1)
-        q, k, v = self.global_blocks[i].attention_inputs(seq, global_rotary)
-        return tokens.view(streams, frames, tokens.shape[1], -1), seq, q, k, v
+        return _enter(self.frame_blocks[i], self.global_blocks[i], tokens, frame_rotary, global_rotary, streams)
 
     def leave_layer(self, i: int, seq: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Global block i's output from its input [B, S*P, C] and its attention result."""
         return self.global_blocks[i].attention_output(seq, attended)
+
+    def between_layers(
+        self, i: int, seq: torch.Tensor, attended: torch.Tensor, tokens_per_frame: int,
+        frame_rotary: Rotary, global_rotary: Rotary | None, *, streams: int = 1,
+    ):
+        """`leave_layer(i - 1)`, then `enter_layer(i)` on its output: all the work between two
+        cache attentions, as one function, so that a compiled model (`compile_model`) fuses
+        across the blocks' boundaries — a block's last residual add with the next block's
+        first norm, one kernel where there were two. Returns (global block i-1's output
+        [B, S*P, C], *enter_layer(i)'s results)."""
+        return self._between(
+            _plain(self.global_blocks[i - 1]), _plain(self.frame_blocks[i]), _plain(self.global_blocks[i]),
+            seq, attended, tokens_per_frame, frame_rotary, global_rotary, streams,
+        )
+
+    _between = staticmethod(_between_layers)  # compile_model puts a compiled one on the instance
 
     def cache_layout(self, tokens_per_frame: int, cache: StreamCacheManager) -> TokenLayout:
         c = self.config
@@ -297,3 +342,4 @@ def kv_dtype(tokens: torch.Tensor) -> torch.dtype:
 
 
 _TRAJECTORY_TOKENS = {"specials": lambda n: n, "camera": lambda n: 1, "none": lambda n: 0}
+

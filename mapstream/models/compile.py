@@ -1,8 +1,9 @@
 """torch.compile of the per-frame parts whose shapes are static within a phase.
 
-The ViT blocks, the frame blocks, the parts before and after the cache attention of the
-global blocks and of the camera head's trunk blocks, and the camera head's steps around its
-trunk are compiled; the cache attentions themselves (their key counts change every frame)
+The ViT's blocks (as one function), the aggregator's work between two cache attentions
+(`AggregatorStream.between_layers`), the frame blocks, the parts before and after the cache
+attention of the global blocks and of the camera head's trunk blocks, and the camera head's
+steps around its trunk are compiled; the cache attentions themselves (their key counts change every frame)
 stay eager, so compilation never sees a dynamic shape. The DPT heads stay eager by default:
 compiled, their fp32 convolutions measured 2.7 ms a frame against 1.0 ms eager on an H200
 (docs/BENCHMARKS.md), more than the fused elementwise work saves; `heads=True` compiles
@@ -29,9 +30,15 @@ def compile_model(
     def compiled(fn):
         return torch.compile(fn, backend=backend, mode=mode, dynamic=False)
 
-    for blocks in (agg.patch_embed.blocks, agg.frame_blocks):
-        for i, block in enumerate(blocks):
-            blocks[i] = compiled(block)
+    # The ViT's blocks as one graph, the aggregator's work between two cache attentions as
+    # another (one graph serves all layers: the blocks' weights are its inputs), so that
+    # Inductor fuses each block's last residual add with the next block's first norm. The
+    # frame blocks and global-block halves are also compiled one by one for the callers that
+    # run a layer alone (the first and last layer, `enter_layer`/`leave_layer`).
+    agg.patch_embed.run_blocks = compiled(agg.patch_embed.run_blocks)
+    agg._between = compiled(agg._between)
+    for i, block in enumerate(agg.frame_blocks):
+        agg.frame_blocks[i] = compiled(block)
     trunks = [agg.global_blocks]
     if model.camera_head is not None:
         trunks.append(model.camera_head.trunk)

@@ -504,3 +504,34 @@ def test_value_check_of_frames_on_the_gpu_answers_through_one_asynchronous_copy(
         ValueCheck(bad).wait()
     with pytest.raises(ValueError, match=r"\[0, 1\], got \[0, 2\]"):
         ValueCheck(frames * 0 + torch.tensor([0.0, 2.0, 1.0], device="cuda")[:, None, None]).wait()
+
+
+def test_compiled_between_layers_fuses_across_the_blocks_boundaries():
+    """compile_model compiles the work between two cache attentions as one function: on the
+    tiny model in bf16 each block's last residual add fuses with the next block's first norm,
+    so `between_layers(i)` launches at least two kernels fewer than `leave_layer(i - 1)` and
+    `enter_layer(i)` compiled apart, and computes the same values (to bf16 rounding)."""
+    from mapstream.layers import patch_positions_2d, rope2d
+    from mapstream.models.compile import compile_model
+
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval().cast_for_inference("bf16")
+    compile_model(model)
+    agg, c = model.aggregator, model.config
+    g = torch.Generator(device="cuda").manual_seed(3)
+    per_frame = c.num_special_tokens + 2 * 3
+    seq = torch.randn(1, per_frame, c.embed_dim, device="cuda", generator=g).to(torch.bfloat16)
+    attended = torch.randn(1, c.num_heads, per_frame, c.head_dim, device="cuda", generator=g).to(torch.bfloat16)
+    rotary = rope2d(patch_positions_2d(2, 3, c.num_special_tokens, "cuda"), c.head_dim, c.rope2d_frequency)
+
+    def apart():
+        leaving = agg.leave_layer(1, seq, attended)
+        return (leaving, *agg.enter_layer(2, leaving.view(1, per_frame, -1), rotary, None))
+
+    with torch.no_grad():
+        for _ in range(2):  # compile, warm up
+            apart(), agg.between_layers(2, seq, attended, per_frame, rotary, None)
+        want, apart_calls = _profiled(apart)
+        got, together_calls = _profiled(lambda: agg.between_layers(2, seq, attended, per_frame, rotary, None))
+    assert sum(together_calls.values()) <= sum(apart_calls.values()) - 2, (together_calls, apart_calls)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)

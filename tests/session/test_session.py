@@ -237,6 +237,13 @@ def test_compiled_model_computes_the_same_function():
     b = compiled.inference_streaming(x, num_scale_frames=2)
     torch.testing.assert_close(a["pose_enc"], b["pose_enc"])
     torch.testing.assert_close(a["depth"], b["depth"])
+    # The graphed decompositions (eager on the CPU) run the compiled between-layers function.
+    for fast in (True, "whole"):
+        with compiled.session(num_scale_frames=2, fast=fast) as s:
+            got = s.run_frames(x)
+        for j, pred in enumerate(got):
+            torch.testing.assert_close(pred.pose_enc, a["pose_enc"][0, j])
+            torch.testing.assert_close(pred.depth, a["depth"][0, j, ..., 0])
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole-step"])
