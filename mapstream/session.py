@@ -23,7 +23,6 @@ from typing import Iterable
 import torch
 
 from .config import CacheConfig
-from .geometry import invert_se3, pose_encoding_to_extri_intri
 from .keyframes import KeyframePolicy, make_policy
 from .models.gct import GCTStream, StreamState
 from .validation import ValueCheck, check_images
@@ -396,8 +395,7 @@ class Session:
     def _split(self, out: dict, names: list, *, first: int, store: bool, scale: bool) -> list[FramePrediction]:
         num = out["pose_enc"].shape[1]
         image_hw = tuple(out["depth"].shape[2:4])
-        T_world_cam, K = pose_encoding_to_extri_intri(out["pose_enc"][0], image_hw)
-        T_cam_world = invert_se3(T_world_cam)
+        T_world_cam, T_cam_world, K = self.model.camera_matrices(out["pose_enc"][0], image_hw)
         return [
             FramePrediction(
                 index=first + j,

@@ -23,6 +23,7 @@ from mapstream.geometry.camera import (
 )
 from mapstream.geometry.pose_encoding import (
     POSE_ENCODING_DIM,
+    camera_matrices,
     extri_intri_to_pose_encoding,
     pose_encoding_to_extri_intri,
 )
@@ -31,6 +32,7 @@ from mapstream.geometry.rotation import mat_to_quat, quat_to_mat
 __all__ = [
     "POSE_ENCODING_DIM",
     "cam_points_from_depth",
+    "camera_matrices",
     "extri_intri_to_pose_encoding",
     "fov_from_intrinsics",
     "intrinsics_from_fov",

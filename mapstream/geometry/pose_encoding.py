@@ -24,10 +24,11 @@ from mapstream.geometry.camera import (
     check_image_hw,
     fov_from_intrinsics,
     intrinsics_from_fov,
+    invert_se3,
 )
 from mapstream.geometry.rotation import check_trailing_shape, mat_to_quat, quat_to_mat
 
-__all__ = ["POSE_ENCODING_DIM", "pose_encoding_to_extri_intri", "extri_intri_to_pose_encoding"]
+__all__ = ["POSE_ENCODING_DIM", "pose_encoding_to_extri_intri", "extri_intri_to_pose_encoding", "camera_matrices"]
 
 POSE_ENCODING_DIM = 9
 
@@ -53,6 +54,17 @@ def pose_encoding_to_extri_intri(pose_enc: Tensor, image_hw: Sequence[int]) -> t
     T_world_cam = torch.cat((R, pose_enc[..., 0:3].unsqueeze(-1)), dim=-1)
     K = intrinsics_from_fov(pose_enc[..., 7], pose_enc[..., 8], hw)
     return T_world_cam, K
+
+
+def camera_matrices(pose_enc: Tensor, image_hw: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """``(T_world_cam, T_cam_world, K)`` of ``pose_enc`` ``[*, 9]``: what a prediction carries.
+
+    :func:`pose_encoding_to_extri_intri` and the inverse transform, as one function so that
+    a compiled copy of it (``compile_model``) runs as a few fused kernels instead of ~55
+    tiny ones after every streaming step.
+    """
+    T_world_cam, K = pose_encoding_to_extri_intri(pose_enc, image_hw)
+    return T_world_cam, invert_se3(T_world_cam), K
 
 
 def extri_intri_to_pose_encoding(T_world_cam: Tensor, K: Tensor, image_hw: Sequence[int]) -> Tensor:

@@ -2,9 +2,10 @@
 
 The ViT's blocks (as one function), the aggregator's work between two cache attentions
 (`AggregatorStream.between_layers`), the frame blocks, the parts before and after the cache
-attention of the global blocks and of the camera head's trunk blocks, and the camera head's
-steps around its trunk are compiled; the cache attentions themselves (their key counts change every frame)
-stay eager, so compilation never sees a dynamic shape. The DPT heads stay eager by default:
+attention of the global blocks and of the camera head's trunk blocks, the camera head's
+steps around its trunk and the camera matrices of a prediction are compiled; the cache
+attentions themselves (their key counts change every frame) stay eager, so compilation
+never sees a dynamic shape. The DPT heads stay eager by default:
 compiled, their fp32 convolutions measured 2.7 ms a frame against 1.0 ms eager on an H200
 (docs/BENCHMARKS.md), more than the fused elementwise work saves; `heads=True` compiles
 them anyway.
@@ -50,6 +51,7 @@ def compile_model(
         camera = model.camera_head
         for name in ("normalize", "modulate", "update_pose"):
             setattr(camera, name, compiled(getattr(camera, name)))
+    model.camera_matrices = compiled(model.camera_matrices)
     for head in (model.depth_head, model.point_head) if heads else ():
         if head is not None:
             head._forward_frames = compiled(head._forward_frames)

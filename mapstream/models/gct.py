@@ -23,6 +23,7 @@ from torch import nn
 from ..attention import AttentionBackend, select_backend
 from ..cache import PoolRegistry, StreamCacheManager
 from ..config import CacheConfig, ModelConfig, get_preset, split_overrides
+from ..geometry import camera_matrices
 from ..heads import CameraCausalHead, DPTHead
 from ..validation import check_images
 from .aggregator import AggregatorStream, Trace, aggregator_cache_spec, kv_dtype
@@ -121,6 +122,10 @@ class GCTStream(nn.Module):
         self._backends: dict[tuple, AttentionBackend] = {}
 
     # ------------------------------------------------------------------ state
+    # (T_world_cam, T_cam_world, K) of pose encodings, for predictions; `compile_model` puts
+    # a compiled copy on the instance.
+    camera_matrices = staticmethod(camera_matrices)
+
     def new_state(self, cache: CacheConfig | None = None) -> StreamState:
         """Empty caches for one new sequence (sharing this model's page pools), with the
         model's cache policy or `cache`."""

@@ -8,6 +8,7 @@ import torch
 from conftest import golden_case
 
 from mapstream.geometry import (
+    camera_matrices,
     extri_intri_to_pose_encoding,
     invert_se3,
     pose_encoding_to_extri_intri,
@@ -48,6 +49,19 @@ def test_known_values():
     expected_K = torch.tensor([[150, 0, 60], [0, 100, 40], [0, 0, 1]], dtype=torch.float64)
     torch.testing.assert_close(T, expected_T)
     torch.testing.assert_close(K, expected_K)
+
+
+def test_camera_matrices_are_the_pose_its_inverse_and_the_intrinsics():
+    pe = random_pose_enc((5,), seed=4)
+    T_world_cam, T_cam_world, K = camera_matrices(pe, (30, 40))
+    want_T, want_K = pose_encoding_to_extri_intri(pe, (30, 40))
+    assert torch.equal(T_world_cam, want_T) and torch.equal(K, want_K)
+    torch.testing.assert_close(T_cam_world, invert_se3(want_T))
+    # [R | t] then its inverse: the identity on points.
+    points = torch.randn(5, 7, 3, dtype=torch.float64)
+    world = points @ T_world_cam[:, :, :3].transpose(1, 2) + T_world_cam[:, None, :, 3]
+    back = world @ T_cam_world[:, :, :3].transpose(1, 2) + T_cam_world[:, None, :, 3]
+    torch.testing.assert_close(back, points)
 
 
 def test_translation_is_camera_centre_in_world():

@@ -227,6 +227,7 @@ def test_auto_keyframes_need_no_frame_count(model):
 
 
 def test_compiled_model_computes_the_same_function():
+    from mapstream.geometry import camera_matrices
     from mapstream.models.compile import compile_model
 
     plain = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
@@ -244,6 +245,9 @@ def test_compiled_model_computes_the_same_function():
         for j, pred in enumerate(got):
             torch.testing.assert_close(pred.pose_enc, a["pose_enc"][0, j])
             torch.testing.assert_close(pred.depth, a["depth"][0, j, ..., 0])
+            T_world_cam, T_cam_world, K = camera_matrices(a["pose_enc"][0, j], a["depth"].shape[2:4])
+            for have, want in ((pred.T_world_cam, T_world_cam), (pred.T_cam_world, T_cam_world), (pred.K, K)):
+                torch.testing.assert_close(have, want)
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole-step"])
