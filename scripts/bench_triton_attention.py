@@ -2,7 +2,10 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense | --balance]
+
+--balance: A/B of the plain grid and `KernelConfig.balance` (spare resident slots take the
+row blocks' key tails), TMA and pointer kernels, replayed from CUDA graphs.
 
 --exp: A/B of the default configuration with and without the polynomial exponential
 (`KernelConfig.exp_poly`), replayed from CUDA graphs.
@@ -60,6 +63,17 @@ def splits_ab(q, k, v, lo, nk, rounds=5):
         "n64_s3_splits3": KernelConfig(block_n=64, tma=True, splits=3),
         "n64_s4_splits3": KernelConfig(block_n=64, num_stages=4, tma=True, splits=3),
     }, "splits ", rounds)
+
+
+def balance_ab(q, k, v, lo, nk, rounds=9):
+    """Spare resident slots taking the row blocks' key tails (`KernelConfig.balance`)
+    against the plain grid, with the pointer-load kernel too (the interpreter-tested path)."""
+    return configs_ab(q, k, v, lo, nk, {
+        "tma": KernelConfig(tma=True), "tma_balanced": KernelConfig(tma=True, balance=True),
+        "tma_balanced_setup0": KernelConfig(tma=True, balance=True, tail_setup=0),
+        "tma_balanced_setup5": KernelConfig(tma=True, balance=True, tail_setup=5),
+        "ptr": KernelConfig(), "ptr_balanced": KernelConfig(balance=True),
+    }, "balance ", rounds)
 
 
 def exp_ab(q, k, v, lo, nk, rounds=7):
@@ -131,7 +145,7 @@ def _save(res: dict, out_path: str | None) -> None:
 
 
 def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False,
-         softmax_only=False, dense_only=False):
+         softmax_only=False, dense_only=False, balance_only=False):
     torch.manual_seed(0)
     if dense_only:
         res = {"dense_ab_us": dense_ab()}
@@ -147,6 +161,10 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
     q = qkv[0, :, 0].transpose(0, 1)  # [H, Nq, D] strided, as the block produces it
     ref = F.scaled_dot_product_attention(q.double()[None], k[:, lo:nk].double()[None], v[:, lo:nk].double()[None])[0]
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
+    if balance_only:
+        res["balance_ab_us"] = balance_ab(q, k, v, lo, nk)
+        _save(res, out_path)
+        return
     if exp_only or softmax_only:
         res["exp_ab_us" if exp_only else "softmax_ab_us"] = (exp_ab if exp_only else softmax_ab)(q, k, v, lo, nk)
         _save(res, out_path)
@@ -217,4 +235,4 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
          splits="--splits" in sys.argv, range_only="--range" in sys.argv, exp_only="--exp" in sys.argv,
-         softmax_only="--softmax" in sys.argv, dense_only="--dense" in sys.argv)
+         softmax_only="--softmax" in sys.argv, dense_only="--dense" in sys.argv, balance_only="--balance" in sys.argv)

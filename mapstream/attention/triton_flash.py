@@ -63,13 +63,31 @@ class KernelConfig:
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
+    balance: bool = False
+    """Give the programs the device could hold beyond one per row block (and head) a share
+    of every row block's keys, so that no multiprocessor idles while the others finish:
+    at the protocol's shape 256 row blocks fill 256 of an H200's 264 resident slots, and
+    the 8 spare ones sat idle through the whole call. Each row block's first keys go to
+    its own program, the rest (its tail) to a spare one, which walks the tails of several
+    row blocks; the split point gives both equal work. A second kernel merges the two."""
+    programs_per_sm: int = 2
+    """Programs of this configuration a multiprocessor holds at once (shared memory bounds
+    the 64x128 tiles at 3 stages to 2 on sm90: ncu, docs/BENCHMARKS.md session 3); with
+    the multiprocessor count, the resident slots that `balance` fills."""
+    slots: int = 0
+    """Resident program slots for `balance`: 0 asks the device (multiprocessors x
+    programs_per_sm); a number overrides it (tests under the CPU interpreter)."""
+    tail_setup: int = 2
+    """Key tiles' worth of work a tail costs `balance` beyond its keys (loading its queries,
+    starting the pipeline, storing its partial result); sets the split point."""
 
 
 def default_config(device: torch.device) -> KernelConfig:
     """The fastest measured configuration for `device` (H200 sweep, docs/BENCHMARKS.md):
-    64x128 tiles, 4 warps, 3 stages, with TMA loads where the GPU has them (sm90+)."""
+    64x128 tiles, 4 warps, 3 stages, with TMA loads and spare slots balanced where the GPU
+    has them (sm90+: two programs a multiprocessor)."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0):
-        return KernelConfig(tma=True)
+        return KernelConfig(tma=True, balance=True)
     return KernelConfig()
 
 
@@ -194,10 +212,9 @@ def _query_rows(n_q, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _start_rows(Q, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
                 BLOCK_N: tl.constexpr, WIDE_SUM: tl.constexpr):
-    """The query rows offs_m of head program_id(1) and an empty online-softmax state for them."""
-    head = tl.program_id(1)
+    """The query rows offs_m of `head` and an empty online-softmax state for them."""
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -218,9 +235,9 @@ def _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM: tl
 
 
 @triton.jit
-def _store_partial(ACC, ML, acc, m_i, l_i, offs_m, row_ok, n_q, HEAD_DIM: tl.constexpr):
+def _store_partial(ACC, ML, acc, m_i, l_i, share, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM: tl.constexpr):
     """One share's unnormalised result: ACC[share, head, row, :] and ML[share, head, row, (m, l)]."""
-    rows = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * n_q + offs_m
+    rows = (share * n_heads + head).to(tl.int64) * n_q + offs_m
     tl.store(ACC + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], acc, mask=row_ok[:, None])
     tl.store(ML + rows * 2, m_i, mask=row_ok)
     tl.store(ML + rows * 2 + 1, l_i, mask=row_ok)
@@ -241,6 +258,7 @@ def _merge_splits(
     for share in tl.static_range(SPLITS):
         rows = (share * n_heads + head).to(tl.int64) * n_q + offs_m
         m = tl.maximum(m, tl.load(ML + rows * 2, mask=row_ok, other=0.0))
+    m = tl.where(m == float("-inf"), 0.0, m)  # no keys in any share: weights 0, output 0
     num = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     den = tl.zeros([BLOCK_M], dtype=tl.float32)
     for share in tl.static_range(SPLITS):
@@ -264,7 +282,7 @@ def _flash_fwd(
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
     offs_m, row_ok = _query_rows(n_q, BLOCK_M)
-    q, m_i, l_i, acc = _start_rows(Q, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
+    q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
     q = q.to(K.dtype.element_ty)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
@@ -300,7 +318,7 @@ def _flash_fwd(
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
-        _store_partial(ACC, ML, acc, m_i, l_i, offs_m, row_ok, n_q, HEAD_DIM)
+        _store_partial(ACC, ML, acc, m_i, l_i, tl.program_id(2), head, tl.num_programs(1), offs_m, row_ok, n_q, HEAD_DIM)
 
 
 @triton.jit
@@ -317,7 +335,7 @@ def _flash_fwd_tma(
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
     offs_m, row_ok = _query_rows(n_q, BLOCK_M)
-    q, m_i, l_i, acc = _start_rows(Q, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
+    q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
     q = q.to(k_desc.dtype)
     offs_n = tl.arange(0, BLOCK_N)
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
@@ -338,7 +356,112 @@ def _flash_fwd_tma(
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
-        _store_partial(ACC, ML, acc, m_i, l_i, offs_m, row_ok, n_q, HEAD_DIM)
+        _store_partial(ACC, ML, acc, m_i, l_i, tl.program_id(2), head, tl.num_programs(1), offs_m, row_ok, n_q, HEAD_DIM)
+
+
+@triton.jit
+def _kv_tile(K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
+             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr):
+    """The K and V tiles of keys [start, start + BLOCK_N) of `head`: K, V are tensor
+    descriptors (TMA; rows past the end read as zeros) or pointers (masked loads)."""
+    if TMA:
+        k = K.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
+        v = V.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
+    else:
+        offs_d = tl.arange(0, HEAD_DIM)
+        k_ptrs = K + head.to(tl.int64) * stride_kh + (start + offs_n)[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = V + head.to(tl.int64) * stride_vh + (start + offs_n)[:, None] * stride_vn + offs_d[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+    return k, v
+
+
+@triton.jit
+def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, stride_kn, stride_vh, stride_vn,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """Fold keys [k_lo, k_hi) of `head` into (m_i, l_i, acc): whole tiles, then the
+    partial one masked."""
+    offs_n = tl.arange(0, BLOCK_N)
+    full_end = k_lo + ((k_hi - k_lo) // BLOCK_N) * BLOCK_N
+    all_keys = offs_n >= 0
+    for start in tl.range(k_lo, full_end, BLOCK_N):
+        k, v = _kv_tile(K, V, head, start, offs_n, all_keys, stride_kh, stride_kn, stride_vh, stride_vn,
+                        HEAD_DIM, BLOCK_N, TMA, False)
+        s = tl.dot(q, tl.trans(k))
+        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, False)
+    if full_end < k_hi:
+        key_ok = full_end + offs_n < k_hi
+        k, v = _kv_tile(K, V, head, full_end, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
+                        HEAD_DIM, BLOCK_N, TMA, True)
+        s = tl.dot(q, tl.trans(k))
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, False)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _flash_fwd_balanced(
+    Q, K, V, RANGE, ACC, ML,
+    stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
+    n_q, n_heads, kv_lo, kv_hi, qk_scale, tails_per_spare,
+    RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr, TAIL_SETUP: tl.constexpr,
+):
+    """`KernelConfig.balance`: programs 0 .. items-1 (one per row block and head, row blocks
+    fastest, so that the programs of a head stream its keys together through L2) take the
+    first keys of their row block (share 0); each program after them takes the tails of
+    `tails_per_spare` row blocks in turn (share 1). With n key tiles and g tails a spare
+    program, the head share of m tiles balances when m = g (n - m + TAIL_SETUP): each tail
+    costs TAIL_SETUP tiles more for its queries and pipeline start."""
+    pid = tl.program_id(0)
+    lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
+    row_blocks = tl.cdiv(n_q, BLOCK_M)
+    items = row_blocks * n_heads
+    tiles = tl.cdiv(hi - lo, BLOCK_N)
+    head_tiles = tl.minimum(tiles, (tails_per_spare * (tiles + TAIL_SETUP)) // (tails_per_spare + 1))
+    split = tl.minimum(hi, lo + head_tiles * BLOCK_N)
+    tail = pid >= items
+    first = tl.where(tail, (pid - items) * tails_per_spare, pid)
+    last = tl.where(tail, tl.minimum(first + tails_per_spare, items), pid + 1)
+    k_lo = tl.where(tail, split, lo)
+    k_hi = tl.where(tail, hi, split)
+    share = tail.to(tl.int32)
+    for item in range(first, last):
+        head = item // row_blocks
+        offs_m = (item % row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < n_q
+        q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, False)
+        if TMA:
+            q = q.to(K.dtype)
+        else:
+            q = q.to(K.dtype.element_ty)
+        m_i, l_i, acc = _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale,
+                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA)
+        _store_partial(ACC, ML, acc, m_i, l_i, share, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM)
+
+
+def _resident_slots(device: torch.device, config: KernelConfig) -> int:
+    """Programs of `config` that run at once on `device` (0 where it cannot tell: off CUDA)."""
+    if config.slots:
+        return config.slots
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count * config.programs_per_sm
+
+
+def balanced_grid(n_q: int, heads: int, device: torch.device, config: KernelConfig) -> tuple[int, int] | None:
+    """(programs, tails a spare program takes) of a balanced call, or None where there is
+    no spare slot to balance with (the plain grid is then as good)."""
+    items = triton.cdiv(n_q, config.block_m) * heads
+    spare = _resident_slots(device, config) - items
+    if spare < 1:
+        return None
+    per_spare = triton.cdiv(items, spare)
+    return items + triton.cdiv(items, per_spare), per_spare
+
 
 
 def flash_attention(
@@ -378,6 +501,11 @@ def flash_attention(
     if launch is not None and config.tma:
         raise ValueError("launch wraps the pointer kernels only: use a config with tma=False")
     wrap = launch or (lambda kernel: kernel)
+    balanced = balanced_grid(n_q, heads, q.device, config) if config.balance else None
+    if balanced is not None:
+        if splits > 1 or config.pipeline_qk or config.exp_poly or config.exp_bf16x2 or config.tree_max or config.wide_sum:
+            raise ValueError("balance runs the plain softmax over whole key tiles: it takes no other option")
+        return _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, balanced, config, wrap)
     if splits > 1:
         partial_acc = torch.empty(splits, heads, n_q, dim, device=q.device, dtype=torch.float32)
         partial_ml = torch.empty(splits, heads, n_q, 2, device=q.device, dtype=torch.float32)
@@ -411,4 +539,33 @@ def flash_attention(
             partial_acc, partial_ml, out, out.stride(0), out.stride(1), n_q, heads,
             HEAD_DIM=dim, BLOCK_M=config.block_m, SPLITS=splits, num_warps=4,
         )
+    return out.transpose(0, 1)
+
+
+def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wrap) -> torch.Tensor:
+    """`flash_attention` with `KernelConfig.balance`: head and tail shares, then the merge."""
+    heads, n_q, dim = q.shape
+    programs, per_spare = grid
+    partial_acc = torch.empty(2, heads, n_q, dim, device=q.device, dtype=torch.float32)
+    partial_ml = torch.empty(2, heads, n_q, 2, device=q.device, dtype=torch.float32)
+    if config.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        block = [1, config.block_n, dim]
+        k_arg = TensorDescriptor(k, list(k.shape), list(k.stride()), block)
+        v_arg = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
+        kernel = _flash_fwd_balanced
+    else:
+        k_arg, v_arg, kernel = k, v, wrap(_flash_fwd_balanced)
+    kernel[(programs,)](
+        q, k_arg, v_arg, range_arg, partial_acc, partial_ml,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        n_q, heads, lo, hi, _LOG2E / math.sqrt(dim), per_spare,
+        RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        TMA=config.tma, TAIL_SETUP=config.tail_setup, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    wrap(_merge_splits)[(triton.cdiv(n_q, config.block_m), heads)](
+        partial_acc, partial_ml, out, out.stride(0), out.stride(1), n_q, heads,
+        HEAD_DIM=dim, BLOCK_M=config.block_m, SPLITS=2, num_warps=4,
+    )
     return out.transpose(0, 1)

@@ -46,6 +46,13 @@ def main() -> None:
         # Reductions without serial chains: tree maxima over halved rows, per-column sums.
         "tree_wide": KernelConfig(block_m=16, block_n=32, tree_max=True, wide_sum=True),
         "tma_tree_wide_split3": KernelConfig(block_m=16, block_n=32, tma=True, tree_max=True, wide_sum=True, splits=3),
+        # Spare resident slots take the row blocks' key tails (4 row blocks x heads here):
+        # one spare walks all four tails, three take two each, eight one each; with no
+        # spare slot the plain grid runs. Tails may be empty (short ranges).
+        "balanced_1_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=5),
+        "tma_balanced_3_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=7),
+        "balanced_8_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=12),
+        "balanced_no_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=4),
     }
     report = {}
     for lo, hi in [(0, total), (13, 150), (40, 41), (0, 32), (5, 69), (31, 200)]:
@@ -67,10 +74,10 @@ def main() -> None:
         wrapped.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
         return kernel
 
-    for config in (configs["plain"], configs["split3"]):
-        plain = flash_attention(q, storage[0], storage[1], config=config)
-        hooked = flash_attention(q, storage[0], storage[1], config=config, launch=launch)
-        report[f"launch_hook/splits{config.splits}"] = {"equal": bool(torch.equal(plain, hooked))}
+    for name in ("plain", "split3", "balanced_8_spare"):
+        plain = flash_attention(q, storage[0], storage[1], config=configs[name])
+        hooked = flash_attention(q, storage[0], storage[1], config=configs[name], launch=launch)
+        report[f"launch_hook/{name}"] = {"equal": bool(torch.equal(plain, hooked))}
     report["launch_hook/wrapped"] = wrapped
     print(json.dumps({"flash": report, "rows": rows_report(storage)}))
 

@@ -41,10 +41,12 @@ def test_auto_falls_back_to_sdpa_and_named_backends_explain_refusals():
 def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
     reports = run_interpreted(Path(__file__).with_name("interpret_triton_kernel.py"))
     report = reports["flash"]
-    assert report.pop("launch_hook/wrapped") == ["_flash_fwd", "_flash_fwd", "_merge_splits"]
-    assert report.pop("launch_hook/splits1") == {"equal": True}
-    assert report.pop("launch_hook/splits3") == {"equal": True}
-    assert len(report) == 6 * 7 * 2
+    assert report.pop("launch_hook/wrapped") == [
+        "_flash_fwd", "_flash_fwd", "_merge_splits", "_flash_fwd_balanced", "_merge_splits"
+    ]
+    for name in ("plain", "split3", "balanced_8_spare"):
+        assert report.pop(f"launch_hook/{name}") == {"equal": True}
+    assert len(report) == 6 * 11 * 2
     for case, row in report.items():
         # float32 inputs: the interpreter's dots are exact float32 products.
         assert row["err"] < 1e-5, (case, row)
@@ -170,3 +172,22 @@ def test_camera_head_attention_is_sdpa_inside_plain_pytorch(monkeypatch):
         backend = head.attention_backend(torch.device("cpu"), torch.float32)
     assert isinstance(backend, SDPABackend) and not backend.cudnn
     assert head.attention_backend(torch.device("cpu"), torch.float32) is rows
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_balanced_grid_gives_spare_slots_the_key_tails():
+    """(programs, tails a spare program walks): at the protocol's shape (978 queries in
+    64-row blocks, 16 heads = 256 row blocks) an H200 holds 264 programs, so 8 spare
+    programs take 32 tails each; with no spare slot the plain grid runs (None)."""
+    from mapstream.attention.triton_flash import KernelConfig, balanced_grid
+
+    def grid(n_q, heads, slots):
+        return balanced_grid(n_q, heads, torch.device("cpu"), KernelConfig(balance=True, slots=slots))
+
+    assert grid(978, 16, 264) == (264, 32)
+    assert grid(978, 16, 256) is None and grid(978, 16, 200) is None
+    assert grid(978, 16, 257) == (257, 256)
+    assert grid(300, 16, 264) == (160, 1)  # 80 row blocks: each tail its own spare program
+    assert grid(978, 16, 300) == (256 + 43, 6)  # 44 spares would take 6 each: 43 needed
+    # Off CUDA nothing tells the resident slots, unless given: no balancing.
+    assert balanced_grid(978, 16, torch.device("cpu"), KernelConfig(balance=True)) is None

@@ -535,3 +535,37 @@ def test_compiled_between_layers_fuses_across_the_blocks_boundaries():
     assert sum(together_calls.values()) <= sum(apart_calls.values()) - 2, (together_calls, apart_calls)
     for a, b in zip(got, want):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("kv_len", [97, 1000, 7000, 71_000])
+@pytest.mark.parametrize("n_q", [978, 300])
+def test_balanced_cache_attention_matches_fp64_in_a_graph(kv_len, n_q):
+    """`KernelConfig.balance` (spare resident slots take the row blocks' key tails, merged
+    by a second kernel) on this GPU, with the key range read from device memory in a
+    replayed CUDA graph: within bf16 rounding of float64 attention, and of the plain grid."""
+    from mapstream.attention.triton_flash import KernelConfig, balanced_grid, flash_attention
+
+    if not torch.cuda.get_device_capability() >= (9, 0):
+        pytest.skip("the TMA kernel needs sm90")
+    config = KernelConfig(tma=True, balance=True)
+    assert balanced_grid(n_q, 16, torch.device("cuda"), config) is not None  # the balanced path runs
+    g = torch.Generator(device="cuda").manual_seed(kv_len + n_q)
+    storage = torch.randn(2, 16, kv_len + 300, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    q = torch.randn(16, n_q, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    rng = torch.tensor([0, 0], device="cuda", dtype=torch.int32)
+    out = torch.empty(n_q, 16, 64, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    flash_attention(q, storage[0], storage[1], kv_range=(3, 3 + kv_len), out=out, config=config)  # compile
+    with torch.cuda.graph(graph):
+        flash_attention(q, storage[0], storage[1], kv_range=rng, out=out, config=config)
+    for lo, hi in ((3, 3 + kv_len), (kv_len // 3, kv_len), (5, 6)):
+        rng.copy_(torch.tensor([lo, hi], dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = F.scaled_dot_product_attention(q[None].double(), storage[0, :, lo:hi][None].double(), storage[1, :, lo:hi][None].double())[0]
+        got = out.transpose(0, 1)
+        plain = flash_attention(q, storage[0], storage[1], kv_range=(lo, hi), config=KernelConfig(tma=True))
+        err = _rel(got, ref)
+        _report(f"balanced_nq{n_q}_kv{hi - lo}", err)
+        assert torch.isfinite(got).all() and err < 1e-2, (lo, hi, err)
+        assert _rel(got, plain) < 5e-3, (lo, hi)
