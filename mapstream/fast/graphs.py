@@ -30,10 +30,11 @@ index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step 
     eager:     cache attention of layer 0 (exact visible range, fastest kernel)
     graph i:   global block i-1 output -> frame block i -> global block i inputs
     ...
-    graph 24:  global block 23 output -> the heads' input layers
-    graph 25:  DPT head(s)                                     } side by side, on two
-    graph 26:  camera head (its own cache, key range and write } streams: the camera head's
-               slots in device tensors; its own memory pool)   } small kernels fill the gaps
+    graph 24:  global block 23 output
+    graph 25:  the heads' input layers -> DPT head(s)          } side by side, on two
+    graph 26:  camera token -> camera head (its own cache, key } streams: the camera head's
+               range and write slots in device tensors; its    } small kernels fill the
+               own memory pool)                                } gaps; it starts first
 
 The trunk and DPT graphs share one memory pool and are replayed in capture order. Inputs
 that change per frame (the image, the frame's time index, the attention results) are copied
@@ -162,7 +163,8 @@ class GraphedStep:
             # only safe when they run one after the other.
             camera_pool = torch.cuda.graph_pool_handle() if capture else None
             self._camera = _KeyedPiece(
-                lambda: self._camera_poses(self._outputs[-1][0]), capture, camera_pool, "camera head"
+                lambda: self._camera_poses(self._camera_token(*self._layer_outputs())), capture, camera_pool,
+                "camera head",
             )
             self._outputs: list[tuple] = []
 
@@ -201,14 +203,24 @@ class GraphedStep:
 
     def _last(self) -> tuple:
         depth = self.config.depth
-        seq = self._seq(depth - 1)
-        final = self.agg.leave_layer(depth - 1, seq, self.attended[depth - 1])
-        globals_ = [self._outputs[i + 1][0] for i in range(depth - 1)] + [final]
-        frames = [self._frame_out(i) for i in range(depth)]
-        return (self._selected_layers(frames, globals_),)
+        return (self.agg.leave_layer(depth - 1, self._seq(depth - 1), self.attended[depth - 1]),)
+
+    def _layer_outputs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's frame and global block outputs, from the pieces' static outputs."""
+        depth = self.config.depth
+        return [self._frame_out(i) for i in range(depth)], [self._outputs[i + 1][0] for i in range(depth)]
 
     def _dense(self) -> tuple:
-        return (self._dense_heads(self._outputs[-1][0]),)
+        return (self._dense_heads(self._selected_layers(*self._layer_outputs())),)
+
+    def _camera_token(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> torch.Tensor:
+        """The camera head's input [1, 1, 2C]: the camera token of the last selected layer,
+        frame and global outputs side by side (what `_selected_layers` holds at token 0),
+        built by the camera head's own graph so that it starts before the dense heads' input
+        layers are assembled."""
+        last = self.config.selected_layers[-1]
+        token = globals_[last].view(1, 1, self.tokens_per_frame, -1)[:, :, 0]
+        return torch.cat((frames[last][:, :, 0], token), dim=-1).to(self.model.head_dtype)
 
     def _selected_layers(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> list[torch.Tensor]:
         """The layers the heads read: frame and global outputs side by side, heads' dtype."""
@@ -287,22 +299,24 @@ class GraphedStep:
             else:
                 leaving = agg.leave_layer(i, seq, attended)
             globals_.append(leaving)
-        layers = self._selected_layers(frames, globals_)
         # The heads side by side as in pieces mode, the camera head on a forked stream that
         # the capture joins (its branch becomes a parallel path of the graph).
-        poses, heads = self._side_by_side(lambda: self._camera_poses(layers), lambda: self._dense_heads(layers))
+        poses, heads = self._side_by_side(
+            lambda: self._camera_poses(self._camera_token(frames, globals_)),
+            lambda: self._dense_heads(self._selected_layers(frames, globals_)),
+        )
         return heads, poses
 
-    def _camera_poses(self, layers: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        """The camera head on the last selected layer's camera token, its cache attention read
-        through the camera DeviceStep (graph-safe). Per-iteration poses, fp32."""
+    def _camera_poses(self, token: torch.Tensor) -> list[torch.Tensor] | None:
+        """The camera head on the camera token [1, 1, 2C] (`_camera_token`), its cache attention
+        read through the camera DeviceStep (graph-safe). Per-iteration poses, fp32."""
         head = self.model.camera_head
         if head is None:
             return None
         backend = head.attention_backend(self.frame.device, self.model.head_dtype)
         with heads_without_autocast(self.frame.device):
             poses = head.refine(
-                layers[-1][:, :, 0],
+                token,
                 lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, backend),
             )
         return [p.float() for p in poses]
