@@ -67,13 +67,13 @@ def splits_ab(q, k, v, lo, nk, rounds=5):
 
 def balance_ab(q, k, v, lo, nk, rounds=9):
     """Spare resident slots taking the row blocks' key tails (`KernelConfig.balance`)
-    against the plain grid, with the pointer-load kernel too (the interpreter-tested path)."""
-    return configs_ab(q, k, v, lo, nk, {
-        "tma": KernelConfig(tma=True), "tma_balanced": KernelConfig(tma=True, balance=True),
-        "tma_balanced_setup0": KernelConfig(tma=True, balance=True, tail_setup=0),
-        "tma_balanced_setup5": KernelConfig(tma=True, balance=True, tail_setup=5),
-        "ptr": KernelConfig(), "ptr_balanced": KernelConfig(balance=True),
-    }, "balance ", rounds)
+    against the plain grid, over the split point's setup cost a tail (`tail_setup`), and
+    with the pointer-load kernel too (the interpreter-tested path)."""
+    configs = {"tma": KernelConfig(tma=True, balance=False)}
+    for setup in (3, 4, 5, 6, 8, 11):
+        configs[f"tma_balanced_setup{setup}"] = KernelConfig(tma=True, balance=True, tail_setup=setup)
+    configs.update(ptr=KernelConfig(), ptr_balanced=KernelConfig(balance=True))
+    return configs_ab(q, k, v, lo, nk, configs, "balance ", rounds)
 
 
 def exp_ab(q, k, v, lo, nk, rounds=7):

@@ -77,9 +77,11 @@ class KernelConfig:
     slots: int = 0
     """Resident program slots for `balance`: 0 asks the device (multiprocessors x
     programs_per_sm); a number overrides it (tests under the CPU interpreter)."""
-    tail_setup: int = 2
+    tail_setup: int = 5
     """Key tiles' worth of work a tail costs `balance` beyond its keys (loading its queries,
-    starting the pipeline, storing its partial result); sets the split point."""
+    starting the pipeline, storing its partial result); sets the split point. Measured on an
+    H200 at the protocol's shape (docs/BENCHMARKS.md, session 10): 0 and 2 leave the spare
+    programs last to finish (754 and 690 µs against 682 unbalanced), 5 gave 650."""
 
 
 def default_config(device: torch.device) -> KernelConfig:
