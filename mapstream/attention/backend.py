@@ -32,6 +32,12 @@ class AttentionBackend(ABC):
         """q [1, H, Nq, D], k/v [1, H, Nk, D] (any strides with a unit last stride) ->
         out [1, H, Nq, D] in q's dtype, scale 1/sqrt(D), no mask."""
 
+    def attend_into(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`attend` with the result stored in `out` [1, H, Nq, D] (any strides), which is
+        returned: a replayed CUDA graph that reads `out` then needs no copy of the result.
+        This default copies; backends that can write there directly do."""
+        return out.copy_(self.attend(q, k, v))
+
     def attend_range(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor) -> torch.Tensor:
         """Attention over keys [lo, hi) of k/v [1, H, T, D], with (lo, hi) = kv_range, an int
         tensor [2] on the device (no host sync, graph-safe). Same result as

@@ -62,6 +62,14 @@ class TritonBackend(_KernelBackend):
         super().__init__(flash_attention)
 
 
+    def attend_into(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        token_major = out[0].transpose(0, 1)  # the kernel's output layout: [Nq, H, D] storage
+        if q.shape[0] != 1 or out.shape != q.shape or not token_major.is_contiguous():
+            return super().attend_into(q, k, v, out)
+        self._kernel(q[0], k[0], v[0], out=token_major)
+        return out
+
+
 class TritonRowsBackend(_KernelBackend):
     name = "triton-rows"
     description = ("mapstream's Triton kernel for a few queries over a key range read on the device, "

@@ -358,11 +358,12 @@ class GraphedStep:
             self._outputs = [first]
             for i in range(self.config.depth):
                 q, k, v = self._qkv(i)
-                result = step.attend(i, q, k, v, backend.attend, moves_done=True)
                 if self.attended[i] is None or not self.capture:
+                    result = step.attend(i, q, k, v, backend.attend, moves_done=True)
                     self.attended[i] = result if not self.capture else result.clone()
-                else:
-                    self.attended[i].copy_(result)
+                else:  # straight into the static input of the graph that reads it
+                    into = self.attended[i]
+                    step.attend(i, q, k, v, lambda q, k, v: backend.attend_into(q, k, v, into), moves_done=True)
                 self._outputs.append(self.pieces[i + 1]())
         if self.model.camera_head is None:
             (heads,) = self._dense_piece()

@@ -191,3 +191,14 @@ def test_balanced_grid_gives_spare_slots_the_key_tails():
     assert grid(978, 16, 300) == (256 + 43, 6)  # 44 spares would take 6 each: 43 needed
     # Off CUDA nothing tells the resident slots, unless given: no balancing.
     assert balanced_grid(978, 16, torch.device("cpu"), KernelConfig(balance=True)) is None
+
+
+def test_attend_into_stores_the_result_in_the_given_tensor():
+    """The default `attend_into` (SDPA here) writes `attend`'s result into `out`, whatever
+    its strides, and returns it."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 3, n, 8, generator=g) for n in (5, 7, 7))
+    out = torch.full((1, 5, 3, 8), float("nan")).transpose(1, 2)  # token-major storage
+    backend = SDPABackend()
+    assert backend.attend_into(q, k, v, out) is out
+    assert torch.equal(out, backend.attend(q, k, v))

@@ -569,3 +569,18 @@ def test_balanced_cache_attention_matches_fp64_in_a_graph(kv_len, n_q):
         _report(f"balanced_nq{n_q}_kv{hi - lo}", err)
         assert torch.isfinite(got).all() and err < 1e-2, (lo, hi, err)
         assert _rel(got, plain) < 5e-3, (lo, hi)
+
+
+def test_triton_attend_into_writes_the_graphs_input_without_a_copy():
+    """Pieces mode hands the Triton backend the static tensor the next graph reads
+    (token-major, as the kernel writes): the kernel stores there itself, no copy kernel
+    runs, and the values are `attend`'s."""
+    backend = select_backend("triton", torch.device("cuda"), torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q = torch.randn(1, 16, 978, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 16, 5000, 64, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    want = backend.attend(q, k, v)
+    into = torch.full((1, 978, 16, 64), float("nan"), device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    got, calls = _profiled(lambda: backend.attend_into(q, k, v, into))
+    assert got is into and torch.equal(into, want)
+    assert not [n for n in calls if "copy" in n.lower() or "memcpy" in n.lower() or "elementwise" in n], calls
