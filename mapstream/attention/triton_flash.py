@@ -80,8 +80,9 @@ class KernelConfig:
     tail_setup: int = 5
     """Key tiles' worth of work a tail costs `balance` beyond its keys (loading its queries,
     starting the pipeline, storing its partial result); sets the split point. Measured on an
-    H200 at the protocol's shape (docs/BENCHMARKS.md, session 10): 0 and 2 leave the spare
-    programs last to finish (754 and 690 µs against 682 unbalanced), 5 gave 650."""
+    H200 at the protocol's shape (docs/BENCHMARKS.md, session 10; µs a call, 682 unbalanced):
+    0 and 2 leave the spare programs last to finish (754, 690); 3 to 6 give 654-657, 8 and
+    11 660-661."""
 
 
 def default_config(device: torch.device) -> KernelConfig:
