@@ -8,7 +8,7 @@ the part before the first cache attention (patch embedding, first frame block); 
 from the first to the last cache attention (the attention kernels' share apart); the heads
 after it, per CUDA stream (they run side by side); and the kernels with the most time.
 
-Usage: python scripts/trace_summary.py TRACE.json[.gz] [--attention _flash_fwd_tma] [--layers 24] [--top 15]
+Usage: python scripts/trace_summary.py TRACE.json[.gz] [--attention REGEX] [--layers 24] [--top 15]
 """
 from __future__ import annotations
 
@@ -48,9 +48,13 @@ def _short(name: str) -> str:
     return re.sub(r"\(.*", "", re.sub(r"<.*", "", name))[:70]
 
 
-def summarize(path: str, attention: str = "_flash_fwd_tma", layers: int = 24, top: int = 15) -> dict:
+# The cache attention's kernel: balanced (the sm90 default since session 10) or the plain grid.
+CACHE_ATTENTION = r"_flash_fwd_(balanced|tma)\b"
+
+
+def summarize(path: str, attention: str = CACHE_ATTENTION, layers: int = 24, top: int = 15) -> dict:
     kernels = _load(path)
-    att = [i for i, e in enumerate(kernels) if attention in e["name"]]
+    att = [i for i, e in enumerate(kernels) if re.search(attention, e["name"])]
     if len(att) < layers:
         raise SystemExit(f"{len(att)} {attention!r} kernels in {path}, fewer than one step's {layers}")
     per_step = layers
@@ -71,7 +75,7 @@ def summarize(path: str, attention: str = "_flash_fwd_tma", layers: int = 24, to
         "step": _span(step),
         "before_first_attention": _span(step[:first]),
         "trunk": _span(step[first : last + 1]),
-        "attention_kernels_ms": sum(e["dur"] for e in step if attention in e["name"]) / 1e3,
+        "attention_kernels_ms": sum(e["dur"] for e in step if re.search(attention, e["name"])) / 1e3,
         "attention_calls": per_step,
         "heads": _span(step[last + 1 :]) if last + 1 < len(step) else None,
         "heads_by_stream": {},
@@ -93,8 +97,8 @@ def summarize(path: str, attention: str = "_flash_fwd_tma", layers: int = 24, to
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
-    ap.add_argument("--attention", default="_flash_fwd_tma",
-                    help="name fragment of the cache-attention kernel (the frames' own attention runs _flash_fwd)")
+    ap.add_argument("--attention", default=CACHE_ATTENTION,
+                    help="regex for the cache-attention kernel's name (the frames' own attention runs _flash_fwd)")
     ap.add_argument("--layers", type=int, default=24, help="cache attentions a step (global blocks)")
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
