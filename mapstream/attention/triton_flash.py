@@ -466,7 +466,6 @@ def balanced_grid(n_q: int, heads: int, device: torch.device, config: KernelConf
     return items + triton.cdiv(items, per_spare), per_spare
 
 
-
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -504,10 +503,12 @@ def flash_attention(
     if launch is not None and config.tma:
         raise ValueError("launch wraps the pointer kernels only: use a config with tma=False")
     wrap = launch or (lambda kernel: kernel)
+    if config.balance and (splits > 1 or config.pipeline_qk or config.exp_poly or config.exp_bf16x2
+                           or config.tree_max or config.wide_sum):
+        raise ValueError("KernelConfig.balance runs the plain loop: it does not combine with splits, "
+                         "pipeline_qk, exp_poly, exp_bf16x2, tree_max or wide_sum")
     balanced = balanced_grid(n_q, heads, q.device, config) if config.balance else None
     if balanced is not None:
-        if splits > 1 or config.pipeline_qk or config.exp_poly or config.exp_bf16x2 or config.tree_max or config.wide_sum:
-            raise ValueError("balance runs the plain softmax over whole key tiles: it takes no other option")
         return _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, balanced, config, wrap)
     if splits > 1:
         partial_acc = torch.empty(splits, heads, n_q, dim, device=q.device, dtype=torch.float32)

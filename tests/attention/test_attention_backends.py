@@ -84,6 +84,12 @@ def test_triton_kernels_reject_bad_arguments(kernel):
         for splits in (0, 3, 32):
             with pytest.raises(ValueError, match=f"splits={splits}: needs a power of two from 1 to 16"):
                 attend(q, k, k, splits=splits)
+    else:  # balance runs its own loop: the other loop options are refused, on any device
+        from mapstream.attention.triton_flash import KernelConfig
+
+        for option in (dict(splits=2), dict(tree_max=True), dict(pipeline_qk=True)):
+            with pytest.raises(ValueError, match="balance runs the plain loop"):
+                attend(q, k, k, config=KernelConfig(balance=True, **option))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
