@@ -13,9 +13,10 @@ with its own cache. What changes from frame to frame lives in device tensors
 the cache copies that do not involve the frame (trajectory bookkeeping) run eagerly
 before the second replay. A new capture of the second graph happens only when a cache's
 storage moves (new lease). The host's work per frame is a few small copies and two
-replays, and the GPU embeds the frame while the host checks it and plans the cache step
-(as one graph, the step started only after all of that: ≈ 0.5 ms slower a frame than the
-pieces, docs/BENCHMARKS.md, session 9).
+replays, and the GPU embeds the frame while the host checks it and plans the cache step.
+On a free H200 host it stays ≈ 0.4 ms a frame slower than the pieces (docs/BENCHMARKS.md,
+sessions 9 and 10): its device-side writes and ranges cost the GPU more than the pieces'
+launches do.
 
 **Pieces** (the default): the aggregator's cache attentions run eagerly (exact key ranges,
 the fastest kernel); the rest, whose shapes are fixed by the frame size, is captured in

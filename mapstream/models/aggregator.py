@@ -47,7 +47,6 @@ def aggregator_cache_spec(cache: CacheConfig) -> CacheSpec:
     )
 
 
-
 def _plain(block: nn.Module) -> nn.Module:
     """The module itself, under a `torch.compile` wrapper if it has one (a compiled caller
     traces through it, rather than calling a compiled callee)."""
