@@ -61,7 +61,6 @@ class TritonBackend(_KernelBackend):
 
         super().__init__(flash_attention)
 
-
     def attend_into(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         token_major = out[0].transpose(0, 1)  # the kernel's output layout: [Nq, H, D] storage
         if q.shape[0] != 1 or out.shape != q.shape or not token_major.is_contiguous():

@@ -341,4 +341,3 @@ def kv_dtype(tokens: torch.Tensor) -> torch.dtype:
 
 
 _TRAJECTORY_TOKENS = {"specials": lambda n: n, "camera": lambda n: 1, "none": lambda n: 0}
-
