@@ -10,12 +10,8 @@
    each frame), alternating blocks of frames between a camera stream of high priority and
    one of the default priority (the dense heads' stream has the default), so drift between
    machines cannot decide it. Measured no difference (docs/BENCHMARKS.md, session 9).
-3. **Where the camera head starts** (`GraphedStep._camera_by_row`): beside the last layer's
-   cache attention, from the camera token's row finished on its own ("row"), against after
-   the last trunk piece, beside the dense heads only ("late"); same session and alternating
-   blocks as in 2, each arm with its own captured camera graph.
 
-Usage (device): python3 scripts/probe_camera_tail.py [--parts rows,priority,order] [--out FILE.json]
+Usage (device): python3 scripts/probe_camera_tail.py [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -82,56 +78,13 @@ def priority(heads_precision: str, frames_per_block: int = 10) -> dict:
     return out
 
 
-def camera_start(heads_precision: str, frames_per_block: int = 10) -> dict:
-    from mapstream.fast import graphs
-
-    cfg = BenchConfig(backend="triton", fast=True, heads_precision=heads_precision, stage_breakdown=False)
-    device = torch.device("cuda")
-    model = compile_model(build_bench_model(cfg, device))
-    model.set_backend(cfg.backend)
-    frames = _frames(cfg, device)
-    session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=cfg.fast)
-    times: dict[str, list[float]] = {"row": [], "late": []}
-    arms: dict[str, tuple] = {}
-    for rep in range(2):  # the first pass warms up (captures both arms' camera graphs, compiles)
-        session.reset()
-        for i in range(cfg.scale_frames + cfg.stream_frames):
-            arm = list(times)[(i // frames_per_block) % 2]
-            if rep == 0 and i == cfg.scale_frames + 1:  # the graphed step exists from here on
-                (graphed,) = session._graphed.values()
-                late = graphs._KeyedPiece(graphed._camera.fn, True, torch.cuda.graph_pool_handle(), "camera (late)")
-                arms = {"row": (True, graphed._camera), "late": (False, late)}
-            if i > cfg.scale_frames:
-                graphed._camera_by_row, graphed._camera = arms[arm]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            session.step(frames[i])
-            end.record()
-            torch.cuda.synchronize()
-            if rep == 1 and i >= cfg.steady_from:
-                times[arm].append(start.elapsed_time(end))
-    session.close()
-    out = {arm: {"mean_ms": statistics.fmean(ts), "median_ms": statistics.median(ts), "frames": len(ts)}
-           for arm, ts in times.items()}
-    print(heads_precision, out, flush=True)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--parts", default="rows,priority,order")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    parts = args.parts.split(",")
-    res = {}
-    if "rows" in parts:
-        res["rows_shares"] = rows_shares()
+    res = {"rows_shares": rows_shares()}
     for heads in ("bf16", "fp32"):
-        if "priority" in parts:
-            res[f"priority_{heads}_heads"] = priority(heads)
-        if "order" in parts:
-            res[f"camera_start_{heads}_heads"] = camera_start(heads)
+        res[f"priority_{heads}_heads"] = priority(heads)
     report(res, args.out)
 
 

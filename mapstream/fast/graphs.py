@@ -164,15 +164,9 @@ class GraphedStep:
             # only safe when they run one after the other.
             camera_pool = torch.cuda.graph_pool_handle() if capture else None
             self._camera = _KeyedPiece(
-                lambda: self._camera_poses(self._camera_input()), capture, camera_pool, "camera head"
+                lambda: self._camera_poses(self._camera_token(*self._layer_outputs())), capture, camera_pool,
+                "camera head",
             )
-            # The camera head reads one token of the last selected layer. When that is the
-            # trunk's last layer, its global block is finished for that one row beside the
-            # layer's cache attention (`_with_camera_row`), so the camera head runs beside
-            # the longest kernel of the step instead of after it.
-            self._camera_layer = c.selected_layers[-1]
-            self._camera_by_row = self._camera_layer == c.depth - 1
-            self._camera_row: torch.Tensor | None = None  # that row's attention result
             self._outputs: list[tuple] = []
 
     # ------------------------------------------------------------------ per-frame inputs
@@ -220,23 +214,14 @@ class GraphedStep:
     def _dense(self) -> tuple:
         return (self._dense_heads(self._selected_layers(*self._layer_outputs())),)
 
-    def _camera_token(self, frame_out: torch.Tensor, global_out: torch.Tensor) -> torch.Tensor:
-        """The camera head's input [1, 1, 2C] from the last selected layer's frame and global
-        block outputs: their camera tokens side by side (what `_selected_layers` holds at
-        token 0), built by the camera head's own graph so that it starts before the dense
-        heads' input layers are assembled."""
-        token = global_out.reshape(1, 1, -1, global_out.shape[-1])[:, :, 0]
-        return torch.cat((frame_out[:, :, 0], token), dim=-1).to(self.model.head_dtype)
-
-    def _camera_input(self) -> torch.Tensor:
-        """The camera token in pieces mode. With `_camera_by_row`, the last global block is
-        finished for the camera token's row alone from its own attention result (the block
-        is per token after its attention); else the selected layer's piece has run."""
-        layer = self._camera_layer
-        if not self._camera_by_row:
-            return self._camera_token(self._frame_out(layer), self._outputs[layer + 1][0])
-        row = self.agg.leave_layer(layer, self._seq(layer)[:, :1], self._camera_row)
-        return self._camera_token(self._frame_out(layer), row)
+    def _camera_token(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> torch.Tensor:
+        """The camera head's input [1, 1, 2C]: the camera token of the last selected layer,
+        frame and global outputs side by side (what `_selected_layers` holds at token 0),
+        built by the camera head's own graph so that it starts before the dense heads' input
+        layers are assembled."""
+        last = self.config.selected_layers[-1]
+        token = globals_[last].view(1, 1, self.tokens_per_frame, -1)[:, :, 0]
+        return torch.cat((frames[last][:, :, 0], token), dim=-1).to(self.model.head_dtype)
 
     def _selected_layers(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> list[torch.Tensor]:
         """The layers the heads read: frame and global outputs side by side, heads' dtype."""
@@ -315,11 +300,10 @@ class GraphedStep:
             else:
                 leaving = agg.leave_layer(i, seq, attended)
             globals_.append(leaving)
-        # The heads side by side, the camera head on a forked stream that the capture joins
-        # (its branch becomes a parallel path of the graph).
-        last = self.config.selected_layers[-1]
+        # The heads side by side as in pieces mode, the camera head on a forked stream that
+        # the capture joins (its branch becomes a parallel path of the graph).
         poses, heads = self._side_by_side(
-            lambda: self._camera_poses(self._camera_token(frames[last], globals_[last])),
+            lambda: self._camera_poses(self._camera_token(frames, globals_)),
             lambda: self._dense_heads(self._selected_layers(frames, globals_)),
         )
         return heads, poses
@@ -366,99 +350,47 @@ class GraphedStep:
     # ------------------------------------------------------------------ pieces mode
     def _call_pieces(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
         # Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache: launched
-        # by `start`, the GPU works on it while the host plans the cache steps below, whose
+        # by `start`, the GPU works on it while the host plans the cache step below, whose
         # copies queue behind it and still precede the first attention.
-        depth, camera = self.config.depth, self.model.camera_head is not None
-        with self._open_step(state.aggregator, store) as (step,), self._open_camera_steps(state, store):
+        with self._open_step(state.aggregator, store) as (step,):
             # The copies that do not involve this frame (window eviction into the trajectory
             # memory), for all layers at once: one kernel instead of one between every layer.
             step.apply_moves()
             self._outputs = [first]
-            launched: list = []  # the camera head's poses, once it is launched beside the trunk
-            try:
-                for i in range(depth):
-                    attend = self._attention(i, backend)
-                    if camera and self._camera_by_row and i == depth - 1:
-                        attend = self._with_camera_row(attend, launched)
-                    step.attend(i, *self._qkv(i), attend, moves_done=True)
-                    self._outputs.append(self.pieces[i + 1]())
-                    if camera and not self._camera_by_row and i == self._camera_layer:
-                        launched.append(self._beside(self._camera_piece))
-                (heads,) = self._dense_piece()
-            finally:
-                self._join()
-        out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
-        if launched:
-            poses = [p.clone() for p in launched[0]]
-            out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
+            for i in range(self.config.depth):
+                q, k, v = self._qkv(i)
+                if self.attended[i] is None or not self.capture:
+                    result = step.attend(i, q, k, v, backend.attend, moves_done=True)
+                    self.attended[i] = result if not self.capture else result.clone()
+                else:  # straight into the static input of the graph that reads it
+                    into = self.attended[i]
+                    step.attend(i, q, k, v, lambda q, k, v: backend.attend_into(q, k, v, into), moves_done=True)
+                self._outputs.append(self.pieces[i + 1]())
+        if self.model.camera_head is None:
+            (heads,) = self._dense_piece()
+            return {k: v.clone() for k, v in heads.items()}
+        with self._open_camera_steps(state, store):
+            camera = self._camera.for_key(self.camera_device_step.storage_ptr)
+            poses, (heads,) = self._side_by_side(camera, self._dense_piece)
+            out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
+            poses = [p.clone() for p in poses]
+        out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
         return out
-
-    def _attention(self, i: int, backend) -> Callable:
-        """Layer i's cache attention as `fn(q, k, v)`: the first call keeps its result as the
-        static input of the graph that reads it; later calls write straight into that."""
-        into = self.attended[i]
-        if into is not None and self.capture:
-            return lambda q, k, v: backend.attend_into(q, k, v, into)
-
-        def first(q, k, v):
-            result = backend.attend(q, k, v)
-            self.attended[i] = result.clone() if self.capture else result
-            return result
-
-        return first
-
-    def _with_camera_row(self, attend: Callable, launched: list) -> Callable:
-        """`attend` that first launches the camera head beside it, its poses into `launched`.
-
-        The camera token's row of the last global block needs that block's attention for one
-        query: the camera head's one-query kernel computes it over the same visible keys
-        (just written by the cache step) on the second stream, then the camera head's graph
-        finishes the row and refines the pose there, while the current stream runs the
-        layer's attention for all queries (the step's longest kernel), the last piece and
-        the dense heads. Launched first, its small kernels find room beside the attention's."""
-
-        def attend_with_camera(q, k, v):
-            def row_then_camera():
-                row_backend = self.model.camera_head.attention_backend(q.device, k.dtype)
-                row = row_backend.attend(q[:, :, :1], k, v)
-                if self._camera_row is None or not self.capture:
-                    self._camera_row = row.clone() if self.capture else row
-                else:
-                    self._camera_row.copy_(row)
-                return self._camera_piece()
-
-            launched.append(self._beside(row_then_camera))
-            return attend(q, k, v)
-
-        return attend_with_camera
-
-    def _camera_piece(self):
-        return self._camera.for_key(self.camera_device_step.storage_ptr)()
-
-    def _beside(self, work: Callable[[], object]) -> object:
-        """Run `work` on the second stream after everything queued on the current one (the
-        current stream waits for it in `_join`); returns its result."""
-        if self._side_stream is None:
-            return work()
-        self._side_stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._side_stream):
-            return work()
-
-    def _join(self) -> None:
-        """The current stream waits for the second stream's work (also after an error, so
-        that nothing later overwrites what that work still reads)."""
-        if self._side_stream is not None:
-            torch.cuda.current_stream().wait_stream(self._side_stream)
 
     def _side_by_side(self, side: Callable[[], object], main: Callable[[], object]) -> tuple:
         """(side(), main()): `side` on the second stream while `main` runs on the current one,
-        both after all work already queued; the current stream waits for both. Inside the
-        whole step's capture the fork and join become parallel branches of the graph. The
-        camera head is a chain of ~220 small kernels that leave much of the GPU idle; beside
-        the dense head it costs less than after it."""
-        side_out = self._beside(side)
+        both after all work already queued; the current stream waits for both. Used for
+        replays (pieces mode) and inside a capture (whole-step mode: the fork and join become
+        parallel branches of the graph). The camera head is a chain of ~220 small kernels
+        that leave much of the GPU idle; beside the dense head it costs less than after it."""
+        if self._side_stream is None:
+            return side(), main()
+        current = torch.cuda.current_stream()
+        self._side_stream.wait_stream(current)
+        with torch.cuda.stream(self._side_stream):
+            side_out = side()
         main_out = main()
-        self._join()
+        current.wait_stream(self._side_stream)
         return side_out, main_out
 
 
