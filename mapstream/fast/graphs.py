@@ -287,18 +287,14 @@ class GraphedStep:
     # ------------------------------------------------------------------ whole-step mode
     def _whole_step(self) -> tuple:
         """Everything after graph 0, whose static outputs it starts from."""
-        agg, depth, backend = self.agg, self.config.depth, self._backend
-        frame_out, seq, q, k, v = self._first_piece.outputs
-        frames, globals_ = [frame_out], []
-        for i in range(depth):
-            attended = self.agg_device_step.attend(i, q, k, v, backend)
-            if i + 1 < depth:
-                leaving, frame_out, seq, q, k, v = agg.between_layers(
-                    i + 1, seq, attended, self.tokens_per_frame, self.frame_rotary, self.global_rotary
-                )
-                frames.append(frame_out)
-            else:
-                leaving = agg.leave_layer(i, seq, attended)
+        backend = self._backend
+        layers = self.agg.run_layers(
+            self._first_piece.outputs, lambda i, q, k, v: self.agg_device_step.attend(i, q, k, v, backend),
+            self.tokens_per_frame, self.frame_rotary, self.global_rotary,
+        )
+        frames, globals_ = [], []
+        for _, frame_out, leaving in layers:
+            frames.append(frame_out)
             globals_.append(leaving)
         # The heads side by side as in pieces mode, the camera head on a forked stream that
         # the capture joins (its branch becomes a parallel path of the graph).

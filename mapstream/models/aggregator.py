@@ -12,7 +12,7 @@ the cache (3D video RoPE in the official model). The outputs of the selected lay
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -236,22 +236,17 @@ class AggregatorStream(nn.Module):
             caches, stores, num_frames=num_frames, layout=lambda cache: self.cache_layout(per_frame, cache),
             dtype=kv_dtype(tokens), device=tokens.device,
         ) as steps:
-            frame_out, seq, q, k, v = self.enter_layer(0, tokens, frame_rotary, global_rotary, streams=streams)
-            for i in range(c.depth):
-                attended = attend_streams(steps, i, q, k, v, backend.attend)
-                if i + 1 < c.depth:
-                    out, next_frame_out, next_seq, q, k, v = self.between_layers(
-                        i + 1, seq, attended, per_frame, frame_rotary, global_rotary, streams=streams
-                    )
-                else:
-                    out = self.leave_layer(i, seq, attended)
+            entered = self.enter_layer(0, tokens, frame_rotary, global_rotary, streams=streams)
+            layers = self.run_layers(
+                entered, lambda i, q, k, v: attend_streams(steps, i, q, k, v, backend.attend),
+                per_frame, frame_rotary, global_rotary, streams=streams,
+            )
+            for i, frame_out, out in layers:
                 if trace:
                     trace(f"agg.frame_blocks.{i}", frame_out.flatten(0, 1))
                     trace(f"agg.global_blocks.{i}", out)
                 if i in c.selected_layers:
                     selected[i] = torch.cat((frame_out, out.view(streams, num_frames, per_frame, -1)), dim=-1)
-                if i + 1 < c.depth:
-                    frame_out, seq = next_frame_out, next_seq
         outputs = [selected[i] for i in c.selected_layers]
         if trace:
             for j, out in enumerate(outputs):
@@ -260,7 +255,9 @@ class AggregatorStream(nn.Module):
 
     # ------------------------------------------------------------------ the pieces of a step
     # A step is: embed -> for each layer i: enter_layer(i) -> cache attention -> leave_layer(i),
-    # where leave_layer(i - 1) + enter_layer(i) may run as one `between_layers(i)`.
+    # where leave_layer(i - 1) + enter_layer(i) run as one `between_layers(i)`; `run_layers`
+    # chains them around a given cache attention (`forward`, the whole-step graph), the
+    # pieces mode splits the chain between graphs at the attentions.
     # Everything but the cache attention has shapes fixed by the frame size, which is what
     # lets a fast path capture these pieces in CUDA graphs (mapstream.fast).
     def embed(self, images: torch.Tensor, special: torch.Tensor, trace: Trace | None = None) -> torch.Tensor:
@@ -305,6 +302,27 @@ class AggregatorStream(nn.Module):
         )
 
     _between = staticmethod(_between_layers)  # compile_model puts a compiled one on the instance
+
+    def run_layers(
+        self, entered: tuple, attend: Callable, tokens_per_frame: int, frame_rotary: Rotary,
+        global_rotary: Rotary | None, *, streams: int = 1,
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """The trunk from `enter_layer(0)`'s results `entered`, layer i's cache attention being
+        `attend(i, q, k, v)` (eager cache steps in `forward`, a graph-safe `DeviceStep` in the
+        whole-step graph). Yields (i, frame block i's output [B, S, P, C], global block i's
+        output [B, S*P, C]) as each layer finishes."""
+        frame_out, seq, q, k, v = entered
+        depth = self.config.depth
+        for i in range(depth):
+            attended = attend(i, q, k, v)
+            if i + 1 == depth:
+                yield i, frame_out, self.leave_layer(i, seq, attended)
+                return
+            out, next_frame_out, seq, q, k, v = self.between_layers(
+                i + 1, seq, attended, tokens_per_frame, frame_rotary, global_rotary, streams=streams
+            )
+            yield i, frame_out, out
+            frame_out = next_frame_out
 
     def cache_layout(self, tokens_per_frame: int, cache: StreamCacheManager) -> TokenLayout:
         c = self.config
