@@ -2,7 +2,10 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense | --balance]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense | --balance | --lazy]
+
+--lazy: A/B of rescaling the accumulator on every tile against only when a row's max rises
+by more than 2^8 (`KernelConfig.lazy_rescale`), balanced and plain grids, from CUDA graphs.
 
 --balance: A/B of the plain grid and `KernelConfig.balance` (spare resident slots take the
 row blocks' key tails), TMA and pointer kernels, replayed from CUDA graphs.
@@ -76,6 +79,17 @@ def balance_ab(q, k, v, lo, nk, rounds=9):
     return configs_ab(q, k, v, lo, nk, configs, "balance ", rounds)
 
 
+def lazy_ab(q, k, v, lo, nk, rounds=9):
+    """The accumulator rescaled only when a row's max rises by more than 2^8
+    (`KernelConfig.lazy_rescale`) against on every tile, balanced and plain grids."""
+    configs = {}
+    for balance in (True, False):
+        for lazy in (False, True):
+            name = ("balanced" if balance else "plain") + ("_lazy" if lazy else "")
+            configs[name] = KernelConfig(tma=True, balance=balance, lazy_rescale=lazy)
+    return configs_ab(q, k, v, lo, nk, configs, "lazy ", rounds)
+
+
 def exp_ab(q, k, v, lo, nk, rounds=7):
     """One exponential in four as an FMA polynomial against all on the special function unit."""
     return configs_ab(q, k, v, lo, nk, {
@@ -145,7 +159,7 @@ def _save(res: dict, out_path: str | None) -> None:
 
 
 def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False,
-         softmax_only=False, dense_only=False, balance_only=False):
+         softmax_only=False, dense_only=False, balance_only=False, lazy_only=False):
     torch.manual_seed(0)
     if dense_only:
         res = {"dense_ab_us": dense_ab()}
@@ -161,6 +175,10 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
     q = qkv[0, :, 0].transpose(0, 1)  # [H, Nq, D] strided, as the block produces it
     ref = F.scaled_dot_product_attention(q.double()[None], k[:, lo:nk].double()[None], v[:, lo:nk].double()[None])[0]
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
+    if lazy_only:
+        res["lazy_ab_us"] = lazy_ab(q, k, v, lo, nk)
+        _save(res, out_path)
+        return
     if balance_only:
         res["balance_ab_us"] = balance_ab(q, k, v, lo, nk)
         _save(res, out_path)
@@ -235,4 +253,5 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
          splits="--splits" in sys.argv, range_only="--range" in sys.argv, exp_only="--exp" in sys.argv,
-         softmax_only="--softmax" in sys.argv, dense_only="--dense" in sys.argv, balance_only="--balance" in sys.argv)
+         softmax_only="--softmax" in sys.argv, dense_only="--dense" in sys.argv, balance_only="--balance" in sys.argv,
+         lazy_only="--lazy" in sys.argv)

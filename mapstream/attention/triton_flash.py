@@ -30,6 +30,9 @@ from ._kernel_args import check_qkv, key_bounds
 __all__ = ["flash_attention", "KernelConfig", "default_config"]
 
 _LOG2E = 1.4426950408889634
+_LAZY_SLACK = tl.constexpr(8.0)
+"""How far (base 2) a row's max may rise above the lazy reference point before it moves:
+exponentials stay at most 2^8 = 256, far inside fp32 and bf16 range for P, l and acc."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,13 @@ class KernelConfig:
     """Row sums kept per column and summed once at the end (64 more registers a thread),
     instead of a serial chain of adds a tile that stalls the exponentials issued among it.
     Slower on an H200 (676.7 vs 648.3 µs): the chains were not what bounds the kernel."""
+    lazy_rescale: bool = False
+    """Keep each row's exponentials relative to a reference point that moves only when some
+    row's max has risen more than 2^8 above it, instead of rescaling l and the accumulator by
+    exp2(old max - new max) on every tile: then a tile's P.V adds onto the previous tile's
+    result without waiting for that product to finish first, to be rescaled (the
+    FlashAttention-4 idea). The same softmax: numerator and denominator share the reference
+    point and divide it out at the end."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
@@ -87,10 +97,10 @@ class KernelConfig:
 
 def default_config(device: torch.device) -> KernelConfig:
     """The fastest measured configuration for `device` (H200 sweep, docs/BENCHMARKS.md):
-    64x128 tiles, 4 warps, 3 stages, with TMA loads and spare slots balanced where the GPU
-    has them (sm90+: two programs a multiprocessor)."""
+    64x128 tiles, 4 warps, 3 stages, with TMA loads, spare slots balanced and lazy
+    rescaling where the GPU has them (sm90+: two programs a multiprocessor)."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0):
-        return KernelConfig(tma=True, balance=True)
+        return KernelConfig(tma=True, balance=True, lazy_rescale=True)
     return KernelConfig()
 
 
@@ -157,16 +167,37 @@ def _row_max(s, TREE: tl.constexpr):
 
 @triton.jit
 def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, EXP_BF16X2: tl.constexpr,
-                    EXP_POLY: tl.constexpr = False, TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False):
+                    EXP_POLY: tl.constexpr = False, TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
+                    LAZY: tl.constexpr = False):
     """Fold one tile of raw scores s [M, N] and its values v [N, D] into (m_i, l_i, acc).
     Scores are kept in base-2 units: m_i is the running max of s * qk_scale. With WIDE_SUM,
     l_i is [M, N]: per-column partial sums, summed once at the end (`_row_sums`), so no
-    per-tile chain of adds stalls the exponentials issued between them."""
+    per-tile chain of adds stalls the exponentials issued between them. With LAZY, m_i is
+    a reference point within `_LAZY_SLACK` of the running max (`KernelConfig.lazy_rescale`)."""
     if MASKED:
         s = tl.where(key_ok[None, :], s, float("-inf"))
     # fp32 whatever the caller's scalar is (torch.compile passes Python floats as fp64).
     qk_scale = tl.cast(qk_scale, tl.float32)
     m_new = tl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)
+    if LAZY:
+        # The reference point moves (and l_i, acc are rescaled) only when some row's max
+        # has risen by more than the slack; otherwise the tile's P.V adds onto the previous
+        # one's without waiting for it to be multiplied first.
+        if tl.max(m_new - m_i, 0) > _LAZY_SLACK:
+            alpha = tl.math.exp2(m_i - m_new)
+            if WIDE_SUM:
+                l_i = l_i * alpha[:, None]
+            else:
+                l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        p = _exp2(s * qk_scale - m_i[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
+        if WIDE_SUM:
+            l_i = l_i + p
+        else:
+            l_i = l_i + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        return m_i, l_i, acc
     p = _exp2(s * qk_scale - m_new[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
     alpha = tl.math.exp2(m_i - m_new)
     if WIDE_SUM:
@@ -279,7 +310,7 @@ def _flash_fwd(
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
-    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
+    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False, LAZY: tl.constexpr = False,
 ):
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
@@ -301,22 +332,22 @@ def _flash_fwd(
             for start in tl.range(lo + BLOCK_N, full_end, BLOCK_N):
                 s_next = tl.dot(q, tl.trans(tl.load(k_tile + start * stride_kn)))
                 v = tl.load(v_tile + (start - BLOCK_N) * stride_vn)
-                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
+                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM, LAZY)
                 s = s_next
             v = tl.load(v_tile + (full_end - BLOCK_N) * stride_vn)
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM, LAZY)
     else:
         for start in tl.range(lo, full_end, BLOCK_N):
             k = tl.load(k_tile + start * stride_kn)
             v = tl.load(v_tile + start * stride_vn)
             s = tl.dot(q, tl.trans(k))
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM, LAZY)
     if full_end < hi:
         key_ok = full_end + offs_n < hi
         k = tl.load(k_tile + full_end * stride_kn, mask=key_ok[:, None], other=0.0)
         v = tl.load(v_tile + full_end * stride_vn, mask=key_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM)
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM, LAZY)
     l_i = _row_sums(l_i, WIDE_SUM)
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
@@ -331,7 +362,7 @@ def _flash_fwd_tma(
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
-    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
+    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False, LAZY: tl.constexpr = False,
 ):
     """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
     head = tl.program_id(1)
@@ -347,14 +378,14 @@ def _flash_fwd_tma(
         k = k_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
+        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM, LAZY)
     if full_end < hi:
         # Rows past the descriptor's end read as zeros; keys in [hi, end) are masked.
         key_ok = full_end + offs_n < hi
         k = k_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM)
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM, LAZY)
     l_i = _row_sums(l_i, WIDE_SUM)
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
@@ -385,7 +416,7 @@ def _kv_tile(K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh,
 
 @triton.jit
 def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, stride_kn, stride_vh, stride_vn,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr):
     """Fold keys [k_lo, k_hi) of `head` into (m_i, l_i, acc): whole tiles, then the
     partial one masked."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -395,13 +426,13 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
         k, v = _kv_tile(K, V, head, start, offs_n, all_keys, stride_kh, stride_kn, stride_vh, stride_vn,
                         HEAD_DIM, BLOCK_N, TMA, False)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, False)
+        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, False, LAZY=LAZY)
     if full_end < k_hi:
         key_ok = full_end + offs_n < k_hi
         k, v = _kv_tile(K, V, head, full_end, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
                         HEAD_DIM, BLOCK_N, TMA, True)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, False)
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, False, LAZY=LAZY)
     return m_i, l_i, acc
 
 
@@ -411,7 +442,7 @@ def _flash_fwd_balanced(
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
     n_q, n_heads, kv_lo, kv_hi, qk_scale, tails_per_spare,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    TMA: tl.constexpr, TAIL_SETUP: tl.constexpr,
+    TMA: tl.constexpr, TAIL_SETUP: tl.constexpr, LAZY: tl.constexpr = False,
 ):
     """`KernelConfig.balance`: programs 0 .. items-1 (one per row block and head, row blocks
     fastest, so that the programs of a head stream its keys together through L2) take the
@@ -442,7 +473,7 @@ def _flash_fwd_balanced(
         else:
             q = q.to(K.dtype.element_ty)
         m_i, l_i, acc = _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale,
-                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA)
+                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, LAZY)
         _store_partial(ACC, ML, acc, m_i, l_i, share, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM)
 
 
@@ -520,7 +551,8 @@ def flash_attention(
     meta = dict(
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         EXP_BF16X2=config.exp_bf16x2, EXP_POLY=config.exp_poly, SPLITS=splits,
-        TREE_MAX=config.tree_max, WIDE_SUM=config.wide_sum, num_warps=config.num_warps, num_stages=config.num_stages,
+        TREE_MAX=config.tree_max, WIDE_SUM=config.wide_sum, LAZY=config.lazy_rescale,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if config.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -566,7 +598,8 @@ def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wra
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         n_q, heads, lo, hi, _LOG2E / math.sqrt(dim), per_spare,
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        TMA=config.tma, TAIL_SETUP=config.tail_setup, num_warps=config.num_warps, num_stages=config.num_stages,
+        TMA=config.tma, TAIL_SETUP=config.tail_setup, LAZY=config.lazy_rescale,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     wrap(_merge_splits)[(triton.cdiv(n_q, config.block_m), heads)](
         partial_acc, partial_ml, out, out.stride(0), out.stride(1), n_q, heads,

@@ -53,6 +53,12 @@ def main() -> None:
         "tma_balanced_3_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=7),
         "balanced_8_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=12),
         "balanced_no_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=4),
+        # The reference point moves only when a row's max rises by more than 2^8.
+        "lazy": KernelConfig(block_m=16, block_n=32, lazy_rescale=True),
+        "tma_tree_wide_lazy_split3": KernelConfig(block_m=16, block_n=32, tma=True, tree_max=True, wide_sum=True,
+                                                  splits=3, lazy_rescale=True),
+        "tma_balanced_lazy_3_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=7,
+                                                  lazy_rescale=True),
     }
     report = {}
     for lo, hi in [(0, total), (13, 150), (40, 41), (0, 32), (5, 69), (31, 200)]:
@@ -79,7 +85,27 @@ def main() -> None:
         hooked = flash_attention(q, storage[0], storage[1], config=configs[name], launch=launch)
         report[f"launch_hook/{name}"] = {"equal": bool(torch.equal(plain, hooked))}
     report["launch_hook/wrapped"] = wrapped
-    print(json.dumps({"flash": report, "rows": rows_report(storage)}))
+    print(json.dumps({"flash": report, "lazy": lazy_report(q, storage, configs), "rows": rows_report(storage)}))
+
+
+def lazy_report(q: torch.Tensor, storage: torch.Tensor, configs: dict) -> dict:
+    """Lazy rescaling where it must move its reference point: keys whose scores rise by far
+    more than 2^8 from tile to tile (and, reversed, fall), so that some tiles move it, some
+    keep a stale one, and the rest of each row's keys weigh 2^-40 or less."""
+    import dataclasses
+
+    from mapstream.attention.triton_flash import flash_attention
+
+    report = {}
+    ramp = torch.linspace(0.2, 12.0, storage.shape[2])[None, :, None]
+    for order, scale in (("rising", ramp), ("falling", ramp.flip(1))):
+        k, v = storage[0] * scale, storage[1]
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+        for name in ("plain", "lazy", "tma_tree_wide_lazy_split3", "tma_balanced_lazy_3_spare"):
+            for lazy in {configs[name].lazy_rescale, True}:
+                out = flash_attention(q, k, v, config=dataclasses.replace(configs[name], lazy_rescale=lazy))
+                report[f"{order}/{name}/lazy{lazy}"] = float((out.double() - ref).norm() / ref.norm())
+    return report
 
 
 def rows_report(storage: torch.Tensor) -> dict:
