@@ -69,7 +69,9 @@ class KernelConfig:
     exp2(old max - new max) on every tile: then a tile's P.V adds onto the previous tile's
     result without waiting for that product to finish first, to be rescaled (the
     FlashAttention-4 idea). The same softmax: numerator and denominator share the reference
-    point and divide it out at the end."""
+    point and divide it out at the end. Slower on an H200 (779 vs 644 µs balanced, 809 vs
+    688 plain; docs/BENCHMARKS.md, session 11): deciding it takes a reduction across the
+    program's warps every tile, and the branch costs more than the multiply it skips."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
@@ -97,10 +99,10 @@ class KernelConfig:
 
 def default_config(device: torch.device) -> KernelConfig:
     """The fastest measured configuration for `device` (H200 sweep, docs/BENCHMARKS.md):
-    64x128 tiles, 4 warps, 3 stages, with TMA loads, spare slots balanced and lazy
-    rescaling where the GPU has them (sm90+: two programs a multiprocessor)."""
+    64x128 tiles, 4 warps, 3 stages, with TMA loads and spare slots balanced where the GPU
+    has them (sm90+: two programs a multiprocessor)."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0):
-        return KernelConfig(tma=True, balance=True, lazy_rescale=True)
+        return KernelConfig(tma=True, balance=True)
     return KernelConfig()
 
 
