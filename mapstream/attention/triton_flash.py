@@ -70,8 +70,8 @@ class KernelConfig:
     result without waiting for that product to finish first, to be rescaled (the
     FlashAttention-4 idea). The same softmax: numerator and denominator share the reference
     point and divide it out at the end. Slower on an H200 (779 vs 644 µs balanced, 809 vs
-    688 plain; docs/BENCHMARKS.md, session 11): deciding it takes a reduction across the
-    program's warps every tile, and the branch costs more than the multiply it skips."""
+    688 plain; docs/BENCHMARKS.md, session 11). Not profiled; the likely cost is the
+    decision itself, a reduction across the program's warps and a branch every tile."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
