@@ -521,6 +521,9 @@ def flash_attention(
     """
     heads, n_q, dim = q.shape
     config = config or default_config(q.device)
+    if config.lazy_rescale and config.exp_poly:
+        raise ValueError("exp_poly's polynomial is built for exponents <= 0; lazy_rescale lets them reach 8: "
+                         "use one of the two")
     if (config.exp_poly or config.exp_bf16x2) and q.device.type != "cuda":
         raise ValueError("exp_poly and exp_bf16x2 are inline PTX: they need a CUDA device")
     check_qkv(q, k, v)

@@ -94,6 +94,8 @@ def test_triton_kernels_reject_bad_arguments(kernel):
         for option in (dict(splits=2), dict(tree_max=True), dict(pipeline_qk=True)):
             with pytest.raises(ValueError, match="balance runs the plain loop"):
                 attend(q, k, k, config=KernelConfig(balance=True, **option))
+        with pytest.raises(ValueError, match="exp_poly's polynomial is built for exponents <= 0"):
+            attend(q, k, k, config=KernelConfig(lazy_rescale=True, exp_poly=True))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
