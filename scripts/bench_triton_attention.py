@@ -2,7 +2,10 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense | --balance | --lazy]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense | --balance | --lazy | --fixed]
+
+--fixed: A/B of the running max against a reference point fixed from a bound on the keys'
+norms (`flash_attention(key_norm=...)`), with the row sums as adds or on the tensor cores.
 
 --lazy: A/B of rescaling the accumulator on every tile against only when a row's max rises
 by more than 2^8 (`KernelConfig.lazy_rescale`), balanced and plain grids, from CUDA graphs.
@@ -45,7 +48,9 @@ def configs_ab(q, k, v, lo, nk, configs: dict, label: str, rounds=5):
     ref = F.scaled_dot_product_attention(q[None].float(), k[None, :, lo:nk].float(), v[None, :, lo:nk].float())[0]
     graphs = {}
     for name, cfg in configs.items():
-        graphs[name] = captured(lambda cfg=cfg: flash_attention(q, k, v, kv_range=rng, out=out, config=cfg))
+        cfg, kwargs = cfg if isinstance(cfg, tuple) else (cfg, {})
+        graphs[name] = captured(lambda cfg=cfg, kwargs=kwargs: flash_attention(q, k, v, kv_range=rng, out=out,
+                                                                               config=cfg, **kwargs))
         out.fill_(float("nan"))
         graphs[name].replay()
         err = float((out.transpose(0, 1).float() - ref).norm() / ref.norm())
@@ -88,6 +93,27 @@ def lazy_ab(q, k, v, lo, nk, rounds=9):
             name = ("balanced" if balance else "plain") + ("_lazy" if lazy else "")
             configs[name] = KernelConfig(tma=True, balance=balance, lazy_rescale=lazy)
     return configs_ab(q, k, v, lo, nk, configs, "lazy ", rounds)
+
+
+def fixed_ab(q, k, v, lo, nk, rounds=9):
+    """The running max against a reference point fixed in advance from a key-norm bound
+    (`flash_attention(key_norm=...)`), with the row sums on the FMA pipes or the tensor
+    cores; the bound exact, and twice too loose. Counts the row blocks computed again."""
+    bound = float(k[:, lo:nk].float().norm(dim=-1).max())
+    repairs = torch.zeros(1, device="cuda", dtype=torch.int32)
+    base = KernelConfig(tma=True, balance=True)
+    configs = {
+        "balanced": base,
+        "fixed": (base, dict(key_norm=bound, repairs=repairs)),
+        "fixed_sum_mma": (KernelConfig(tma=True, balance=True, sum_by_mma=True), dict(key_norm=bound, repairs=repairs)),
+        "fixed_loose": (base, dict(key_norm=2 * bound, repairs=repairs)),
+    }
+    res = configs_ab(q, k, v, lo, nk, configs, "fixed ", rounds)
+    torch.cuda.synchronize()
+    res["key_norm"] = bound
+    res["repairs"] = int(repairs.item())
+    print("key norm bound", bound, "row blocks repaired", res["repairs"])
+    return res
 
 
 def exp_ab(q, k, v, lo, nk, rounds=7):
@@ -159,7 +185,7 @@ def _save(res: dict, out_path: str | None) -> None:
 
 
 def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False,
-         softmax_only=False, dense_only=False, balance_only=False, lazy_only=False):
+         softmax_only=False, dense_only=False, balance_only=False, lazy_only=False, fixed_only=False):
     torch.manual_seed(0)
     if dense_only:
         res = {"dense_ab_us": dense_ab()}
@@ -175,6 +201,10 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
     q = qkv[0, :, 0].transpose(0, 1)  # [H, Nq, D] strided, as the block produces it
     ref = F.scaled_dot_product_attention(q.double()[None], k[:, lo:nk].double()[None], v[:, lo:nk].double()[None])[0]
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
+    if fixed_only:
+        res["fixed_ab_us"] = fixed_ab(q, k, v, lo, nk)
+        _save(res, out_path)
+        return
     if lazy_only:
         res["lazy_ab_us"] = lazy_ab(q, k, v, lo, nk)
         _save(res, out_path)
@@ -254,4 +284,4 @@ if __name__ == "__main__":
     main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
          splits="--splits" in sys.argv, range_only="--range" in sys.argv, exp_only="--exp" in sys.argv,
          softmax_only="--softmax" in sys.argv, dense_only="--dense" in sys.argv, balance_only="--balance" in sys.argv,
-         lazy_only="--lazy" in sys.argv)
+         lazy_only="--lazy" in sys.argv, fixed_only="--fixed" in sys.argv)

@@ -25,27 +25,36 @@ def _triton_reasons(device: torch.device) -> list[str]:
 
 
 class _KernelBackend(AttentionBackend):
-    """A backend around one of our kernels `fn(q, k, v, kv_range=...)` on [H, N, D] views."""
+    """A backend around one of our kernels `fn(q, k, v, kv_range=..., **hints)` on [H, N, D]
+    views; `takes_key_norm`: the kernel uses the key-norm hint."""
+
+    takes_key_norm = False
 
     def __init__(self, kernel) -> None:
         self._kernel = kernel
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self._one_sequence(q, k, v, None)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: float | None = None) -> torch.Tensor:
+        return self._one_sequence(q, k, v, None, key_norm)
 
-    def attend_range(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor) -> torch.Tensor:
-        return self._one_sequence(q, k, v, kv_range)
+    def attend_range(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor, *, key_norm: float | None = None
+    ) -> torch.Tensor:
+        return self._one_sequence(q, k, v, kv_range, key_norm)
 
-    def _one_sequence(self, q, k, v, kv_range) -> torch.Tensor:
+    def _hints(self, key_norm: float | None) -> dict:
+        return {"key_norm": key_norm} if self.takes_key_norm and key_norm is not None else {}
+
+    def _one_sequence(self, q, k, v, kv_range, key_norm) -> torch.Tensor:
         if q.shape[0] != 1:
             raise ValueError(f"the {self.name} backend serves one sequence at a time (batch size 1)")
-        return self._kernel(q[0], k[0], v[0], kv_range=kv_range).unsqueeze(0)
+        return self._kernel(q[0], k[0], v[0], kv_range=kv_range, **self._hints(key_norm)).unsqueeze(0)
 
 
 class TritonBackend(_KernelBackend):
     name = "triton"
     description = "mapstream's Triton flash attention over the strided cache view (CUDA sm80+, fp16/bf16)"
     device_range = True
+    takes_key_norm = True
 
     @classmethod
     def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:
@@ -61,11 +70,13 @@ class TritonBackend(_KernelBackend):
 
         super().__init__(flash_attention)
 
-    def attend_into(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def attend_into(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *, key_norm: float | None = None
+    ) -> torch.Tensor:
         token_major = out[0].transpose(0, 1)  # the kernel's output layout: [Nq, H, D] storage
         if q.shape[0] != 1 or out.shape != q.shape or not token_major.is_contiguous():
-            return super().attend_into(q, k, v, out)
-        self._kernel(q[0], k[0], v[0], out=token_major)
+            return super().attend_into(q, k, v, out, key_norm=key_norm)
+        self._kernel(q[0], k[0], v[0], out=token_major, **self._hints(key_norm))
         return out
 
 

@@ -72,6 +72,10 @@ class KernelConfig:
     point and divide it out at the end. Slower on an H200 (779 vs 644 µs balanced, 809 vs
     688 plain; docs/BENCHMARKS.md, session 11). Not profiled; the likely cost is the
     decision itself, a reduction across the program's warps and a branch every tile."""
+    sum_by_mma: bool = False
+    """With a fixed reference point (`flash_attention(key_norm=...)`), take the row sums
+    from the tensor cores (P times a 16-column block of ones, 1/4 of P.V's products)
+    instead of adds on the FMA pipes."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
@@ -208,6 +212,24 @@ def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr,
         l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _fixed_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr):
+    """`_online_softmax` with m_i a reference point set before the first tile
+    (`_bound_reference`) and never moved: no row max, no rescale. l_i [M] sums on the FMA
+    pipes; l_i [M, C] (C equal columns) comes from the tensor cores, P times ones."""
+    if MASKED:
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+    p = tl.math.exp2(s * tl.cast(qk_scale, tl.float32) - m_i[:, None])
+    if len(l_i.shape) == 2:
+        p = p.to(v.dtype)
+        l_i = tl.dot(p, tl.full([p.shape[1], l_i.shape[1]], 1.0, v.dtype), l_i)
+    else:
+        l_i = l_i + tl.sum(p, 1)
+        p = p.to(v.dtype)
+    acc = tl.dot(p, v, acc)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -418,7 +440,8 @@ def _kv_tile(K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh,
 
 @triton.jit
 def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, stride_kn, stride_vh, stride_vn,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr,
+                 FIXED: tl.constexpr = False):
     """Fold keys [k_lo, k_hi) of `head` into (m_i, l_i, acc): whole tiles, then the
     partial one masked."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -428,13 +451,19 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
         k, v = _kv_tile(K, V, head, start, offs_n, all_keys, stride_kh, stride_kn, stride_vh, stride_vn,
                         HEAD_DIM, BLOCK_N, TMA, False)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, False, LAZY=LAZY)
+        if FIXED:
+            m_i, l_i, acc = _fixed_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
+        else:
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, False, LAZY=LAZY)
     if full_end < k_hi:
         key_ok = full_end + offs_n < k_hi
         k, v = _kv_tile(K, V, head, full_end, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
                         HEAD_DIM, BLOCK_N, TMA, True)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, False, LAZY=LAZY)
+        if FIXED:
+            m_i, l_i, acc = _fixed_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True)
+        else:
+            m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, False, LAZY=LAZY)
     return m_i, l_i, acc
 
 
@@ -442,9 +471,10 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
 def _flash_fwd_balanced(
     Q, K, V, RANGE, ACC, ML,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
-    n_q, n_heads, kv_lo, kv_hi, qk_scale, tails_per_spare,
+    n_q, n_heads, kv_lo, kv_hi, qk_scale, tails_per_spare, key_norm,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    TMA: tl.constexpr, TAIL_SETUP: tl.constexpr, LAZY: tl.constexpr = False,
+    TMA: tl.constexpr, TAIL_SETUP: tl.constexpr, LAZY: tl.constexpr = False, FIXED: tl.constexpr = False,
+    SUM_MMA: tl.constexpr = False,
 ):
     """`KernelConfig.balance`: programs 0 .. items-1 (one per row block and head, row blocks
     fastest, so that the programs of a head stream its keys together through L2) take the
@@ -470,13 +500,78 @@ def _flash_fwd_balanced(
         offs_m = (item % row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
         q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, False)
+        if FIXED:
+            m_i = _bound_reference(q, key_norm, qk_scale)
+            if SUM_MMA:
+                l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
         if TMA:
             q = q.to(K.dtype)
         else:
             q = q.to(K.dtype.element_ty)
         m_i, l_i, acc = _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale,
-                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, LAZY)
+                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, LAZY, FIXED)
+        if FIXED and SUM_MMA:
+            l_i = tl.max(l_i, 1)  # 16 equal columns
         _store_partial(ACC, ML, acc, m_i, l_i, share, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM)
+
+
+@triton.jit
+def _bound_reference(q, key_norm, qk_scale):
+    """Each row's fixed reference point (base 2): the Cauchy-Schwarz bound |q| * key_norm *
+    scale of its scores when no key is longer than key_norm. Any point within about 2^80
+    of the row's true max gives the same softmax to rounding; `_merge_or_repair` checks."""
+    q = q.to(tl.float32)
+    return tl.sqrt(tl.sum(q * q, 1)) * (tl.cast(key_norm, tl.float32) * tl.cast(qk_scale, tl.float32))
+
+
+_DEN_LOW = tl.constexpr(2.0 ** -64)
+_DEN_HIGH = tl.constexpr(2.0 ** 64)
+
+
+@triton.jit
+def _merge_or_repair(
+    Q, K, V, RANGE, ACC, ML, O, REPAIRS,
+    stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
+    n_q, n_heads, kv_lo, kv_hi, qk_scale,
+    RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr, COUNT: tl.constexpr,
+):
+    """The balanced call's merge when its shares used a fixed reference point. A row whose
+    denominator (relative to that point) came out below 2^-64, above 2^64 or NaN was
+    computed too far from its true max: its weights may have lost range (underflow) or
+    overflowed. Then this program's row block is computed again from scratch with the
+    online softmax (and REPAIRS counted, when COUNT). Otherwise the two shares add up:
+    the bound keeps every weight at most 2^(few), and a denominator of at least 2^-64 puts
+    the row's max within 2^81 of the point, so every weight that counts is a normal float."""
+    head = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < n_q
+    rows0 = head.to(tl.int64) * n_q + offs_m
+    rows1 = (n_heads + head).to(tl.int64) * n_q + offs_m
+    m0 = tl.load(ML + rows0 * 2, mask=row_ok, other=0.0)
+    m1 = tl.load(ML + rows1 * 2, mask=row_ok, other=0.0)
+    m = tl.maximum(m0, m1)
+    w0 = tl.math.exp2(m0 - m)
+    w1 = tl.math.exp2(m1 - m)
+    den = w0 * tl.load(ML + rows0 * 2 + 1, mask=row_ok, other=0.0) + w1 * tl.load(ML + rows1 * 2 + 1, mask=row_ok, other=0.0)
+    in_range = (den >= _DEN_LOW) & (den <= _DEN_HIGH)
+    if tl.min(tl.where(row_ok, in_range, True).to(tl.int32), 0) == 1:
+        num = w0[:, None] * tl.load(ACC + rows0[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        num += w1[:, None] * tl.load(ACC + rows1[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        _finish_rows(O, num, den, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
+    else:
+        lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
+        q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, False)
+        if TMA:
+            q = q.to(K.dtype)
+        else:
+            q = q.to(K.dtype.element_ty)
+        m_i, l_i, acc = _attend_keys(q, K, V, head, lo, hi, m_i, l_i, acc, qk_scale,
+                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, False)
+        _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
+        if COUNT:
+            tl.atomic_add(REPAIRS, 1)
 
 
 def _resident_slots(device: torch.device, config: KernelConfig) -> int:
@@ -508,6 +603,8 @@ def flash_attention(
     out: torch.Tensor | None = None,
     config: KernelConfig | None = None,
     launch=None,
+    key_norm: float | None = None,
+    repairs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(D)) v over keys [lo, hi) of k/v.
 
@@ -518,9 +615,20 @@ def flash_attention(
     (`out`, if given, must be that storage). config: None picks `default_config(q.device)`.
     launch: wraps the (pointer, non-TMA) kernels before launching them, e.g. with
     `torch.library.wrap_triton` inside a `triton_op` that torch.compile traces.
+    key_norm: an estimate of the longest key's Euclidean norm (keys after a LayerNorm have
+    one, see `layers.norm_bound`). The balanced grid then sets each row's softmax reference
+    point in advance, from |q| * key_norm, instead of tracking the running max, and its
+    merge checks every row, computing again with the running max any row block that came
+    out of range: a poor estimate costs time, never accuracy. Other grids ignore it.
+    repairs: an int32 tensor [1] on q's device that counts the row blocks computed again.
     """
     heads, n_q, dim = q.shape
     config = config or default_config(q.device)
+    if key_norm is not None and (config.lazy_rescale or not key_norm > 0 or not math.isfinite(key_norm)):
+        raise ValueError(f"key_norm must be a positive finite float (got {key_norm}) and replaces lazy_rescale's "
+                         "moving reference point: use one of the two")
+    if repairs is not None and (repairs.shape != (1,) or repairs.dtype != torch.int32 or repairs.device != q.device):
+        raise ValueError("repairs must be an int32 tensor of shape [1] on q's device")
     if config.lazy_rescale and config.exp_poly:
         raise ValueError("exp_poly's polynomial is built for exponents <= 0; lazy_rescale lets them reach 8: "
                          "use one of the two")
@@ -545,7 +653,7 @@ def flash_attention(
                          "pipeline_qk, exp_poly, exp_bf16x2, tree_max or wide_sum")
     balanced = balanced_grid(n_q, heads, q.device, config) if config.balance else None
     if balanced is not None:
-        return _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, balanced, config, wrap)
+        return _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, balanced, config, wrap, key_norm, repairs)
     if splits > 1:
         partial_acc = torch.empty(splits, heads, n_q, dim, device=q.device, dtype=torch.float32)
         partial_ml = torch.empty(splits, heads, n_q, 2, device=q.device, dtype=torch.float32)
@@ -583,8 +691,9 @@ def flash_attention(
     return out.transpose(0, 1)
 
 
-def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wrap) -> torch.Tensor:
-    """`flash_attention` with `KernelConfig.balance`: head and tail shares, then the merge."""
+def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wrap, key_norm, repairs) -> torch.Tensor:
+    """`flash_attention` with `KernelConfig.balance`: head and tail shares, then the merge
+    (checked, with a fixed reference point)."""
     heads, n_q, dim = q.shape
     programs, per_spare = grid
     partial_acc = torch.empty(2, heads, n_q, dim, device=q.device, dtype=torch.float32)
@@ -598,14 +707,25 @@ def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wra
         kernel = _flash_fwd_balanced
     else:
         k_arg, v_arg, kernel = k, v, wrap(_flash_fwd_balanced)
+    fixed = key_norm is not None
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     kernel[(programs,)](
-        q, k_arg, v_arg, range_arg, partial_acc, partial_ml,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        n_q, heads, lo, hi, _LOG2E / math.sqrt(dim), per_spare,
+        q, k_arg, v_arg, range_arg, partial_acc, partial_ml, *strides,
+        n_q, heads, lo, hi, _LOG2E / math.sqrt(dim), per_spare, float(key_norm or 0.0),
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        TMA=config.tma, TAIL_SETUP=config.tail_setup, LAZY=config.lazy_rescale,
+        TMA=config.tma, TAIL_SETUP=config.tail_setup, LAZY=config.lazy_rescale, FIXED=fixed,
+        SUM_MMA=fixed and config.sum_by_mma,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if fixed:
+        merge = _merge_or_repair if config.tma else wrap(_merge_or_repair)
+        merge[(triton.cdiv(n_q, config.block_m), heads)](
+            q, k_arg, v_arg, range_arg, partial_acc, partial_ml, out, q if repairs is None else repairs,
+            *strides, out.stride(0), out.stride(1), n_q, heads, lo, hi, _LOG2E / math.sqrt(dim),
+            RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+            TMA=config.tma, COUNT=repairs is not None, num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+        return out.transpose(0, 1)
     wrap(_merge_splits)[(triton.cdiv(n_q, config.block_m), heads)](
         partial_acc, partial_ml, out, out.stride(0), out.stride(1), n_q, heads,
         HEAD_DIM=dim, BLOCK_M=config.block_m, SPLITS=2, num_warps=4,

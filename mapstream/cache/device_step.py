@@ -56,12 +56,14 @@ class DeviceStep:
         self.storage = step.storage
 
     def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: AttentionBackend
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: AttentionBackend,
+        *, key_norm: float | None = None,
     ) -> torch.Tensor:
         """Write this frame's k, v [1, H, P, D] of `layer` and attend q [1, H, P, D] to the
-        visible range. Only device tensors steer it: safe to capture."""
+        visible range (`key_norm`: the backend's hint). Only device tensors steer it: safe
+        to capture."""
         if self.storage is None:
             raise CacheStateError("DeviceStep.attend before prepare()")
         kv = self.storage[layer]  # [2, H, T, D]
         write_frame_kv(kv, k[0].detach(), v[0].detach(), self.write_index)
-        return backend.attend_range(q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), self.kv_range)
+        return backend.attend_range(q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), self.kv_range, key_norm=key_norm)

@@ -51,6 +51,7 @@ both decompositions compute the model's function.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Callable
 
@@ -288,8 +289,10 @@ class GraphedStep:
     def _whole_step(self) -> tuple:
         """Everything after graph 0, whose static outputs it starts from."""
         backend = self._backend
+        key_norms = self.agg.key_norms()  # captured as kernel arguments
         layers = self.agg.run_layers(
-            self._first_piece.outputs, lambda i, q, k, v: self.agg_device_step.attend(i, q, k, v, backend),
+            self._first_piece.outputs,
+            lambda i, q, k, v: self.agg_device_step.attend(i, q, k, v, backend, key_norm=key_norms[i]),
             self.tokens_per_frame, self.frame_rotary, self.global_rotary,
         )
         frames, globals_ = [], []
@@ -353,14 +356,17 @@ class GraphedStep:
             # memory), for all layers at once: one kernel instead of one between every layer.
             step.apply_moves()
             self._outputs = [first]
+            key_norms = self.agg.key_norms()
             for i in range(self.config.depth):
                 q, k, v = self._qkv(i)
+                hint = key_norms[i]
                 if self.attended[i] is None or not self.capture:
-                    result = step.attend(i, q, k, v, backend.attend, moves_done=True)
+                    result = step.attend(i, q, k, v, functools.partial(backend.attend, key_norm=hint), moves_done=True)
                     self.attended[i] = result if not self.capture else result.clone()
                 else:  # straight into the static input of the graph that reads it
                     into = self.attended[i]
-                    step.attend(i, q, k, v, lambda q, k, v: backend.attend_into(q, k, v, into), moves_done=True)
+                    step.attend(i, q, k, v, lambda q, k, v: backend.attend_into(q, k, v, into, key_norm=hint),
+                                moves_done=True)
                 self._outputs.append(self.pieces[i + 1]())
         if self.model.camera_head is None:
             (heads,) = self._dense_piece()

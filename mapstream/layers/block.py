@@ -17,7 +17,23 @@ from .heads import qkv_heads
 from .linear_gelu import linear_gelu
 from .rope import Rotary
 
-__all__ = ["Attention", "Block", "LayerScale", "Mlp"]
+__all__ = ["Attention", "Block", "LayerScale", "Mlp", "layer_norm_bound"]
+
+
+def layer_norm_bound(norm: nn.LayerNorm) -> float:
+    """An upper bound of the Euclidean norm of `norm`'s output over its D features, whatever
+    the input: the normalised vector has norm sqrt(D * var / (var + eps)) <= sqrt(D), the
+    weight stretches it by at most max|w| and the bias adds at most |b|. A rotation of
+    feature pairs afterwards (RoPE) keeps it. Reads the parameters (a device sync when they
+    live on a GPU): callers keep the value."""
+    dim = norm.normalized_shape[-1]
+    bound = dim ** 0.5
+    with torch.no_grad():
+        if norm.weight is not None:
+            bound *= float(norm.weight.detach().abs().max())
+        if norm.bias is not None:
+            bound += float(norm.bias.detach().float().norm())
+    return bound
 
 
 class LayerScale(nn.Module):
@@ -58,6 +74,11 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.proj = nn.Linear(dim, dim)
+
+    def key_norm_bound(self) -> float | None:
+        """An upper bound of every key's Euclidean norm (keys leave k_norm, then RoPE, which
+        keeps norms), or None without qk-norm. A hint for the attention backends."""
+        return None if self.k_norm is None else layer_norm_bound(self.k_norm)
 
     def heads(self, x: torch.Tensor, rotary: Rotary | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, N, dim] -> q, k, v [B, heads, N, head_dim] (q, k normalised and rotated)."""

@@ -12,6 +12,7 @@ the cache (3D video RoPE in the official model). The outputs of the selected lay
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -103,6 +104,19 @@ class AggregatorStream(nn.Module):
         self.pools = pools if pools is not None else PoolRegistry()
         self.kv_cache = self.new_cache()
         self.backend: AttentionBackend = SDPABackend()
+        self._key_norms: tuple[tuple, list[float | None]] | None = None
+
+    def key_norms(self) -> list[float | None]:
+        """Each global block's key-norm hint for its cache attention (`Attention.key_norm_bound`).
+        Computing them reads the parameters (a device sync), so they are kept until a k_norm
+        parameter moves or is written in place (PyTorch counts every in-place write in a
+        tensor's version, load_state_dict's included). Stale values would cost time only."""
+        params = [p for block in self.global_blocks if block.attn.k_norm is not None
+                  for p in block.attn.k_norm.parameters()]
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if self._key_norms is None or self._key_norms[0] != key:
+            self._key_norms = (key, [block.attn.key_norm_bound() for block in self.global_blocks])
+        return self._key_norms[1]
 
     @property
     def patch_start_idx(self) -> int:
@@ -237,8 +251,10 @@ class AggregatorStream(nn.Module):
             dtype=kv_dtype(tokens), device=tokens.device,
         ) as steps:
             entered = self.enter_layer(0, tokens, frame_rotary, global_rotary, streams=streams)
+            key_norms = self.key_norms()
             layers = self.run_layers(
-                entered, lambda i, q, k, v: attend_streams(steps, i, q, k, v, backend.attend),
+                entered,
+                lambda i, q, k, v: attend_streams(steps, i, q, k, v, functools.partial(backend.attend, key_norm=key_norms[i])),
                 per_frame, frame_rotary, global_rotary, streams=streams,
             )
             for i, frame_out, out in layers:
