@@ -85,7 +85,38 @@ def main() -> None:
         hooked = flash_attention(q, storage[0], storage[1], config=configs[name], launch=launch)
         report[f"launch_hook/{name}"] = {"equal": bool(torch.equal(plain, hooked))}
     report["launch_hook/wrapped"] = wrapped
-    print(json.dumps({"flash": report, "lazy": lazy_report(q, storage, configs), "rows": rows_report(storage)}))
+    print(json.dumps({"flash": report, "lazy": lazy_report(q, storage, configs), "fixed": fixed_report(q, storage),
+                      "rows": rows_report(storage)}))
+
+
+def fixed_report(q: torch.Tensor, storage: torch.Tensor) -> dict:
+    """The balanced grid with a fixed reference point (`key_norm`): error against float64
+    and row blocks recomputed, for a right estimate of the longest key, a far too large one
+    (every weight underflows: all recomputed), and keys 30x longer than a far too small
+    estimate (the weights overflow: recomputed), over several key ranges."""
+    from mapstream.attention.triton_flash import KernelConfig, flash_attention
+
+    configs = {
+        "balanced_3_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=7),
+        "tma_balanced_8_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=12),
+    }
+    report = {}
+    for keys, k in (("plain", storage[0]), ("long", storage[0] * 30.0)):
+        longest = float(k.norm(dim=-1).max())
+        estimates = {"right": longest, "too_large": 1e4} if keys == "plain" else {"too_small": 1.0}
+        for lo, hi in [(0, 200), (13, 150), (40, 41), (5, 69)]:
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.double(), k[:, lo:hi].double(), storage[1, :, lo:hi].double()
+            )
+            for name, config in configs.items():
+                for estimate, key_norm in estimates.items():
+                    repairs = torch.zeros(1, dtype=torch.int32)
+                    out = flash_attention(q, k, storage[1], kv_range=torch.tensor([lo, hi], dtype=torch.int32),
+                                          config=config, key_norm=key_norm, repairs=repairs)
+                    report[f"{keys}/{name}/{estimate}/{lo}-{hi}"] = {
+                        "err": float((out.double() - ref).norm() / ref.norm()), "repairs": int(repairs),
+                    }
+    return report
 
 
 def lazy_report(q: torch.Tensor, storage: torch.Tensor, configs: dict) -> dict:

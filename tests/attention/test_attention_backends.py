@@ -57,6 +57,21 @@ def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
     # Two orders x (the plain configuration without and with the option, the three lazy
     # configurations once).
     assert len(lazy) == 2 * (2 + 3) and all(err < 1e-5 for err in lazy.values()), lazy
+    # A fixed reference point from a key-norm estimate: the same softmax; the merge
+    # recomputes a row block exactly when the estimate put its weights out of range: none
+    # with the right estimate, all 2 row blocks x 2 heads with the far too large one (every
+    # weight underflows), and some with the far too small one (a lone key's score may stay
+    # in range, so all four only over the longer ranges).
+    fixed = reports["fixed"]
+    assert len(fixed) == 4 * 2 * 3
+    for case, row in fixed.items():
+        assert row["err"] < 1e-5, (case, row)
+        if "/right/" in case:
+            assert row["repairs"] == 0, (case, row)
+        elif "/too_large/" in case or not case.endswith("/40-41"):
+            assert row["repairs"] == 4, (case, row)
+        else:
+            assert row["repairs"] >= 1, (case, row)
     # The rows kernel (camera head): fp32 arithmetic on fp32 or bf16 storage; the inputs
     # are the same bf16 values the float64 reference reads, so both are exact to fp32,
     # whether one program walks the keys or several share them (merged by a second kernel).
@@ -98,6 +113,12 @@ def test_triton_kernels_reject_bad_arguments(kernel):
                 attend(q, k, k, config=KernelConfig(balance=True, **option))
         with pytest.raises(ValueError, match="exp_poly's polynomial is built for exponents <= 0"):
             attend(q, k, k, config=KernelConfig(lazy_rescale=True, exp_poly=True))
+        for key_norm, config in ((0.0, None), (float("nan"), None), (float("inf"), None),
+                                 (8.0, KernelConfig(lazy_rescale=True))):
+            with pytest.raises(ValueError, match="key_norm must be a positive finite float"):
+                attend(q, k, k, key_norm=key_norm, config=config)
+        with pytest.raises(ValueError, match=r"repairs must be an int32 tensor of shape \[1\]"):
+            attend(q, k, k, key_norm=8.0, repairs=torch.zeros(1))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")

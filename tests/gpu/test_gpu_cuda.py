@@ -584,3 +584,62 @@ def test_triton_attend_into_writes_the_graphs_input_without_a_copy():
     got, calls = _profiled(lambda: backend.attend_into(q, k, v, into))
     assert got is into and torch.equal(into, want)
     assert not [n for n in calls if "copy" in n.lower() or "memcpy" in n.lower() or "elementwise" in n], calls
+
+
+@pytest.mark.parametrize("estimate", ["bound", "far_too_large", "far_too_small"])
+@pytest.mark.parametrize("kv_len", [97, 7000, 71_000])
+def test_fixed_reference_point_matches_fp64_and_is_repaired_in_a_graph(kv_len, estimate):
+    """The balanced grid with each row's softmax reference point fixed from a key-norm
+    estimate (`flash_attention(key_norm=...)`), keys out of a LayerNorm as in the global
+    blocks, replayed from a CUDA graph over several key ranges: within bf16 rounding of
+    float64 and of the running-max kernel. With the LayerNorm's bound no row block is
+    computed again; with an estimate 1000x too large every one is (all weights underflow);
+    with one far too small for keys 20x longer than the LayerNorm's, some are (overflow)."""
+    from mapstream.attention.triton_flash import KernelConfig, flash_attention
+    from mapstream.layers import layer_norm_bound
+
+    if not torch.cuda.get_device_capability() >= (9, 0):
+        pytest.skip("the TMA kernel needs sm90")
+    config = KernelConfig(tma=True, balance=True)
+    n_q, heads, dim = 978, 16, 64
+    g = torch.Generator(device="cuda").manual_seed(kv_len)
+    norm = torch.nn.LayerNorm(dim, device="cuda")
+    with torch.no_grad():
+        norm.weight.copy_(1.0 + 0.3 * torch.randn(dim, device="cuda", generator=g))
+        norm.bias.copy_(0.1 * torch.randn(dim, device="cuda", generator=g))
+    with torch.no_grad():
+        k = norm(torch.randn(heads, kv_len + 300, dim, device="cuda", generator=g)).to(torch.bfloat16)
+        q = norm(torch.randn(heads, n_q, dim, device="cuda", generator=g)).to(torch.bfloat16)
+    v = torch.randn(heads, kv_len + 300, dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    key_norm = {"bound": layer_norm_bound(norm), "far_too_large": 1000.0 * layer_norm_bound(norm),
+                "far_too_small": 0.01}[estimate]
+    if estimate == "far_too_small":
+        k = k * 20.0
+    rng = torch.tensor([0, 0], device="cuda", dtype=torch.int32)
+    repairs = torch.zeros(1, device="cuda", dtype=torch.int32)
+    out = torch.empty(n_q, heads, dim, device="cuda", dtype=torch.bfloat16)
+    kwargs = dict(out=out, config=config, key_norm=key_norm, repairs=repairs)
+    flash_attention(q, k, v, kv_range=(3, 3 + kv_len), **kwargs)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flash_attention(q, k, v, kv_range=rng, **kwargs)
+    blocks = -(-n_q // config.block_m) * heads
+    for lo, hi in ((3, 3 + kv_len), (kv_len // 3, kv_len), (5, 6)):
+        rng.copy_(torch.tensor([lo, hi], dtype=torch.int32))
+        out.fill_(float("nan"))
+        repairs.zero_()
+        graph.replay()
+        ref = F.scaled_dot_product_attention(q[None].double(), k[:, lo:hi][None].double(), v[:, lo:hi][None].double())[0]
+        running = flash_attention(q, k, v, kv_range=(lo, hi), config=config)
+        got = out.transpose(0, 1)
+        err = _rel(got, ref)
+        _report(f"fixed_{estimate}_kv{hi - lo}", err)
+        assert torch.isfinite(got).all() and err < 1e-2, (lo, hi, err)
+        assert _rel(got, running) < 5e-3, (lo, hi)
+        done = int(repairs.item())
+        if estimate == "bound":
+            assert done == 0, (lo, hi)
+        elif estimate == "far_too_large":
+            assert done == blocks, (lo, hi, done)
+        else:
+            assert 0 < done <= blocks, (lo, hi, done)

@@ -214,3 +214,33 @@ def test_conv_epilogue_falls_back_to_pytorch_when_the_layouts_differ(monkeypatch
     # A convolution without bias, addends or ReLU has no epilogue at all.
     plain = nn.Conv2d(4, 3, 3, padding=1, bias=False).to(memory_format=torch.channels_last)
     torch.testing.assert_close(ce.conv_epilogue(plain, x), plain(x), rtol=1e-6, atol=1e-6)
+
+
+def test_layer_norm_bound_holds_for_any_input_and_is_nearly_reached():
+    """The key-norm hint of the cache attention: no LayerNorm output (then rotated by RoPE,
+    which keeps norms) is longer than `layer_norm_bound`; an input whose variance sits in the
+    feature of the largest weight comes within a few percent of it."""
+    from mapstream.layers import layer_norm_bound, rope2d, patch_positions_2d
+
+    torch.manual_seed(0)
+    dim = 64
+    norm = torch.nn.LayerNorm(dim, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dim) * 0.5 + 1.0)
+        norm.bias.copy_(torch.randn(dim) * 0.1)
+    bound = layer_norm_bound(norm)
+    want = dim ** 0.5 * float(norm.weight.abs().max()) + float(norm.bias.norm())
+    assert bound == pytest.approx(want, rel=1e-6)
+    x = torch.cat([torch.randn(500, dim) * 10.0, torch.randn(500, dim) * 1e-3])
+    spike = torch.full((1, dim), -1.0)
+    spike[0, int(norm.weight.abs().argmax())] = dim - 1.0  # all variance in the largest weight's feature
+    x = torch.cat([x, spike * 3.0])
+    with torch.no_grad():
+        y = norm(x)
+    rotary = rope2d(patch_positions_2d(1, x.shape[0] - 1, 1, x.device), dim, 100.0)
+    rotated = rotary.apply(y[None, None])[0, 0]
+    assert float(y.norm(dim=-1).max()) <= bound
+    assert float(rotated.norm(dim=-1).max()) <= bound * (1 + 1e-6)
+    assert float(y[-1].norm()) >= 0.9 * bound
+    norm.bias = None
+    assert layer_norm_bound(norm) == pytest.approx(dim ** 0.5 * float(norm.weight.abs().max()))

@@ -442,3 +442,50 @@ def test_whole_step_follows_the_cache_when_its_storage_moves(model):
     for a, b in zip(got, want):
         torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(a.depth, b.depth, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fast", [False, True, "whole"], ids=["eager", "pieces", "whole-step"])
+def test_cache_attentions_get_their_global_blocks_key_norm_hint(model, monkeypatch, fast):
+    """Every aggregator cache attention is handed its global block's key-norm bound (with
+    it our Triton kernel fixes each row's softmax reference point in advance), the camera
+    head's attentions none. The bounds are read from the k_norm parameters and follow an
+    in-place change of them."""
+    from mapstream.attention.backend import AttentionBackend
+    from mapstream.attention.sdpa import SDPABackend
+    from mapstream.layers import layer_norm_bound
+
+    hints = []
+
+    def spy(fn):
+        def wrapper(self, *args, key_norm=None, **kwargs):
+            hints.append(key_norm)
+            return fn(self, *args, key_norm=key_norm, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(SDPABackend, "attend", spy(SDPABackend.attend))
+    monkeypatch.setattr(AttentionBackend, "attend_range", spy(AttentionBackend.attend_range))
+    blocks = model.aggregator.global_blocks
+    depth = len(blocks)
+
+    def aggregator_hints() -> list[list[float]]:
+        hints.clear()
+        with model.session(num_scale_frames=2, fast=fast) as s:
+            s.run_frames(frames_of(4, seed=21))
+        assert None in hints  # the camera head's attentions
+        given = [h for h in hints if h is not None]
+        assert len(given) == depth * 3  # the scale block, then two single frames
+        return [given[i : i + depth] for i in range(0, len(given), depth)]
+
+    bounds = [layer_norm_bound(block.attn.k_norm) for block in blocks]
+    assert aggregator_hints() == [bounds] * 3
+    weight = blocks[1].attn.k_norm.weight
+    with torch.no_grad():
+        weight.mul_(2.0)
+    try:
+        doubled = [layer_norm_bound(block.attn.k_norm) for block in blocks]
+        assert doubled[1] > bounds[1] and doubled[0] == bounds[0]
+        assert aggregator_hints() == [doubled] * 3
+    finally:
+        with torch.no_grad():
+            weight.mul_(0.5)
+    assert aggregator_hints() == [bounds] * 3
