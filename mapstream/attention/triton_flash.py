@@ -72,13 +72,6 @@ class KernelConfig:
     point and divide it out at the end. Slower on an H200 (779 vs 644 µs balanced, 809 vs
     688 plain; docs/BENCHMARKS.md, session 11). Not profiled; the likely cost is the
     decision itself, a reduction across the program's warps and a branch every tile."""
-    max_registers: int = 0
-    """Registers a thread may use in the balanced kernel (0: the compiler's choice); fewer
-    let more programs share a multiprocessor (`programs_per_sm`), at the cost of spills."""
-    sum_by_mma: bool = False
-    """With a fixed reference point (`flash_attention(key_norm=...)`), take the row sums
-    from the tensor cores (P times a 16-column block of ones, 1/4 of P.V's products)
-    instead of adds on the FMA pipes."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
@@ -141,13 +134,6 @@ _EXP2_X4 = tl.constexpr(" ".join([
     "add.s32 $3, pb, j;",
     "}",
 ]))
-
-
-# The same for a fixed reference point, where an estimate too small lets x exceed 0: x is
-# capped at 64 (2^64 puts the row's denominator where `_merge_or_repair` recomputes it)
-# before the exponent field could overflow into the sign bit and give a wrong finite value.
-_EXP2_X4_CAPPED = tl.constexpr(_EXP2_X4.value.replace(
-    "max.ftz.f32 t, $7, 0fC2FC0000;", "max.ftz.f32 t, $7, 0fC2FC0000; min.ftz.f32 t, t, 0f42800000;"))
 
 
 @triton.jit
@@ -225,25 +211,15 @@ def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr,
 
 
 @triton.jit
-def _fixed_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, EXP_POLY: tl.constexpr = False):
+def _fixed_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr):
     """`_online_softmax` with m_i a reference point set before the first tile
-    (`_bound_reference`) and never moved: no row max, no rescale. l_i [M] sums on the FMA
-    pipes; l_i [M, C] (C equal columns) comes from the tensor cores, P times ones."""
+    (`_bound_reference`) and never moved: no row max, no rescale, and a tile's P.V adds
+    onto the previous one's without waiting for it."""
     if MASKED:
         s = tl.where(key_ok[None, :], s, float("-inf"))
-    x = s * tl.cast(qk_scale, tl.float32) - m_i[:, None]
-    if EXP_POLY and not MASKED:  # masked keys must weigh exactly 0: the polynomial gives 2^-126
-        p = tl.inline_asm_elementwise(_EXP2_X4_CAPPED, "=r,=r,=r,=r,r,r,r,r", [x], dtype=tl.float32, is_pure=True,
-                                      pack=4)
-    else:
-        p = tl.math.exp2(x)
-    if len(l_i.shape) == 2:
-        p = p.to(v.dtype)
-        l_i = tl.dot(p, tl.full([p.shape[1], l_i.shape[1]], 1.0, v.dtype), l_i)
-    else:
-        l_i = l_i + tl.sum(p, 1)
-        p = p.to(v.dtype)
-    acc = tl.dot(p, v, acc)
+    p = tl.math.exp2(s * tl.cast(qk_scale, tl.float32) - m_i[:, None])
+    l_i = l_i + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc)
     return m_i, l_i, acc
 
 
@@ -456,7 +432,7 @@ def _kv_tile(K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh,
 @triton.jit
 def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, stride_kn, stride_vh, stride_vn,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr,
-                 FIXED: tl.constexpr = False, EXP_POLY: tl.constexpr = False):
+                 FIXED: tl.constexpr = False):
     """Fold keys [k_lo, k_hi) of `head` into (m_i, l_i, acc): whole tiles, then the
     partial one masked."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -467,7 +443,7 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
                         HEAD_DIM, BLOCK_N, TMA, False)
         s = tl.dot(q, tl.trans(k))
         if FIXED:
-            m_i, l_i, acc = _fixed_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_POLY)
+            m_i, l_i, acc = _fixed_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
         else:
             m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, False, LAZY=LAZY)
     if full_end < k_hi:
@@ -489,7 +465,6 @@ def _flash_fwd_balanced(
     n_q, n_heads, kv_lo, kv_hi, qk_scale, tails_per_spare, key_norm,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     TMA: tl.constexpr, TAIL_SETUP: tl.constexpr, LAZY: tl.constexpr = False, FIXED: tl.constexpr = False,
-    SUM_MMA: tl.constexpr = False, EXP_POLY: tl.constexpr = False,
 ):
     """`KernelConfig.balance`: programs 0 .. items-1 (one per row block and head, row blocks
     fastest, so that the programs of a head stream its keys together through L2) take the
@@ -517,17 +492,12 @@ def _flash_fwd_balanced(
         q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, False)
         if FIXED:
             m_i = _bound_reference(q, key_norm, qk_scale)
-            if SUM_MMA:
-                l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
         if TMA:
             q = q.to(K.dtype)
         else:
             q = q.to(K.dtype.element_ty)
         m_i, l_i, acc = _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale,
-                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, LAZY, FIXED,
-                                     EXP_POLY)
-        if FIXED and SUM_MMA:
-            l_i = tl.max(l_i, 1)  # 16 equal columns
+                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, LAZY, FIXED)
         _store_partial(ACC, ML, acc, m_i, l_i, share, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM)
 
 
@@ -663,10 +633,10 @@ def flash_attention(
     if launch is not None and config.tma:
         raise ValueError("launch wraps the pointer kernels only: use a config with tma=False")
     wrap = launch or (lambda kernel: kernel)
-    if config.balance and (splits > 1 or config.pipeline_qk or (config.exp_poly and key_norm is None)
-                           or config.exp_bf16x2 or config.tree_max or config.wide_sum):
+    if config.balance and (splits > 1 or config.pipeline_qk or config.exp_poly or config.exp_bf16x2
+                           or config.tree_max or config.wide_sum):
         raise ValueError("KernelConfig.balance runs the plain loop: it does not combine with splits, "
-                         "pipeline_qk, exp_poly (unless given key_norm), exp_bf16x2, tree_max or wide_sum")
+                         "pipeline_qk, exp_poly, exp_bf16x2, tree_max or wide_sum")
     balanced = balanced_grid(n_q, heads, q.device, config) if config.balance else None
     if balanced is not None:
         return _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, balanced, config, wrap, key_norm, repairs)
@@ -730,8 +700,7 @@ def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wra
         n_q, heads, lo, hi, _LOG2E / math.sqrt(dim), per_spare, float(key_norm or 0.0),
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         TMA=config.tma, TAIL_SETUP=config.tail_setup, LAZY=config.lazy_rescale, FIXED=fixed,
-        SUM_MMA=fixed and config.sum_by_mma, EXP_POLY=config.exp_poly,
-        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if fixed:
         merge = _merge_or_repair if config.tma else wrap(_merge_or_repair)
