@@ -2,13 +2,10 @@
 shape of the benchmark protocol, across tile configurations, against cuDNN SDPA and
 FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention.
 
-Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense | --balance | --lazy | --fixed]
+Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense | --balance | --fixed]
 
 --fixed: A/B of the running max against a reference point fixed from a bound on the keys'
 norms (`flash_attention(key_norm=...)`), with the row sums as adds or on the tensor cores.
-
---lazy: A/B of rescaling the accumulator on every tile against only when a row's max rises
-by more than 2^8 (`KernelConfig.lazy_rescale`), balanced and plain grids, from CUDA graphs.
 
 --balance: A/B of the plain grid and `KernelConfig.balance` (spare resident slots take the
 row blocks' key tails), TMA and pointer kernels, replayed from CUDA graphs.
@@ -88,21 +85,10 @@ def balance_ab(q, k, v, lo, nk, rounds=9):
     return configs_ab(q, k, v, lo, nk, configs, "balance ", rounds)
 
 
-def lazy_ab(q, k, v, lo, nk, rounds=9):
-    """The accumulator rescaled only when a row's max rises by more than 2^8
-    (`KernelConfig.lazy_rescale`) against on every tile, balanced and plain grids."""
-    configs = {}
-    for balance in (True, False):
-        for lazy in (False, True):
-            name = ("balanced" if balance else "plain") + ("_lazy" if lazy else "")
-            configs[name] = KernelConfig(tma=True, balance=balance, lazy_rescale=lazy)
-    return configs_ab(q, k, v, lo, nk, configs, "lazy ", rounds)
-
-
 def fixed_ab(q, k, v, lo, nk, rounds=7):
     """The running max against a reference point fixed in advance from a key-norm bound
-    (`flash_attention(key_norm=...)`), and around the fixed one: pipeline depth, key tiles
-    of 64, more programs a multiprocessor. Counts the row blocks computed again (none
+    (`flash_attention(key_norm=...)`), and around the fixed one: the balanced split point
+    (`tail_setup`), pipeline depth, key tiles of 64, more programs a multiprocessor. Counts the row blocks computed again (none
     expected: the bound is exact). Session 12 also swept polynomial exponentials, register
     caps and row sums on the tensor cores (commit 50ce322): none paid."""
     bound = float(k[:, lo:nk].float().norm(dim=-1).max())
@@ -115,6 +101,9 @@ def fixed_ab(q, k, v, lo, nk, rounds=7):
     configs = {
         "running": KernelConfig(tma=True, balance=True),
         "fixed": fixed(),
+        "fixed_setup3": fixed(tail_setup=3),
+        "fixed_setup7": fixed(tail_setup=7),
+        "fixed_setup9": fixed(tail_setup=9),
         "fixed_s2": fixed(num_stages=2),
         "fixed_n64": fixed(block_n=64),
         "fixed_n64_3sm": fixed(block_n=64, programs_per_sm=3),
@@ -197,7 +186,7 @@ def _save(res: dict, out_path: str | None) -> None:
 
 
 def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=False, exp_only=False,
-         softmax_only=False, dense_only=False, balance_only=False, lazy_only=False, fixed_only=False):
+         softmax_only=False, dense_only=False, balance_only=False, fixed_only=False):
     torch.manual_seed(0)
     if dense_only:
         res = {"dense_ab_us": dense_ab()}
@@ -215,10 +204,6 @@ def main(out_path=None, quick=False, tma_only=False, splits=False, range_only=Fa
     res = dict(nq=nq, nk=nk - lo, tflop=flops / 1e12)
     if fixed_only:
         res["fixed_ab_us"] = fixed_ab(q, k, v, lo, nk)
-        _save(res, out_path)
-        return
-    if lazy_only:
-        res["lazy_ab_us"] = lazy_ab(q, k, v, lo, nk)
         _save(res, out_path)
         return
     if balance_only:
@@ -296,4 +281,4 @@ if __name__ == "__main__":
     main(args[0] if args else None, quick="--quick" in sys.argv, tma_only="--tma" in sys.argv,
          splits="--splits" in sys.argv, range_only="--range" in sys.argv, exp_only="--exp" in sys.argv,
          softmax_only="--softmax" in sys.argv, dense_only="--dense" in sys.argv, balance_only="--balance" in sys.argv,
-         lazy_only="--lazy" in sys.argv, fixed_only="--fixed" in sys.argv)
+         fixed_only="--fixed" in sys.argv)

@@ -30,11 +30,6 @@ from ._kernel_args import check_qkv, key_bounds
 __all__ = ["flash_attention", "KernelConfig", "default_config"]
 
 _LOG2E = 1.4426950408889634
-_LAZY_SLACK = tl.constexpr(8.0)
-"""How far (base 2) a row's max may rise above the lazy reference point before it moves:
-exponentials stay at most 2^8 = 256, far inside fp32 and bf16 range for P, l and acc."""
-
-
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile sizes and launch parameters (tuned on an H200; see docs/BENCHMARKS.md)."""
@@ -63,15 +58,6 @@ class KernelConfig:
     """Row sums kept per column and summed once at the end (64 more registers a thread),
     instead of a serial chain of adds a tile that stalls the exponentials issued among it.
     Slower on an H200 (676.7 vs 648.3 µs): the chains were not what bounds the kernel."""
-    lazy_rescale: bool = False
-    """Keep each row's exponentials relative to a reference point that moves only when some
-    row's max has risen more than 2^8 above it, instead of rescaling l and the accumulator by
-    exp2(old max - new max) on every tile: then a tile's P.V adds onto the previous tile's
-    result without waiting for that product to finish first, to be rescaled (the
-    FlashAttention-4 idea). The same softmax: numerator and denominator share the reference
-    point and divide it out at the end. Slower on an H200 (779 vs 644 µs balanced, 809 vs
-    688 plain; docs/BENCHMARKS.md, session 11). Not profiled; the likely cost is the
-    decision itself, a reduction across the program's warps and a branch every tile."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
@@ -169,37 +155,16 @@ def _row_max(s, TREE: tl.constexpr):
 
 @triton.jit
 def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, EXP_BF16X2: tl.constexpr,
-                    EXP_POLY: tl.constexpr = False, TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
-                    LAZY: tl.constexpr = False):
+                    EXP_POLY: tl.constexpr = False, TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False):
     """Fold one tile of raw scores s [M, N] and its values v [N, D] into (m_i, l_i, acc).
     Scores are kept in base-2 units: m_i is the running max of s * qk_scale. With WIDE_SUM,
     l_i is [M, N]: per-column partial sums, summed once at the end (`_row_sums`), so no
-    per-tile chain of adds stalls the exponentials issued between them. With LAZY, m_i is
-    a reference point within `_LAZY_SLACK` of the running max (`KernelConfig.lazy_rescale`)."""
+    per-tile chain of adds stalls the exponentials issued between them."""
     if MASKED:
         s = tl.where(key_ok[None, :], s, float("-inf"))
     # fp32 whatever the caller's scalar is (torch.compile passes Python floats as fp64).
     qk_scale = tl.cast(qk_scale, tl.float32)
     m_new = tl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)
-    if LAZY:
-        # The reference point moves (and l_i, acc are rescaled) only when some row's max
-        # has risen by more than the slack; otherwise the tile's P.V adds onto the previous
-        # one's without waiting for it to be multiplied first.
-        if tl.max(m_new - m_i, 0) > _LAZY_SLACK:
-            alpha = tl.math.exp2(m_i - m_new)
-            if WIDE_SUM:
-                l_i = l_i * alpha[:, None]
-            else:
-                l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        p = _exp2(s * qk_scale - m_i[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
-        if WIDE_SUM:
-            l_i = l_i + p
-        else:
-            l_i = l_i + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        return m_i, l_i, acc
     p = _exp2(s * qk_scale - m_new[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
     alpha = tl.math.exp2(m_i - m_new)
     if WIDE_SUM:
@@ -325,7 +290,7 @@ def _flash_fwd(
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
-    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False, LAZY: tl.constexpr = False,
+    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
 ):
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
@@ -347,22 +312,22 @@ def _flash_fwd(
             for start in tl.range(lo + BLOCK_N, full_end, BLOCK_N):
                 s_next = tl.dot(q, tl.trans(tl.load(k_tile + start * stride_kn)))
                 v = tl.load(v_tile + (start - BLOCK_N) * stride_vn)
-                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM, LAZY)
+                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
                 s = s_next
             v = tl.load(v_tile + (full_end - BLOCK_N) * stride_vn)
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM, LAZY)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
     else:
         for start in tl.range(lo, full_end, BLOCK_N):
             k = tl.load(k_tile + start * stride_kn)
             v = tl.load(v_tile + start * stride_vn)
             s = tl.dot(q, tl.trans(k))
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM, LAZY)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
     if full_end < hi:
         key_ok = full_end + offs_n < hi
         k = tl.load(k_tile + full_end * stride_kn, mask=key_ok[:, None], other=0.0)
         v = tl.load(v_tile + full_end * stride_vn, mask=key_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM, LAZY)
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM)
     l_i = _row_sums(l_i, WIDE_SUM)
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
@@ -377,7 +342,7 @@ def _flash_fwd_tma(
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
-    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False, LAZY: tl.constexpr = False,
+    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
 ):
     """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
     head = tl.program_id(1)
@@ -393,14 +358,14 @@ def _flash_fwd_tma(
         k = k_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM, LAZY)
+        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
     if full_end < hi:
         # Rows past the descriptor's end read as zeros; keys in [hi, end) are masked.
         key_ok = full_end + offs_n < hi
         k = k_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM, LAZY)
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM)
     l_i = _row_sums(l_i, WIDE_SUM)
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
@@ -409,32 +374,36 @@ def _flash_fwd_tma(
 
 
 @triton.jit
+def _tile(X, head, start, offs_n, key_ok, stride_h, stride_n,
+          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr):
+    """Rows [start, start + BLOCK_N) of `head` in X, a tensor descriptor (TMA; rows past the
+    end read as zeros) or a pointer (masked loads)."""
+    if TMA:
+        x = X.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
+    else:
+        ptrs = X + head.to(tl.int64) * stride_h + (start + offs_n)[:, None] * stride_n + tl.arange(0, HEAD_DIM)[None, :]
+        if MASKED:
+            x = tl.load(ptrs, mask=key_ok[:, None], other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
 def _kv_tile(K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr):
-    """The K and V tiles of keys [start, start + BLOCK_N) of `head`: K, V are tensor
-    descriptors (TMA; rows past the end read as zeros) or pointers (masked loads)."""
-    if TMA:
-        k = K.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
-        v = V.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
-    else:
-        offs_d = tl.arange(0, HEAD_DIM)
-        k_ptrs = K + head.to(tl.int64) * stride_kh + (start + offs_n)[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = V + head.to(tl.int64) * stride_vh + (start + offs_n)[:, None] * stride_vn + offs_d[None, :]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+    """The K and V tiles of keys [start, start + BLOCK_N) of `head` (`_tile`)."""
+    k = _tile(K, head, start, offs_n, key_ok, stride_kh, stride_kn, HEAD_DIM, BLOCK_N, TMA, MASKED)
+    v = _tile(V, head, start, offs_n, key_ok, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, MASKED)
     return k, v
 
 
 @triton.jit
 def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, stride_kn, stride_vh, stride_vn,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
                  FIXED: tl.constexpr = False):
     """Fold keys [k_lo, k_hi) of `head` into (m_i, l_i, acc): whole tiles, then the
-    partial one masked."""
+    partial one masked. FIXED: m_i holds fixed reference points (`_fixed_softmax`)."""
     offs_n = tl.arange(0, BLOCK_N)
     full_end = k_lo + ((k_hi - k_lo) // BLOCK_N) * BLOCK_N
     all_keys = offs_n >= 0
@@ -445,7 +414,7 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
         if FIXED:
             m_i, l_i, acc = _fixed_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
         else:
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, False, LAZY=LAZY)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, False)
     if full_end < k_hi:
         key_ok = full_end + offs_n < k_hi
         k, v = _kv_tile(K, V, head, full_end, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
@@ -454,7 +423,7 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
         if FIXED:
             m_i, l_i, acc = _fixed_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True)
         else:
-            m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, False, LAZY=LAZY)
+            m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, False)
     return m_i, l_i, acc
 
 
@@ -464,7 +433,7 @@ def _flash_fwd_balanced(
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
     n_q, n_heads, kv_lo, kv_hi, qk_scale, tails_per_spare, key_norm,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    TMA: tl.constexpr, TAIL_SETUP: tl.constexpr, LAZY: tl.constexpr = False, FIXED: tl.constexpr = False,
+    TMA: tl.constexpr, TAIL_SETUP: tl.constexpr, FIXED: tl.constexpr = False,
 ):
     """`KernelConfig.balance`: programs 0 .. items-1 (one per row block and head, row blocks
     fastest, so that the programs of a head stream its keys together through L2) take the
@@ -497,7 +466,7 @@ def _flash_fwd_balanced(
         else:
             q = q.to(K.dtype.element_ty)
         m_i, l_i, acc = _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale,
-                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, LAZY, FIXED)
+                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, FIXED)
         _store_partial(ACC, ML, acc, m_i, l_i, share, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM)
 
 
@@ -610,14 +579,10 @@ def flash_attention(
     """
     heads, n_q, dim = q.shape
     config = config or default_config(q.device)
-    if key_norm is not None and (config.lazy_rescale or not key_norm > 0 or not math.isfinite(key_norm)):
-        raise ValueError(f"key_norm must be a positive finite float (got {key_norm}) and replaces lazy_rescale's "
-                         "moving reference point: use one of the two")
+    if key_norm is not None and not (key_norm > 0 and math.isfinite(key_norm)):
+        raise ValueError(f"key_norm must be a positive finite float (got {key_norm})")
     if repairs is not None and (repairs.shape != (1,) or repairs.dtype != torch.int32 or repairs.device != q.device):
         raise ValueError("repairs must be an int32 tensor of shape [1] on q's device")
-    if config.lazy_rescale and config.exp_poly:
-        raise ValueError("exp_poly's polynomial is built for exponents <= 0; lazy_rescale lets them reach 8: "
-                         "use one of the two")
     if (config.exp_poly or config.exp_bf16x2) and q.device.type != "cuda":
         raise ValueError("exp_poly and exp_bf16x2 are inline PTX: they need a CUDA device")
     check_qkv(q, k, v)
@@ -650,7 +615,7 @@ def flash_attention(
     meta = dict(
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         EXP_BF16X2=config.exp_bf16x2, EXP_POLY=config.exp_poly, SPLITS=splits,
-        TREE_MAX=config.tree_max, WIDE_SUM=config.wide_sum, LAZY=config.lazy_rescale,
+        TREE_MAX=config.tree_max, WIDE_SUM=config.wide_sum,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if config.tma:
@@ -699,7 +664,7 @@ def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wra
         q, k_arg, v_arg, range_arg, partial_acc, partial_ml, *strides,
         n_q, heads, lo, hi, _LOG2E / math.sqrt(dim), per_spare, float(key_norm or 0.0),
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        TMA=config.tma, TAIL_SETUP=config.tail_setup, LAZY=config.lazy_rescale, FIXED=fixed,
+        TMA=config.tma, TAIL_SETUP=config.tail_setup, FIXED=fixed,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if fixed:

@@ -53,12 +53,6 @@ def main() -> None:
         "tma_balanced_3_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=7),
         "balanced_8_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=12),
         "balanced_no_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=4),
-        # The reference point moves only when a row's max rises by more than 2^8.
-        "lazy": KernelConfig(block_m=16, block_n=32, lazy_rescale=True),
-        "tma_tree_wide_lazy_split3": KernelConfig(block_m=16, block_n=32, tma=True, tree_max=True, wide_sum=True,
-                                                  splits=3, lazy_rescale=True),
-        "tma_balanced_lazy_3_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=7,
-                                                  lazy_rescale=True),
     }
     report = {}
     for lo, hi in [(0, total), (13, 150), (40, 41), (0, 32), (5, 69), (31, 200)]:
@@ -85,8 +79,62 @@ def main() -> None:
         hooked = flash_attention(q, storage[0], storage[1], config=configs[name], launch=launch)
         report[f"launch_hook/{name}"] = {"equal": bool(torch.equal(plain, hooked))}
     report["launch_hook/wrapped"] = wrapped
-    print(json.dumps({"flash": report, "lazy": lazy_report(q, storage, configs), "fixed": fixed_report(q, storage),
+    print(json.dumps({"flash": report, "wide": wide_range_report(q, storage), "fixed": fixed_report(q, storage),
                       "rows": rows_report(storage)}))
+
+
+def fixed_report(q: torch.Tensor, storage: torch.Tensor) -> dict:
+    """The balanced grid with a fixed reference point (`key_norm`): error against float64
+    and row blocks recomputed, for a right estimate of the longest key, a far too large one
+    (every weight underflows: all recomputed), and keys 30x longer than a far too small
+    estimate (the weights overflow: recomputed), over several key ranges."""
+    from mapstream.attention.triton_flash import KernelConfig, flash_attention
+
+    configs = {
+        "balanced_3_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=7),
+        "tma_balanced_8_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=12),
+    }
+    report = {}
+    for keys, k in (("plain", storage[0]), ("long", storage[0] * 30.0)):
+        longest = float(k.norm(dim=-1).max())
+        estimates = {"right": longest, "too_large": 1e4} if keys == "plain" else {"too_small": 1.0}
+        for lo, hi in [(0, 200), (13, 150), (40, 41), (5, 69)]:
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.double(), k[:, lo:hi].double(), storage[1, :, lo:hi].double()
+            )
+            for name, config in configs.items():
+                for estimate, key_norm in estimates.items():
+                    repairs = torch.zeros(1, dtype=torch.int32)
+                    out = flash_attention(q, k, storage[1], kv_range=torch.tensor([lo, hi], dtype=torch.int32),
+                                          config=config, key_norm=key_norm, repairs=repairs)
+                    report[f"{keys}/{name}/{estimate}/{lo}-{hi}"] = {
+                        "err": float((out.double() - ref).norm() / ref.norm()), "repairs": int(repairs),
+                    }
+    return report
+
+
+def wide_range_report(q: torch.Tensor, storage: torch.Tensor) -> dict:
+    """Scores that rise by far more than fp32's range of exponentials from tile to tile (and,
+    reversed, fall): the running max must rescale many times, and a fixed reference point
+    from the right key-norm bound must hold every weight that counts in range (the rest of
+    each row's keys weigh 2^-40 or less). Error against float64 and row blocks recomputed."""
+    from mapstream.attention.triton_flash import KernelConfig, flash_attention
+
+    report = {}
+    ramp = torch.linspace(0.2, 12.0, storage.shape[2])[None, :, None]
+    configs = {"plain": KernelConfig(block_m=16, block_n=32),
+               "balanced_3_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=7),
+               "tma_balanced_8_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=12)}
+    for order, scale in (("rising", ramp), ("falling", ramp.flip(1))):
+        k, v = storage[0] * scale, storage[1]
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+        for name, config in configs.items():
+            repairs = torch.zeros(1, dtype=torch.int32)
+            hint = dict(key_norm=float(k.norm(dim=-1).max()), repairs=repairs) if config.balance else {}
+            out = flash_attention(q, k, v, config=config, **hint)
+            report[f"{order}/{name}"] = {"err": float((out.double() - ref).norm() / ref.norm()),
+                                         "repairs": int(repairs) if hint else None}
+    return report
 
 
 def fixed_report(q: torch.Tensor, storage: torch.Tensor) -> dict:
