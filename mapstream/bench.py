@@ -182,6 +182,9 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         "steady_ms_max": max(steady),
         "phase1_ms": phase1,
         "peak_memory_gib": peak / 2**30,
+        # Row blocks the fixed-reference attention had to compute again, per global block
+        # (docs/BENCHMARKS.md, session 12): all zero when the key-norm bounds are tight.
+        "key_norm_repairs": model.aggregator.key_norm_hints.repaired_blocks(),
     }
     if cfg.stage_breakdown and not cfg.fast:  # stages are timed on the eager path only
         timer = _StageTimer()

@@ -5,20 +5,33 @@ tensors (views into the cache; order of keys is irrelevant, there is no mask). I
 sees or changes cache bookkeeping. Backends state what they cannot do through
 `unsupported_reasons`, so a selector can explain its choice.
 
-Every call takes an optional `key_norm`: an estimate of the longest key's Euclidean norm,
-which a caller knows when its keys leave a LayerNorm (qk-norm; `layers.layer_norm_bound`).
-It is a hint: a backend may use it to save work (ours fixes each row's softmax reference
-point in advance), the result stays the same to rounding, and a wrong estimate may cost
-time, never accuracy. Backends that cannot use it ignore it.
+Every call takes an optional `key_norm` (`KeyNormHint`): an estimate of the longest key's
+Euclidean norm, which a caller knows when its keys leave a LayerNorm (qk-norm;
+`layers.layer_norm_bound`). It is a hint: a backend may use it to save work (ours fixes each
+row's softmax reference point in advance), the result stays the same to rounding, and a
+wrong estimate may cost time, never accuracy; the hint's counter says how often it did.
+Backends that cannot use it ignore it.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-__all__ = ["AttentionBackend"]
+__all__ = ["AttentionBackend", "KeyNormHint"]
+
+
+@dataclass(frozen=True)
+class KeyNormHint:
+    """What a caller knows about the keys of an attention call. `bound`: an estimate of the
+    longest key's Euclidean norm. `repairs`: an int32 tensor [1] on the keys' device, or
+    None, that a backend using the bound adds to for every block of query rows it had to
+    compute again because the estimate put their softmax weights out of range."""
+
+    bound: float
+    repairs: torch.Tensor | None = None
 
 
 class AttentionBackend(ABC):
@@ -34,12 +47,12 @@ class AttentionBackend(ABC):
         """Why this backend cannot run on `device` with `dtype` (empty list: it can)."""
 
     @abstractmethod
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: float | None = None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: KeyNormHint | None = None) -> torch.Tensor:
         """q [1, H, Nq, D], k/v [1, H, Nk, D] (any strides with a unit last stride) ->
         out [1, H, Nq, D] in q's dtype, scale 1/sqrt(D), no mask."""
 
     def attend_into(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *, key_norm: float | None = None
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *, key_norm: KeyNormHint | None = None
     ) -> torch.Tensor:
         """`attend` with the result stored in `out` [1, H, Nq, D] (any strides), which is
         returned: a replayed CUDA graph that reads `out` then needs no copy of the result.
@@ -47,7 +60,7 @@ class AttentionBackend(ABC):
         return out.copy_(self.attend(q, k, v, key_norm=key_norm))
 
     def attend_range(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor, *, key_norm: float | None = None
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor, *, key_norm: KeyNormHint | None = None
     ) -> torch.Tensor:
         """Attention over keys [lo, hi) of k/v [1, H, T, D], with (lo, hi) = kv_range, an int
         tensor [2] on the device (no host sync, graph-safe). Same result as

@@ -10,7 +10,7 @@ import importlib.util
 
 import torch
 
-from .backend import AttentionBackend
+from .backend import AttentionBackend, KeyNormHint
 
 __all__ = ["FlashInferBackend"]
 
@@ -35,7 +35,7 @@ class FlashInferBackend(AttentionBackend):
 
         self._fi = flashinfer
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: float | None = None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: KeyNormHint | None = None) -> torch.Tensor:
         # FlashInfer takes one request without a batch axis: q [Nq, H, D] (NHD), k/v in HND.
         dtype = k.dtype
         out = self._fi.single_prefill_with_kv_cache(

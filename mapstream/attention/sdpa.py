@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .backend import AttentionBackend
+from .backend import AttentionBackend, KeyNormHint
 
 __all__ = ["SDPABackend"]
 
@@ -27,7 +27,7 @@ class SDPABackend(AttentionBackend):
     def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:
         return []
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: float | None = None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: KeyNormHint | None = None) -> torch.Tensor:
         # Compute in the cache's dtype: casting q is cheap, casting the cache is not.
         if q.dtype != k.dtype:
             q = q.to(k.dtype)

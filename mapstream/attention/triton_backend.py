@@ -10,7 +10,7 @@ import importlib.util
 
 import torch
 
-from .backend import AttentionBackend
+from .backend import AttentionBackend, KeyNormHint
 
 __all__ = ["TritonBackend", "TritonRowsBackend"]
 
@@ -33,16 +33,18 @@ class _KernelBackend(AttentionBackend):
     def __init__(self, kernel) -> None:
         self._kernel = kernel
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: float | None = None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: KeyNormHint | None = None) -> torch.Tensor:
         return self._one_sequence(q, k, v, None, key_norm)
 
     def attend_range(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor, *, key_norm: float | None = None
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_range: torch.Tensor, *, key_norm: KeyNormHint | None = None
     ) -> torch.Tensor:
         return self._one_sequence(q, k, v, kv_range, key_norm)
 
-    def _hints(self, key_norm: float | None) -> dict:
-        return {"key_norm": key_norm} if self.takes_key_norm and key_norm is not None else {}
+    def _hints(self, key_norm: KeyNormHint | None) -> dict:
+        if not self.takes_key_norm or key_norm is None:
+            return {}
+        return {"key_norm": key_norm.bound, "repairs": key_norm.repairs}
 
     def _one_sequence(self, q, k, v, kv_range, key_norm) -> torch.Tensor:
         if q.shape[0] != 1:
@@ -71,7 +73,7 @@ class TritonBackend(_KernelBackend):
         super().__init__(flash_attention)
 
     def attend_into(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *, key_norm: float | None = None
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *, key_norm: KeyNormHint | None = None
     ) -> torch.Tensor:
         token_major = out[0].transpose(0, 1)  # the kernel's output layout: [Nq, H, D] storage
         if q.shape[0] != 1 or out.shape != q.shape or not token_major.is_contiguous():

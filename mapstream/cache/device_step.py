@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.backend import AttentionBackend
+from ..attention.backend import AttentionBackend, KeyNormHint
 from .frame_write import write_frame_kv
 from .manager import CacheStateError, Step
 
@@ -57,7 +57,7 @@ class DeviceStep:
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: AttentionBackend,
-        *, key_norm: float | None = None,
+        *, key_norm: KeyNormHint | None = None,
     ) -> torch.Tensor:
         """Write this frame's k, v [1, H, P, D] of `layer` and attend q [1, H, P, D] to the
         visible range (`key_norm`: the backend's hint). Only device tensors steer it: safe

@@ -105,7 +105,7 @@ class _KeyedPiece:
     def for_key(self, key) -> _Piece:
         if self.piece is None or key != self.key:
             if self.piece is not None:
-                log.debug("%s: cache storage moved, capturing again", self.what)
+                log.debug("%s: what its graph holds changed (cache storage, hints), capturing again", self.what)
             self.piece = _Piece(self.fn, self.capture, self.pool)
             self.key = key
         return self.piece
@@ -154,6 +154,7 @@ class GraphedStep:
             self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
             self._whole = _KeyedPiece(self._whole_step, capture, self.pool, "whole step")
             self._backend = None
+            self._key_norms: list = []
         else:
             self.attended: list[torch.Tensor | None] = [None] * c.depth
             self.pieces = [self._first_piece]
@@ -288,8 +289,7 @@ class GraphedStep:
     # ------------------------------------------------------------------ whole-step mode
     def _whole_step(self) -> tuple:
         """Everything after graph 0, whose static outputs it starts from."""
-        backend = self._backend
-        key_norms = self.agg.key_norms()  # captured as kernel arguments
+        backend, key_norms = self._backend, self._key_norms  # captured as kernel arguments
         layers = self.agg.run_layers(
             self._first_piece.outputs,
             lambda i, q, k, v: self.agg_device_step.attend(i, q, k, v, backend, key_norm=key_norms[i]),
@@ -336,9 +336,11 @@ class GraphedStep:
     def _call_whole(self, state, store: bool, backend) -> dict[str, torch.Tensor]:
         with self._open_step(state.aggregator, store) as (agg_step,), self._open_camera_steps(state, store):
             self.agg_device_step.prepare(agg_step)
-            # A graph holds the storage addresses and the backend it was captured with.
-            self._backend = backend
-            key = (self.agg_device_step.storage_ptr, self.camera_device_step.storage_ptr, type(backend))
+            # A graph holds the storage addresses, the backend and the key-norm hints (bounds
+            # and counters) it was captured with.
+            self._backend, self._key_norms = backend, self.agg.key_norms()
+            hints = tuple(None if h is None else (h.bound, h.repairs.data_ptr()) for h in self._key_norms)
+            key = (self.agg_device_step.storage_ptr, self.camera_device_step.storage_ptr, type(backend), hints)
             heads, poses = self._whole.for_key(key)()
         out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
         if poses is not None:

@@ -18,10 +18,11 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..attention import AttentionBackend, SDPABackend
+from ..attention import AttentionBackend, KeyNormHint, SDPABackend
 from ..cache import CacheSpec, CacheStateError, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
 from ..config import CacheConfig, ModelConfig
 from ..layers import Block, PatchEmbedViT, Rotary, patch_positions_2d, rope2d, rope3d, token_positions_3d
+from .key_norms import KeyNormHints
 
 __all__ = ["AggregatorStream", "aggregator_cache_spec", "kv_dtype", "Trace"]
 
@@ -104,19 +105,12 @@ class AggregatorStream(nn.Module):
         self.pools = pools if pools is not None else PoolRegistry()
         self.kv_cache = self.new_cache()
         self.backend: AttentionBackend = SDPABackend()
-        self._key_norms: tuple[tuple, list[float | None]] | None = None
+        self.key_norm_hints = KeyNormHints(self.global_blocks)
 
-    def key_norms(self) -> list[float | None]:
-        """Each global block's key-norm hint for its cache attention (`Attention.key_norm_bound`).
-        Computing them reads the parameters (a device sync), so they are kept until a k_norm
-        parameter moves or is written in place (PyTorch counts every in-place write in a
-        tensor's version, load_state_dict's included). Stale values would cost time only."""
-        params = [p for block in self.global_blocks if block.attn.k_norm is not None
-                  for p in block.attn.k_norm.parameters()]
-        key = tuple((p.data_ptr(), p._version) for p in params)
-        if self._key_norms is None or self._key_norms[0] != key:
-            self._key_norms = (key, [block.attn.key_norm_bound() for block in self.global_blocks])
-        return self._key_norms[1]
+    def key_norms(self) -> list[KeyNormHint | None]:
+        """Each global block's key-norm hint for its cache attention of the next step
+        (`KeyNormHints`; call outside CUDA graph capture)."""
+        return self.key_norm_hints.current()
 
     @property
     def patch_start_idx(self) -> int:

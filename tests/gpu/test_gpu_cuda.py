@@ -643,3 +643,70 @@ def test_fixed_reference_point_matches_fp64_and_is_repaired_in_a_graph(kv_len, e
             assert done == blocks, (lo, hi, done)
         else:
             assert 0 < done <= blocks, (lo, hi, done)
+
+
+def _bf16_triton_model():
+    model = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map")).cuda().eval().cast_for_inference("bf16")
+    model.set_backend("triton")
+    return model
+
+
+def test_fast_path_fixes_the_cache_attentions_reference_point_without_repairs_on_real_photos():
+    """With the Triton backend every cache attention of a streaming step is handed its global
+    block's key-norm bound and runs the fixed-reference kernel (its merge `_merge_or_repair`
+    once a layer in the profile of a step); on real photos no row block had to be computed
+    again, so the bound is tight enough for the speed it was built for."""
+    from mapstream.layers import layer_norm_bound
+
+    model = _bf16_triton_model()
+    depth = model.config.depth
+    backend = model.attention_backend(torch.device("cuda"), torch.bfloat16)
+    hints = []
+    kernel = backend._kernel
+
+    def spied(*args, **kwargs):
+        hints.append(kwargs.get("key_norm"))
+        return kernel(*args, **kwargs)
+
+    backend._kernel = spied
+    images = _photos().cuda()
+    with model.session(num_scale_frames=4, precision="bf16", fast=True) as s:
+        for frame in images[:-1]:
+            s.step(frame)
+        torch.cuda.synchronize()
+        _, calls = _profiled(lambda: s.step(images[-1]))
+    bounds = [layer_norm_bound(block.attn.k_norm) for block in model.aggregator.global_blocks]
+    # The scale block (4 frames at once) and 8 single frames, every layer with its bound.
+    assert hints == bounds * (1 + len(images) - 4), hints[:depth]
+    assert calls.get("_merge_or_repair", 0) == depth and "_merge_splits" not in calls, calls
+    assert model.aggregator.key_norm_hints.repaired_blocks() == [0] * depth
+
+
+@pytest.mark.parametrize("fast", [True, "whole"], ids=["pieces", "whole-step"])
+def test_a_key_norm_bound_far_too_loose_is_repaired_then_withdrawn(monkeypatch, fast):
+    """Global block 3 given a bound 1000x too large: its first fixed-reference calls compute
+    every row block again (counted), the next steps give it the running max (one
+    `_merge_splits` among the `_merge_or_repair`s of a step, the whole-step graph captured
+    again), and the predictions equal those of a model with the right bounds."""
+    from mapstream.layers.block import Attention
+
+    images = _photos().cuda()
+    want = _stream(_bf16_triton_model(), images, "bf16", fast=fast)
+    model = _bf16_triton_model()
+    loose = model.aggregator.global_blocks[3].attn
+    right = Attention.key_norm_bound
+    monkeypatch.setattr(Attention, "key_norm_bound", lambda self: right(self) * (1000.0 if self is loose else 1.0))
+    depth = model.config.depth
+    with model.session(num_scale_frames=4, keyframe_interval=1, precision="bf16", fast=fast) as s:
+        got = [p for frame in images[:-1] for p in s.step(frame)]
+        torch.cuda.synchronize()
+        last, calls = _profiled(lambda: s.step(images[-1]))
+    got += last
+    repaired = model.aggregator.key_norm_hints.repaired_blocks()
+    assert repaired[3] > 0 and repaired[:3] + repaired[4:] == [0] * (depth - 1), repaired
+    assert calls.get("_merge_splits", 0) == 1 and calls.get("_merge_or_repair", 0) == depth - 1, calls
+    assert len(got) == len(images)
+    pose = torch.stack([p.pose_enc for p in got])
+    depth_map = torch.stack([p.depth for p in got])
+    assert _rel(pose.cpu(), want["pose_enc"][0].cpu()) < 1e-2
+    assert _rel(depth_map.cpu(), want["depth"][0, ..., 0].cpu()) < 1e-2
