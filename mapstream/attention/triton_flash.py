@@ -473,13 +473,15 @@ def _flash_fwd_balanced(
 @triton.jit
 def _bound_reference(q, key_norm, qk_scale):
     """Each row's fixed reference point (base 2): the Cauchy-Schwarz bound |q| * key_norm *
-    scale of its scores when no key is longer than key_norm. Any point within about 2^80
-    of the row's true max gives the same softmax to rounding; `_merge_or_repair` checks."""
+    scale of its scores when no key is longer than key_norm. A point up to about 85 (base
+    2) above the row's true max gives the same softmax to rounding; `_merge_or_repair`
+    checks."""
     q = q.to(tl.float32)
     return tl.sqrt(tl.sum(q * q, 1)) * (tl.cast(key_norm, tl.float32) * tl.cast(qk_scale, tl.float32))
 
 
-_DEN_LOW = tl.constexpr(2.0 ** -64)
+_NORMAL_SPAN = tl.constexpr(102.0)
+"""fp32's normal range below 1 (2^-126), less the 24 bits of a weight that still count."""
 _DEN_HIGH = tl.constexpr(2.0 ** 64)
 
 
@@ -492,12 +494,15 @@ def _merge_or_repair(
     TMA: tl.constexpr, COUNT: tl.constexpr,
 ):
     """The balanced call's merge when its shares used a fixed reference point. A row whose
-    denominator (relative to that point) came out below 2^-64, above 2^64 or NaN was
-    computed too far from its true max: its weights may have lost range (underflow) or
-    overflowed. Then this program's row block is computed again from scratch with the
-    online softmax (and REPAIRS counted, when COUNT). Otherwise the two shares add up:
-    the bound keeps every weight at most 2^(few), and a denominator of at least 2^-64 puts
-    the row's max within 2^81 of the point, so every weight that counts is a normal float."""
+    denominator (its weights' sum, relative to that point) came out too small, above 2^64 or
+    NaN was computed too far from its true max: its weights may have lost range (underflow)
+    or overflowed. Then this program's row block is computed again from scratch with the
+    running max (and REPAIRS counted, when COUNT). Otherwise the two shares add up. "Too
+    small": below 2^-102 n, for n keys. A sum of at least that puts the largest of n
+    weights at 2^-102 or more, so every weight within 2^-24 of it (all that count in fp32)
+    is at least 2^-126, a normal float that the exponential does not flush to 0; and a
+    reference point from a true bound keeps every weight at most 1 (an estimate too small
+    shows as the sum's overflow)."""
     head = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -510,13 +515,14 @@ def _merge_or_repair(
     w0 = tl.math.exp2(m0 - m)
     w1 = tl.math.exp2(m1 - m)
     den = w0 * tl.load(ML + rows0 * 2 + 1, mask=row_ok, other=0.0) + w1 * tl.load(ML + rows1 * 2 + 1, mask=row_ok, other=0.0)
-    in_range = (den >= _DEN_LOW) & (den < _DEN_HIGH)
+    lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
+    den_low = tl.math.exp2(tl.log2(tl.maximum(hi - lo, 1).to(tl.float32)) - _NORMAL_SPAN)
+    in_range = (den >= den_low) & (den < _DEN_HIGH)
     if tl.min(tl.where(row_ok, in_range, True).to(tl.int32), 0) == 1:
         num = w0[:, None] * tl.load(ACC + rows0[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         num += w1[:, None] * tl.load(ACC + rows1[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         _finish_rows(O, num, den, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
-        lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
         q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, False)
         if TMA:
             q = q.to(K.dtype)
