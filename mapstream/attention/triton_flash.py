@@ -12,7 +12,10 @@ slower on Hopper. This kernel
   projection wants, so the usual transpose + copy disappears.
 
 The loop splits full key tiles (no masking) from the one partial tail tile. Softmax runs in
-base 2 with the 1/sqrt(D) scale folded into one fused multiply-add per score.
+base 2 with the 1/sqrt(D) scale folded into one fused multiply-add per score. Given a bound
+on the keys' norms (`key_norm`), the balanced grid fixes each row's reference point in
+advance instead of tracking the running max, and its merge checks the result
+(`_merge_or_repair`).
 
 `TRITON_INTERPRET=1` runs the same kernel on CPU tensors (used by the tests).
 """
@@ -30,6 +33,8 @@ from ._kernel_args import check_qkv, key_bounds
 __all__ = ["flash_attention", "KernelConfig", "default_config"]
 
 _LOG2E = 1.4426950408889634
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile sizes and launch parameters (tuned on an H200; see docs/BENCHMARKS.md)."""
@@ -577,7 +582,7 @@ def flash_attention(
     launch: wraps the (pointer, non-TMA) kernels before launching them, e.g. with
     `torch.library.wrap_triton` inside a `triton_op` that torch.compile traces.
     key_norm: an estimate of the longest key's Euclidean norm (keys after a LayerNorm have
-    one, see `layers.norm_bound`). The balanced grid then sets each row's softmax reference
+    one, see `layers.layer_norm_bound`). The balanced grid then sets each row's softmax reference
     point in advance, from |q| * key_norm, instead of tracking the running max, and its
     merge checks every row, computing again with the running max any row block that came
     out of range: a poor estimate costs time, never accuracy. Other grids ignore it.
