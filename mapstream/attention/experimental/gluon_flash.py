@@ -7,6 +7,11 @@ programs already share each multiprocessor. It is the base for the other half of
 FlashAttention-3's schedule: two consumer warp groups in ping-pong fed by a TMA producer warp
 (`gl.warp_specialize`). Written against Triton 3.6's Gluon API, which is still experimental.
 
+`_gluon_fixed_fwd` (`key_norm=`) is the same loop with each row's softmax reference point fixed
+in advance, as `triton_flash` does with a key-norm hint (session 12, docs/BENCHMARKS.md):
+586 µs with each P @ V waited for (the Triton kernel: 570), 716 µs with P @ V left in flight
+through the next softmax, so again no gain from overlap inside one program.
+
 The `tl` kernel (`triton_flash.py`) issues each tile's chain —
 scores, softmax, P @ V — in order, so the tensor cores idle during the softmax and the
 exponential units idle during the matrix products (Nsight Compute: tensor pipe 48 % busy,
