@@ -433,6 +433,24 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
 
 
 @triton.jit
+def _attend_rows(Q, K, V, head, offs_m, row_ok, k_lo, k_hi, qk_scale, key_norm,
+                 stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+                 FIXED: tl.constexpr):
+    """(m_i, l_i, acc) of query rows offs_m of `head` over keys [k_lo, k_hi): with FIXED, each
+    row's reference point fixed from key_norm (`_bound_reference`), else the running max."""
+    q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, False)
+    if FIXED:
+        m_i = _bound_reference(q, key_norm, qk_scale)
+    if TMA:
+        q = q.to(K.dtype)
+    else:
+        q = q.to(K.dtype.element_ty)
+    return _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale,
+                        stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, FIXED)
+
+
+@triton.jit
 def _flash_fwd_balanced(
     Q, K, V, RANGE, ACC, ML,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
@@ -463,15 +481,9 @@ def _flash_fwd_balanced(
         head = item // row_blocks
         offs_m = (item % row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
-        q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, False)
-        if FIXED:
-            m_i = _bound_reference(q, key_norm, qk_scale)
-        if TMA:
-            q = q.to(K.dtype)
-        else:
-            q = q.to(K.dtype.element_ty)
-        m_i, l_i, acc = _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale,
-                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, FIXED)
+        m_i, l_i, acc = _attend_rows(Q, K, V, head, offs_m, row_ok, k_lo, k_hi, qk_scale, key_norm,
+                                     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
+                                     HEAD_DIM, BLOCK_M, BLOCK_N, TMA, FIXED)
         _store_partial(ACC, ML, acc, m_i, l_i, share, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM)
 
 
@@ -528,13 +540,9 @@ def _merge_or_repair(
         num += w1[:, None] * tl.load(ACC + rows1[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         _finish_rows(O, num, den, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
-        q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, False)
-        if TMA:
-            q = q.to(K.dtype)
-        else:
-            q = q.to(K.dtype.element_ty)
-        m_i, l_i, acc = _attend_keys(q, K, V, head, lo, hi, m_i, l_i, acc, qk_scale,
-                                     stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, False)
+        m_i, l_i, acc = _attend_rows(Q, K, V, head, offs_m, row_ok, lo, hi, qk_scale, 0.0,
+                                     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
+                                     HEAD_DIM, BLOCK_M, BLOCK_N, TMA, False)
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
         if COUNT:
             tl.atomic_add(REPAIRS, 1)

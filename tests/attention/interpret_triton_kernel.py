@@ -83,33 +83,42 @@ def main() -> None:
                       "rows": rows_report(storage)}))
 
 
+def _hinted(q, k, v, config, key_norm: float | None, kv_range=None) -> dict:
+    """One call with a key-norm hint (none for None): error against float64, row blocks
+    computed again."""
+    from mapstream.attention.triton_flash import flash_attention
+
+    lo, hi = (0, k.shape[1]) if kv_range is None else kv_range
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k[:, lo:hi].double(), v[:, lo:hi].double())
+    repairs = torch.zeros(1, dtype=torch.int32)
+    hint = {} if key_norm is None else dict(key_norm=key_norm, repairs=repairs)
+    rng = None if kv_range is None else torch.tensor(kv_range, dtype=torch.int32)
+    out = flash_attention(q, k, v, kv_range=rng, config=config, **hint)
+    return {"err": float((out.double() - ref).norm() / ref.norm()), "repairs": int(repairs) if hint else None}
+
+
+_BALANCED = {
+    "balanced_3_spare": dict(block_m=16, block_n=32, balance=True, slots=7),
+    "tma_balanced_8_spare": dict(block_m=16, block_n=32, tma=True, balance=True, slots=12),
+}
+
+
 def fixed_report(q: torch.Tensor, storage: torch.Tensor) -> dict:
     """The balanced grid with a fixed reference point (`key_norm`): error against float64
     and row blocks recomputed, for a right estimate of the longest key, a far too large one
     (every weight underflows: all recomputed), and keys 30x longer than a far too small
     estimate (the weights overflow: recomputed), over several key ranges."""
-    from mapstream.attention.triton_flash import KernelConfig, flash_attention
+    from mapstream.attention.triton_flash import KernelConfig
 
-    configs = {
-        "balanced_3_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=7),
-        "tma_balanced_8_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=12),
-    }
     report = {}
     for keys, k in (("plain", storage[0]), ("long", storage[0] * 30.0)):
         longest = float(k.norm(dim=-1).max())
         estimates = {"right": longest, "too_large": 1e4} if keys == "plain" else {"too_small": 1.0}
         for lo, hi in [(0, 200), (13, 150), (40, 41), (5, 69)]:
-            ref = torch.nn.functional.scaled_dot_product_attention(
-                q.double(), k[:, lo:hi].double(), storage[1, :, lo:hi].double()
-            )
-            for name, config in configs.items():
+            for name, options in _BALANCED.items():
                 for estimate, key_norm in estimates.items():
-                    repairs = torch.zeros(1, dtype=torch.int32)
-                    out = flash_attention(q, k, storage[1], kv_range=torch.tensor([lo, hi], dtype=torch.int32),
-                                          config=config, key_norm=key_norm, repairs=repairs)
-                    report[f"{keys}/{name}/{estimate}/{lo}-{hi}"] = {
-                        "err": float((out.double() - ref).norm() / ref.norm()), "repairs": int(repairs),
-                    }
+                    report[f"{keys}/{name}/{estimate}/{lo}-{hi}"] = _hinted(
+                        q, k, storage[1], KernelConfig(**options), key_norm, (lo, hi))
     return report
 
 
@@ -118,72 +127,15 @@ def wide_range_report(q: torch.Tensor, storage: torch.Tensor) -> dict:
     reversed, fall): the running max must rescale many times, and a fixed reference point
     from the right key-norm bound must hold every weight that counts in range (the rest of
     each row's keys weigh 2^-40 or less). Error against float64 and row blocks recomputed."""
-    from mapstream.attention.triton_flash import KernelConfig, flash_attention
-
-    report = {}
-    ramp = torch.linspace(0.2, 12.0, storage.shape[2])[None, :, None]
-    configs = {"plain": KernelConfig(block_m=16, block_n=32),
-               "balanced_3_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=7),
-               "tma_balanced_8_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=12)}
-    for order, scale in (("rising", ramp), ("falling", ramp.flip(1))):
-        k, v = storage[0] * scale, storage[1]
-        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
-        for name, config in configs.items():
-            repairs = torch.zeros(1, dtype=torch.int32)
-            hint = dict(key_norm=float(k.norm(dim=-1).max()), repairs=repairs) if config.balance else {}
-            out = flash_attention(q, k, v, config=config, **hint)
-            report[f"{order}/{name}"] = {"err": float((out.double() - ref).norm() / ref.norm()),
-                                         "repairs": int(repairs) if hint else None}
-    return report
-
-
-def fixed_report(q: torch.Tensor, storage: torch.Tensor) -> dict:
-    """The balanced grid with a fixed reference point (`key_norm`): error against float64
-    and row blocks recomputed, for a right estimate of the longest key, a far too large one
-    (every weight underflows: all recomputed), and keys 30x longer than a far too small
-    estimate (the weights overflow: recomputed), over several key ranges."""
-    from mapstream.attention.triton_flash import KernelConfig, flash_attention
-
-    configs = {
-        "balanced_3_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=7),
-        "tma_balanced_8_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=12),
-    }
-    report = {}
-    for keys, k in (("plain", storage[0]), ("long", storage[0] * 30.0)):
-        longest = float(k.norm(dim=-1).max())
-        estimates = {"right": longest, "too_large": 1e4} if keys == "plain" else {"too_small": 1.0}
-        for lo, hi in [(0, 200), (13, 150), (40, 41), (5, 69)]:
-            ref = torch.nn.functional.scaled_dot_product_attention(
-                q.double(), k[:, lo:hi].double(), storage[1, :, lo:hi].double()
-            )
-            for name, config in configs.items():
-                for estimate, key_norm in estimates.items():
-                    repairs = torch.zeros(1, dtype=torch.int32)
-                    out = flash_attention(q, k, storage[1], kv_range=torch.tensor([lo, hi], dtype=torch.int32),
-                                          config=config, key_norm=key_norm, repairs=repairs)
-                    report[f"{keys}/{name}/{estimate}/{lo}-{hi}"] = {
-                        "err": float((out.double() - ref).norm() / ref.norm()), "repairs": int(repairs),
-                    }
-    return report
-
-
-def lazy_report(q: torch.Tensor, storage: torch.Tensor, configs: dict) -> dict:
-    """Lazy rescaling where it must move its reference point: keys whose scores rise by far
-    more than 2^8 from tile to tile (and, reversed, fall), so that some tiles move it, some
-    keep a stale one, and the rest of each row's keys weigh 2^-40 or less."""
-    import dataclasses
-
-    from mapstream.attention.triton_flash import flash_attention
+    from mapstream.attention.triton_flash import KernelConfig
 
     report = {}
     ramp = torch.linspace(0.2, 12.0, storage.shape[2])[None, :, None]
     for order, scale in (("rising", ramp), ("falling", ramp.flip(1))):
-        k, v = storage[0] * scale, storage[1]
-        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
-        for name in ("plain", "lazy", "tma_tree_wide_lazy_split3", "tma_balanced_lazy_3_spare"):
-            for lazy in {configs[name].lazy_rescale, True}:
-                out = flash_attention(q, k, v, config=dataclasses.replace(configs[name], lazy_rescale=lazy))
-                report[f"{order}/{name}/lazy{lazy}"] = float((out.double() - ref).norm() / ref.norm())
+        k = storage[0] * scale
+        report[f"{order}/plain"] = _hinted(q, k, storage[1], KernelConfig(block_m=16, block_n=32), None)
+        for name, options in _BALANCED.items():
+            report[f"{order}/{name}"] = _hinted(q, k, storage[1], KernelConfig(**options), float(k.norm(dim=-1).max()))
     return report
 
 

@@ -7,7 +7,7 @@ programs already share each multiprocessor. It is the base for the other half of
 FlashAttention-3's schedule: two consumer warp groups in ping-pong fed by a TMA producer warp
 (`gl.warp_specialize`). Written against Triton 3.6's Gluon API, which is still experimental.
 
-`_gluon_fixed_fwd` (`key_norm=`) is the same loop with each row's softmax reference point fixed
+With `key_norm=` (FIXED) it is the same loop with each row's softmax reference point fixed
 in advance, as `triton_flash` does with a key-norm hint (session 12, docs/BENCHMARKS.md):
 586 µs with each P @ V waited for (the Triton kernel: 570), 716 µs with P @ V left in flight
 through the next softmax, so again no gain from overlap inside one program.
@@ -64,12 +64,26 @@ def _fold_tile(s, m_i, l_i, acc, qk_scale, row_o: gl.constexpr, p_layout: gl.con
 
 
 @gluon.jit
+def _fold_fixed(s, m_i, l_i, qk_scale, p_layout: gl.constexpr, dtype: gl.constexpr):
+    """One tile's weights against the fixed reference points m_i: the row sums, and P as
+    the register operand of the P @ V product."""
+    p = gl.exp2(s * qk_scale - m_i[:, None])
+    return l_i + gl.sum(p, 1), gl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
 def _gluon_flash_fwd(
     Q, k_desc, v_desc, O, RANGE,
     stride_qh, stride_qn, stride_on, stride_oh,
-    n_q, keys_per_head, qk_scale,
+    n_q, keys_per_head, qk_scale, key_norm,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    FIXED: gl.constexpr, PV_IN_FLIGHT: gl.constexpr,
 ):
+    """FIXED: each row's softmax reference point fixed in advance from |q| * key_norm (as
+    `triton_flash`'s balanced grid does with a key-norm hint): no row max, no rescale.
+    PV_IN_FLIGHT (with FIXED): an iteration waits only for the next scores, so that its
+    P @ V runs on through the next softmax (P's registers stay reserved until the next
+    wait: the product reads them); a tile's slot is then refilled one iteration later."""
     head = gl.program_id(1)
     m_start = gl.program_id(0) * BLOCK_M
     lo = gl.load(RANGE)
@@ -92,6 +106,11 @@ def _gluon_flash_fwd(
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, io_layout))
     q_ptrs = Q + head * stride_qh + rows[:, None] * stride_qn + cols[None, :]
     q = gl.load(q_ptrs, mask=(rows < n_q)[:, None], other=0.0).to(k_desc.dtype)
+    if FIXED:
+        q32 = q.to(gl.float32)
+        m_i = gl.convert_layout(gl.sqrt(gl.sum(q32 * q32, 1)) * (key_norm * qk_scale), row_s)
+    else:
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     q_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_M, HEAD_DIM], q_smem_layout, value=q)
 
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -106,7 +125,6 @@ def _gluon_flash_fwd(
     for i in gl.static_range(STAGES):
         _issue_tile(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, row0, i, n_tiles, BLOCK_N, STAGES)
 
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -114,6 +132,8 @@ def _gluon_flash_fwd(
     # Scores of tile 0.
     mbarrier.wait(k_bars.index(0), 0)
     s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False)
+    if PV_IN_FLIGHT:
+        p_old = gl.zeros([BLOCK_M, BLOCK_N], v_desc.dtype, layout=p_layout)  # P of the product in flight
 
     for j in range(0, n_full):
         # Scores of the next tile (the last full tile recomputes itself when no tail follows),
@@ -123,99 +143,11 @@ def _gluon_flash_fwd(
         mbarrier.wait(k_bars.index(nslot), (nxt // STAGES) & 1)
         s_next = warpgroup_mma(q_smem, k_ring.index(nslot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
 
-        m_i, l_i, acc, p_op = _fold_tile(s, m_i, l_i, acc, qk_scale, row_o, p_layout, v_desc.dtype)
+        if FIXED:
+            l_i, p_op = _fold_fixed(s, m_i, l_i, qk_scale, p_layout, v_desc.dtype)
+        else:
+            m_i, l_i, acc, p_op = _fold_tile(s, m_i, l_i, acc, qk_scale, row_o, p_layout, v_desc.dtype)
 
-        slot = j % STAGES
-        mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_ring.index(slot), acc, is_async=True)
-        acc, s = warpgroup_mma_wait(0, deps=[acc, s_next])
-        # Both of tile j's buffers are consumed: refill the slot with tile j + STAGES.
-        _issue_tile(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, row0, j + STAGES, n_tiles, BLOCK_N, STAGES)
-
-    if n_full < n_tiles:
-        # The partial last tile: `s` holds its scores; keys at or past `hi` are masked.
-        key = n_full * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = gl.where((key < n_keys)[None, :], s, float("-inf"))
-        m_i, l_i, acc, p_op = _fold_tile(s, m_i, l_i, acc, qk_scale, row_o, p_layout, v_desc.dtype)
-        slot = n_full % STAGES
-        mbarrier.wait(v_bars.index(slot), (n_full // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_ring.index(slot), acc)
-
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
-
-    out = acc / gl.convert_layout(gl.where(l_i > 0, l_i, 1.0), row_o)[:, None]
-    out = gl.convert_layout(out.to(O.dtype.element_ty), io_layout)
-    o_ptrs = O + rows[:, None] * stride_on + head * stride_oh + cols[None, :]
-    gl.store(o_ptrs, out, mask=(rows < n_q)[:, None])
-
-
-@gluon.jit
-def _gluon_fixed_fwd(
-    Q, k_desc, v_desc, O, RANGE,
-    stride_qh, stride_qn, stride_on, stride_oh,
-    n_q, keys_per_head, qk_scale, key_norm,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    PV_IN_FLIGHT: gl.constexpr,
-):
-    """The same attention with each row's softmax reference point fixed in advance from
-    |q| * key_norm (as `triton_flash`'s balanced grid does with a key-norm hint): no row max
-    and no rescale. Each iteration issues S_{j+1}, computes P_j while it runs, and issues
-    P_j V_j. PV_IN_FLIGHT: then waits only for S_{j+1}, so that P_j V_j runs on through the
-    next softmax (P_j's registers stay reserved until the next wait: the product reads
-    them); otherwise it waits for both."""
-    head = gl.program_id(1)
-    m_start = gl.program_id(0) * BLOCK_M
-    lo = gl.load(RANGE)
-    hi = gl.load(RANGE + 1)
-    n_keys = hi - lo
-    n_tiles = gl.cdiv(n_keys, BLOCK_N)
-    n_full = n_keys // BLOCK_N
-    row0 = head * keys_per_head + lo
-
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    q_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-    rows = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, io_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, io_layout))
-    q_ptrs = Q + head * stride_qh + rows[:, None] * stride_qn + cols[None, :]
-    q = gl.load(q_ptrs, mask=(rows < n_q)[:, None], other=0.0).to(k_desc.dtype)
-    q32 = q.to(gl.float32)
-    m_i = gl.convert_layout(gl.sqrt(gl.sum(q32 * q32, 1)) * (key_norm * qk_scale), row_s)
-    q_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_M, HEAD_DIM], q_smem_layout, value=q)
-
-    k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-    fence_async_shared()
-    for i in gl.static_range(STAGES):
-        _issue_tile(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, row0, i, n_tiles, BLOCK_N, STAGES)
-
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-
-    mbarrier.wait(k_bars.index(0), 0)
-    s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False)
-    p_old = gl.zeros([BLOCK_M, BLOCK_N], v_desc.dtype, layout=p_layout)  # P of the product in flight
-    for j in range(0, n_full):
-        nxt = gl.minimum(j + 1, n_tiles - 1)
-        nslot = nxt % STAGES
-        mbarrier.wait(k_bars.index(nslot), (nxt // STAGES) & 1)
-        s_next = warpgroup_mma(q_smem, k_ring.index(nslot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        p = gl.exp2(s * qk_scale - m_i[:, None])
-        l_i += gl.sum(p, 1)
-        p_op = gl.convert_layout(p.to(v_desc.dtype), p_layout)
         slot = j % STAGES
         mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_ring.index(slot), acc, is_async=True)
@@ -229,15 +161,19 @@ def _gluon_fixed_fwd(
                             STAGES)
         else:
             acc, s = warpgroup_mma_wait(0, deps=[acc, s_next])
+            # Both of tile j's buffers are consumed: refill the slot with tile j + STAGES.
             _issue_tile(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, row0, j + STAGES, n_tiles, BLOCK_N, STAGES)
-    acc, p_old = warpgroup_mma_wait(0, deps=[acc, p_old])
+    if PV_IN_FLIGHT:
+        acc, p_old = warpgroup_mma_wait(0, deps=[acc, p_old])
 
     if n_full < n_tiles:
+        # The partial last tile: `s` holds its scores; keys at or past `hi` are masked.
         key = n_full * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = gl.where((key < n_keys)[None, :], s, float("-inf"))
-        p = gl.exp2(s * qk_scale - m_i[:, None])
-        l_i += gl.sum(p, 1)
-        p_op = gl.convert_layout(p.to(v_desc.dtype), p_layout)
+        if FIXED:
+            l_i, p_op = _fold_fixed(s, m_i, l_i, qk_scale, p_layout, v_desc.dtype)
+        else:
+            m_i, l_i, acc, p_op = _fold_tile(s, m_i, l_i, acc, qk_scale, row_o, p_layout, v_desc.dtype)
         slot = n_full % STAGES
         mbarrier.wait(v_bars.index(slot), (n_full // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_ring.index(slot), acc)
@@ -259,8 +195,8 @@ def gluon_flash_attention(
 ) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(D)) v over keys [kv_range[0], kv_range[1]) — see module docstring.
     The range must not be empty (the kernel would wait for a tile that is never loaded).
-    key_norm: the longest key's norm (at most): fixed reference points (`_gluon_fixed_fwd`),
-    unchecked (a measurement kernel: `triton_flash` checks and repairs)."""
+    key_norm: the longest key's norm (at most): fixed reference points (FIXED), unchecked (a
+    measurement kernel: `triton_flash` checks and repairs); pv_in_flight: see PV_IN_FLIGHT."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     heads, n_q, dim = q.shape
@@ -272,13 +208,13 @@ def gluon_flash_attention(
     k_desc = TensorDescriptor.from_tensor(k.reshape(heads * keys, dim), [block_n, dim], layout)
     v_desc = TensorDescriptor.from_tensor(v.reshape(heads * keys, dim), [block_n, dim], layout)
     grid = (-(-n_q // block_m), heads)
-    args = (q, k_desc, v_desc, out, kv_range, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            n_q, keys, _LOG2E / math.sqrt(dim))
-    meta = dict(HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, num_warps=4)
-    if key_norm is None:
-        _gluon_flash_fwd[grid](*args, **meta)
-    else:
-        if stages < 3 and pv_in_flight:  # a tile's slot is refilled one iteration after its P @ V is issued
-            raise ValueError("the fixed-reference kernel with P @ V in flight needs stages >= 3")
-        _gluon_fixed_fwd[grid](*args, float(key_norm), PV_IN_FLIGHT=pv_in_flight, **meta)
+    fixed = key_norm is not None
+    if fixed and pv_in_flight and stages < 3:  # a tile's slot is refilled one iteration after its P @ V is issued
+        raise ValueError("the fixed-reference kernel with P @ V in flight needs stages >= 3")
+    _gluon_flash_fwd[grid](
+        q, k_desc, v_desc, out, kv_range, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        n_q, keys, _LOG2E / math.sqrt(dim), float(key_norm or 0.0),
+        HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, FIXED=fixed, PV_IN_FLIGHT=fixed and pv_in_flight,
+        num_warps=4,
+    )
     return out.transpose(0, 1)
