@@ -593,7 +593,9 @@ def flash_attention(
     one, see `layers.layer_norm_bound`). The balanced grid then sets each row's softmax reference
     point in advance, from |q| * key_norm, instead of tracking the running max, and its
     merge checks every row, computing again with the running max any row block that came
-    out of range: a poor estimate costs time, never accuracy. Other grids ignore it.
+    out of range: a poor estimate costs time, never accuracy. Other grids ignore it, and so
+    do fp16 K/V: the weights may lie far below 1 (to 2^-102), and P, rounded to K/V's dtype
+    for the P.V product, keeps that range in bf16 and fp32 but not in fp16 (2^-24).
     repairs: an int32 tensor [1] on q's device that counts the row blocks computed again.
     """
     heads, n_q, dim = q.shape
@@ -605,6 +607,8 @@ def flash_attention(
     if (config.exp_poly or config.exp_bf16x2) and q.device.type != "cuda":
         raise ValueError("exp_poly and exp_bf16x2 are inline PTX: they need a CUDA device")
     check_qkv(q, k, v)
+    if k.dtype == torch.float16:
+        key_norm = repairs = None
     if out is None:
         out = torch.empty(n_q, heads, dim, device=q.device, dtype=q.dtype)
     elif out.shape != (n_q, heads, dim) or out.stride(-1) != 1:

@@ -107,7 +107,8 @@ def fixed_report(q: torch.Tensor, storage: torch.Tensor) -> dict:
     """The balanced grid with a fixed reference point (`key_norm`): error against float64
     and row blocks recomputed, for a right estimate of the longest key, a far too large one
     (every weight underflows: all recomputed), and keys 30x longer than a far too small
-    estimate (the weights overflow: recomputed), over several key ranges."""
+    estimate (the weights overflow: recomputed), over several key ranges. fp16 K/V ignore
+    the hint (their P could not hold the weights' range): nothing recomputed."""
     from mapstream.attention.triton_flash import KernelConfig
 
     report = {}
@@ -119,6 +120,9 @@ def fixed_report(q: torch.Tensor, storage: torch.Tensor) -> dict:
                 for estimate, key_norm in estimates.items():
                     report[f"{keys}/{name}/{estimate}/{lo}-{hi}"] = _hinted(
                         q, k, storage[1], KernelConfig(**options), key_norm, (lo, hi))
+    half = storage.half()
+    report["half/balanced_3_spare/too_large/13-150"] = _hinted(
+        q.half(), half[0], half[1], KernelConfig(**_BALANCED["balanced_3_spare"]), 1e4, (13, 150))
     return report
 
 

@@ -61,6 +61,8 @@ def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
     # weight underflows), and some with the far too small one (a lone key's score may stay
     # in range, so all four only over the longer ranges).
     fixed = reports["fixed"]
+    half = fixed.pop("half/balanced_3_spare/too_large/13-150")
+    assert half["repairs"] == 0 and half["err"] < 5e-3, half  # fp16: the hint ignored
     assert len(fixed) == 4 * 2 * 3
     for case, row in fixed.items():
         assert row["err"] < 1e-5, (case, row)
