@@ -89,6 +89,14 @@ class PagePool:
         self._chunks: list[_Chunk | None] = []
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        # A copy (copy.deepcopy of a model) gets its own lock; locks cannot be copied.
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def bytes_per_page(self) -> int:
         k = self.key
@@ -162,6 +170,9 @@ class PoolRegistry:
     def __init__(self) -> None:
         self._pools: dict[StorageKey, PagePool] = {}
         self._lock = threading.Lock()
+
+    __getstate__ = PagePool.__getstate__
+    __setstate__ = PagePool.__setstate__
 
     def get(self, key: StorageKey) -> PagePool:
         with self._lock:

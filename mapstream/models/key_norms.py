@@ -54,6 +54,13 @@ class KeyNormHints:
             for i, bound in enumerate(self._bounds)
         ]
 
+    def __getstate__(self) -> dict:
+        # A copy (copy.deepcopy of the model) starts afresh: the counters, the pending copy's
+        # event and the pinned memory belong to this object's work on the device.
+        state = dict(self.__dict__)
+        state.update(_key=None, _bounds=[], _repairs=None, _seen=None, _copied=None, _withdrawn=set())
+        return state
+
     def repaired_blocks(self) -> list[int]:
         """Row blocks computed again so far, per global block (waits for the GPU)."""
         self._refresh()

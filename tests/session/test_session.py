@@ -512,3 +512,24 @@ def test_a_key_norm_hint_that_needed_repairs_is_withdrawn_with_a_warning(model, 
         weight.mul_(1.0)  # an in-place write: the bounds and counters start again
     fresh = model.aggregator.key_norms()
     assert all(h is not None for h in fresh) and hints.repaired_blocks() == [0] * len(fresh)
+
+
+def test_a_deep_copied_model_computes_the_same_and_shares_nothing(model):
+    """copy.deepcopy of a model that has run (its page pools hold storage, its key-norm hints
+    have counters): the copy predicts the same, leases from its own pools and keeps its own
+    hints."""
+    import copy
+
+    frames = frames_of(5, seed=31)
+    with model.session(num_scale_frames=2) as s:
+        want = s.run_frames(frames)
+    twin = copy.deepcopy(model)
+    assert twin.aggregator.pools is not model.aggregator.pools
+    before = [pool.stats() for pool in model.aggregator.pools.pools()]
+    with twin.session(num_scale_frames=2) as s:
+        got = s.run_frames(frames)
+        assert [pool.stats() for pool in model.aggregator.pools.pools()] == before
+    for a, b in zip(got, want):
+        assert torch.equal(a.pose_enc, b.pose_enc) and torch.equal(a.depth, b.depth)
+    twin.aggregator.key_norms()[0].repairs.add_(1)
+    assert model.aggregator.key_norm_hints.repaired_blocks()[0] == 0
