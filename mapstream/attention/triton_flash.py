@@ -267,12 +267,21 @@ def _merge_splits(
     ACC, ML, O, stride_on, stride_oh, n_q, n_heads,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr,
 ):
-    """out = sum_s 2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s with m = max_s m_s; an empty
-    share has m_s = -inf and weighs nothing."""
+    """out = sum_s 2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s with m = max_s m_s."""
     head = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < n_q
+    num, den = _merged_shares(ACC, ML, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM, BLOCK_M, SPLITS)
+    _finish_rows(O, num, den, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
+
+
+@triton.jit
+def _merged_shares(ACC, ML, head, n_heads, offs_m, row_ok, n_q,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr):
+    """(sum_s 2^(m_s - m) acc_s, sum_s 2^(m_s - m) l_s) of rows offs_m of `head` over the
+    SPLITS shares stored by `_store_partial`, with m = max_s m_s; an empty share has
+    m_s = -inf and weighs nothing."""
+    offs_d = tl.arange(0, HEAD_DIM)
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     for share in tl.static_range(SPLITS):
         rows = (share * n_heads + head).to(tl.int64) * n_q + offs_m
@@ -285,7 +294,7 @@ def _merge_splits(
         w = tl.math.exp2(tl.load(ML + rows * 2, mask=row_ok, other=0.0) - m)
         den += w * tl.load(ML + rows * 2 + 1, mask=row_ok, other=0.0)
         num += w[:, None] * tl.load(ACC + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    _finish_rows(O, num, den, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
+    return num, den
 
 
 @triton.jit
@@ -522,22 +531,12 @@ def _merge_or_repair(
     shows as the sum's overflow)."""
     head = tl.program_id(1)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < n_q
-    rows0 = head.to(tl.int64) * n_q + offs_m
-    rows1 = (n_heads + head).to(tl.int64) * n_q + offs_m
-    m0 = tl.load(ML + rows0 * 2, mask=row_ok, other=0.0)
-    m1 = tl.load(ML + rows1 * 2, mask=row_ok, other=0.0)
-    m = tl.maximum(m0, m1)
-    w0 = tl.math.exp2(m0 - m)
-    w1 = tl.math.exp2(m1 - m)
-    den = w0 * tl.load(ML + rows0 * 2 + 1, mask=row_ok, other=0.0) + w1 * tl.load(ML + rows1 * 2 + 1, mask=row_ok, other=0.0)
+    num, den = _merged_shares(ACC, ML, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM, BLOCK_M, 2)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     den_low = tl.math.exp2(tl.log2(tl.maximum(hi - lo, 1).to(tl.float32)) - _NORMAL_SPAN)
     in_range = (den >= den_low) & (den < _DEN_HIGH)
     if tl.min(tl.where(row_ok, in_range, True).to(tl.int32), 0) == 1:
-        num = w0[:, None] * tl.load(ACC + rows0[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        num += w1[:, None] * tl.load(ACC + rows1[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         _finish_rows(O, num, den, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
         m_i, l_i, acc = _attend_rows(Q, K, V, head, offs_m, row_ok, lo, hi, qk_scale, 0.0,
