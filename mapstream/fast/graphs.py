@@ -154,7 +154,7 @@ class GraphedStep:
             self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
             self._whole = _KeyedPiece(self._whole_step, capture, self.pool, "whole step")
             self._backend = None
-            self._key_norms: list = []
+            self._key_norms: tuple = ()
         else:
             self.attended: list[torch.Tensor | None] = [None] * c.depth
             self.pieces = [self._first_piece]

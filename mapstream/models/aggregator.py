@@ -107,7 +107,7 @@ class AggregatorStream(nn.Module):
         self.backend: AttentionBackend = SDPABackend()
         self.key_norm_hints = KeyNormHints(self.global_blocks)
 
-    def key_norms(self) -> list[KeyNormHint | None]:
+    def key_norms(self) -> tuple[KeyNormHint | None, ...]:
         """Each global block's key-norm hint for its cache attention of the next step
         (`KeyNormHints`; call outside CUDA graph capture)."""
         return self.key_norm_hints.current()

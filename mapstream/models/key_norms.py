@@ -43,22 +43,25 @@ class KeyNormHints:
         self._seen: torch.Tensor | None = None  # a host copy of it (pinned on CUDA)
         self._copied: torch.cuda.Event | None = None
         self._withdrawn: set[int] = set()
+        self._hints: tuple[KeyNormHint | None, ...] | None = None  # built again when bounds or withdrawals change
 
-    def current(self) -> list[KeyNormHint | None]:
+    def current(self) -> tuple[KeyNormHint | None, ...]:
         """The hints for the next step (None: no qk-norm, or withdrawn). Call outside CUDA
         graph capture: it queues a copy of the counters."""
         self._refresh()
         self._read_counters()
-        return [
-            None if bound is None or i in self._withdrawn else KeyNormHint(bound, self._repairs[i : i + 1])
-            for i, bound in enumerate(self._bounds)
-        ]
+        if self._hints is None:
+            self._hints = tuple(
+                None if bound is None or i in self._withdrawn else KeyNormHint(bound, self._repairs[i : i + 1])
+                for i, bound in enumerate(self._bounds)
+            )
+        return self._hints
 
     def __getstate__(self) -> dict:
         # A copy (copy.deepcopy of the model) starts afresh: the counters, the pending copy's
         # event and the pinned memory belong to this object's work on the device.
         state = dict(self.__dict__)
-        state.update(_key=None, _bounds=[], _repairs=None, _seen=None, _copied=None, _withdrawn=set())
+        state.update(_key=None, _bounds=[], _repairs=None, _seen=None, _copied=None, _withdrawn=set(), _hints=None)
         return state
 
     def repaired_blocks(self) -> list[int]:
@@ -81,6 +84,7 @@ class KeyNormHints:
         self._seen = torch.zeros(len(self._blocks), dtype=torch.int32, pin_memory=device.type == "cuda")
         self._copied = None
         self._withdrawn = set()
+        self._hints = None
 
     def _read_counters(self) -> None:
         if self._repairs.device.type != "cuda":
@@ -99,6 +103,7 @@ class KeyNormHints:
         for i, count in enumerate(counts.tolist()):
             if count > 0 and i not in self._withdrawn:
                 self._withdrawn.add(i)
+                self._hints = None
                 log.warning(
                     "global block %d: its key-norm bound %.3g left %d row block(s) of its cache attention out of "
                     "range; it goes back to the running max (the bound is too loose for these weights)",
