@@ -5,7 +5,7 @@ FlashInfer fa2 (CUDA). Also checks every configuration against float64 attention
 Usage: python scripts/bench_triton_attention.py [OUT.json] [--quick | --tma | --splits | --range | --exp | --softmax | --dense | --balance | --fixed]
 
 --fixed: A/B of the running max against a reference point fixed from a bound on the keys'
-norms (`flash_attention(key_norm=...)`), with the row sums as adds or on the tensor cores.
+norms (`flash_attention(key_norm=...)`), and configurations around the fixed one.
 
 --balance: A/B of the plain grid and `KernelConfig.balance` (spare resident slots take the
 row blocks' key tails), TMA and pointer kernels, replayed from CUDA graphs.
@@ -88,8 +88,8 @@ def balance_ab(q, k, v, lo, nk, rounds=9):
 def fixed_ab(q, k, v, lo, nk, rounds=7):
     """The running max against a reference point fixed in advance from a key-norm bound
     (`flash_attention(key_norm=...)`), and around the fixed one: the balanced split point
-    (`tail_setup`), pipeline depth, key tiles of 64, more programs a multiprocessor. Counts the row blocks computed again (none
-    expected: the bound is exact). Session 12 also swept polynomial exponentials, register
+    (`tail_setup`), pipeline depth, key tiles of 64, more programs a multiprocessor. Counts
+    the row blocks computed again (none expected: the bound is exact). Session 12 also swept polynomial exponentials, register
     caps and row sums on the tensor cores (commit 50ce322): none paid."""
     bound = float(k[:, lo:nk].float().norm(dim=-1).max())
     repairs = torch.zeros(1, device="cuda", dtype=torch.int32)

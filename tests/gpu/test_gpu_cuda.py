@@ -607,7 +607,6 @@ def test_fixed_reference_point_matches_fp64_and_is_repaired_in_a_graph(kv_len, e
     with torch.no_grad():
         norm.weight.copy_(1.0 + 0.3 * torch.randn(dim, device="cuda", generator=g))
         norm.bias.copy_(0.1 * torch.randn(dim, device="cuda", generator=g))
-    with torch.no_grad():
         k = norm(torch.randn(heads, kv_len + 300, dim, device="cuda", generator=g)).to(torch.bfloat16)
         q = norm(torch.randn(heads, n_q, dim, device="cuda", generator=g)).to(torch.bfloat16)
     v = torch.randn(heads, kv_len + 300, dim, device="cuda", generator=g, dtype=torch.bfloat16)
