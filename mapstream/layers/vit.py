@@ -59,13 +59,31 @@ class PatchEmbedViT(nn.Module):
             Block(dim, num_heads, mlp_ratio=mlp_ratio, norm_eps=1e-6) for _ in range(depth)
         )
         self.norm = nn.LayerNorm(dim, eps=1e-6)
+        # Resized embeddings per (grid, dtype, device), each valid for one value of the stored
+        # grid (its storage and version counter): the resize was ~15 kernels and ~85 µs of
+        # every frame's step on an H200 (docs/BENCHMARKS.md, session 13). Not a buffer, so not
+        # in the state dict; bounded like the DPT head's position embeddings.
+        self._resized: dict[tuple, torch.Tensor] = {}
 
     def position_embedding(self, grid_h: int, grid_w: int, dtype: torch.dtype) -> torch.Tensor:
         """cls + patch positional embedding for a grid_h x grid_w patch grid: [1, 1 + h*w, dim].
 
         The stored square grid is resized with antialiased bicubic interpolation (PIL-style
-        filter), exactly to (grid_h, grid_w); a grid of the stored size is used as is.
+        filter), exactly to (grid_h, grid_w); a grid of the stored size is used as is. Without
+        autograd the result is kept and served again until the stored grid changes.
         """
+        pos = self.pos_embed
+        if torch.is_grad_enabled() and pos.requires_grad:
+            return self._resize_positions(grid_h, grid_w, dtype)
+        key = (grid_h, grid_w, dtype, pos.device, pos.data_ptr(), pos._version)
+        kept = self._resized.get(key)
+        if kept is None:
+            if len(self._resized) >= 8:  # a stream of ever-new sizes must not grow memory
+                self._resized.clear()
+            kept = self._resized[key] = self._resize_positions(grid_h, grid_w, dtype)
+        return kept
+
+    def _resize_positions(self, grid_h: int, grid_w: int, dtype: torch.dtype) -> torch.Tensor:
         pos = self.pos_embed
         if grid_h == self.pos_grid and grid_w == self.pos_grid:
             return pos.to(dtype)

@@ -244,3 +244,23 @@ def test_layer_norm_bound_holds_for_any_input_and_is_nearly_reached():
     assert float(y[-1].norm()) >= 0.9 * bound
     norm.bias = None
     assert layer_norm_bound(norm) == pytest.approx(dim ** 0.5 * float(norm.weight.abs().max()))
+
+
+def test_vit_keeps_its_resized_position_embedding_until_the_stored_grid_changes():
+    from mapstream.layers.vit import PatchEmbedViT
+
+    vit = PatchEmbedViT(img_size=56, patch_size=14, dim=8, depth=1, num_heads=2, num_registers=1)
+    with torch.no_grad():
+        vit.pos_embed.normal_()
+        first = vit.position_embedding(3, 5, torch.float32)
+        assert vit.position_embedding(3, 5, torch.float32) is first  # resized once
+        assert torch.equal(first, vit._resize_positions(3, 5, torch.float32))
+        assert vit.position_embedding(4, 4, torch.float32) is vit.pos_embed  # the stored grid as is
+        vit.pos_embed.mul_(2)  # new weights (as load_state_dict copies them): resized again
+        again = vit.position_embedding(3, 5, torch.float32)
+        torch.testing.assert_close(again, 2 * first)
+        for w in range(6, 30):  # a stream of ever-new sizes
+            vit.position_embedding(3, w, torch.float32)
+        assert len(vit._resized) <= 8
+    # With autograd the embedding is a function of the parameter, never a kept tensor.
+    assert vit.position_embedding(3, 5, torch.float32).grad_fn is not None
