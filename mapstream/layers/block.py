@@ -5,7 +5,9 @@
 
 The attention step is split in two (`attention_inputs`, `attention_output`) so that a
 caller that owns a KV cache can run the attention itself between them; `forward` is plain
-self-attention over the tokens it is given.
+self-attention over the tokens it is given. Each linear layer runs with its norm before it or
+its residual add after it through `row_linear`, which for a single row (the camera head's
+token) is one kernel and otherwise exactly the composition written above.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ..attention.dense import dense_attention
 from .heads import qkv_heads
 from .linear_gelu import linear_gelu
 from .rope import Rotary
+from .row_linear import linear_residual, norm_linear
 
 __all__ = ["Attention", "Block", "LayerScale", "Mlp", "layer_norm_bound"]
 
@@ -34,6 +37,11 @@ def layer_norm_bound(norm: nn.LayerNorm) -> float:
         if norm.bias is not None:
             bound += float(norm.bias.detach().float().norm())
     return bound
+
+
+def merge_heads(out: torch.Tensor) -> torch.Tensor:
+    """Attention output [B, heads, N, head_dim] -> [B, N, heads * head_dim]."""
+    return out.transpose(1, 2).flatten(-2)
 
 
 class LayerScale(nn.Module):
@@ -82,11 +90,15 @@ class Attention(nn.Module):
 
     def heads(self, x: torch.Tensor, rotary: Rotary | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, N, dim] -> q, k, v [B, heads, N, head_dim] (q, k normalised and rotated)."""
-        return qkv_heads(self.qkv(x), self.num_heads, self.q_norm, self.k_norm, rotary)
+        return self.split_heads(self.qkv(x), rotary)
+
+    def split_heads(self, qkv: torch.Tensor, rotary: Rotary | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The projection qkv [B, N, 3 * dim] -> q, k, v [B, heads, N, head_dim]."""
+        return qkv_heads(qkv, self.num_heads, self.q_norm, self.k_norm, rotary)
 
     def merge(self, out: torch.Tensor) -> torch.Tensor:
         """Attention output [B, heads, N, head_dim] -> projected [B, N, dim]."""
-        return self.proj(out.transpose(1, 2).flatten(-2))
+        return self.proj(merge_heads(out))
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
         q, k, v = self.heads(x, rotary)
@@ -120,12 +132,13 @@ class Block(nn.Module):
         self, x: torch.Tensor, rotary: Rotary | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v [B, heads, N, head_dim] of x [B, N, dim] (for attention run by the caller)."""
-        return self.attn.heads(self.norm1(x), rotary)
+        return self.attn.split_heads(norm_linear(x, self.norm1, self.attn.qkv), rotary)
 
     def attention_output(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Finish the block given the attention result [B, heads, N, head_dim] for x."""
-        x = x + self.ls1(self.attn.merge(attended))
+        x = linear_residual(merge_heads(attended), self.attn.proj, x, self.ls1.gamma)
         return self.feed_forward(x)
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.ls2(self.mlp(self.norm2(x)))
+        hidden = norm_linear(x, self.norm2, self.mlp.fc1, gelu=True)
+        return linear_residual(hidden, self.mlp.fc2, x, self.ls2.gamma)

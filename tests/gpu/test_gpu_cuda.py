@@ -166,6 +166,49 @@ def test_camera_head_attention_is_one_rows_kernel_a_call_and_never_cudnn(dtype):
     assert not [name for name in kernels if "cudnn" in name.lower()]
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_camera_trunk_block_of_one_token_is_four_row_linear_kernels(dtype, compiled):
+    """A camera-head trunk block (2048 wide, one token) around a stand-in attention: its four
+    products each run as one row-linear kernel with the norm before and the GELU or the
+    scaled residual after it (no cuBLAS, no elementwise kernels), eager and inside
+    torch.compile, within float (fp32) or bf16 rounding of `plain_pytorch()`'s composition."""
+    from mapstream.attention import plain_pytorch
+    from mapstream.layers import Block
+
+    torch.manual_seed(0)
+    block = Block(2048, 16, norm_eps=1e-5, layer_scale_init=0.01).cuda().eval()
+    with torch.no_grad():
+        for norm in (block.norm1, block.norm2):
+            torch.nn.init.normal_(norm.weight, 1.0, 0.3)
+            torch.nn.init.normal_(norm.bias, 0.0, 0.3)
+        block.ls1.gamma.normal_(0.0, 0.5)
+        block.ls2.gamma.normal_(0.0, 0.5)
+    block = block.to(dtype)
+    x = (torch.randn(1, 1, 2048, device="cuda") * 2 + 0.5).to(dtype)
+
+    def run(b):
+        q, k, v = b.attention_inputs(x)
+        return b.attention_output(x, q * 0.5 + v)  # any [B, H, 1, D] in place of the attention
+
+    with torch.no_grad():
+        with plain_pytorch():
+            want = run(block)
+        fn = run
+        if compiled:
+            inputs, output = block.attention_inputs, block.attention_output
+            block.attention_inputs = torch.compile(inputs, dynamic=False)
+            block.attention_output = torch.compile(output, dynamic=False)
+        fn(block)
+        got, kernels = _profiled(lambda: fn(block))
+    assert sum(n for name, n in kernels.items() if "_row_linear_fwd" in name) == 4, kernels
+    assert not [name for name in kernels if "gemv" in name.lower() or "gemm" in name.lower()], kernels
+    err = _rel(got, want)
+    _report(f"camera_trunk_block_row_linear_{str(dtype)[6:]}_{'compiled' if compiled else 'eager'}", err)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    assert err < (1e-5 if dtype == torch.float32 else 1e-2), err
+
+
 @pytest.mark.parametrize("splits", [None, 1, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_kernel_matches_float64_and_follows_a_device_range_in_a_graph(dtype, splits):

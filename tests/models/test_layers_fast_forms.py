@@ -264,3 +264,41 @@ def test_vit_keeps_its_resized_position_embedding_until_the_stored_grid_changes(
         assert len(vit._resized) <= 8
     # With autograd the embedding is a function of the parameter, never a kept tensor.
     assert vit.position_embedding(3, 5, torch.float32).grad_fn is not None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_row_linear_kernel_matches_the_composition_interpreted():
+    """LayerNorm (affine or not) before the product, exact GELU or a scaled residual after it,
+    row widths below, at and off the kernel's 512-wide chunks, output counts off its 4-row
+    blocks: fp32 within float rounding of float64; bf16 within one rounding of the output
+    (the norm's result rounded first, as the module hands it on)."""
+    report = run_interpreted(Path(__file__).with_name("interpret_row_linear.py"))
+    assert len(report) == 32
+    for case, row in report.items():
+        assert row["shape_ok"], case
+        if "float32" in case:
+            assert row["rel_err"] < 2e-6, (case, row)
+        else:
+            assert row["max_units"] < 1.05, (case, row)
+
+
+def test_row_linear_takes_single_rows_of_one_dtype_without_autocast():
+    from torch import nn
+
+    from mapstream.layers.row_linear import _kernel_takes, linear_residual, norm_linear
+
+    linear, norm = nn.Linear(8, 6), nn.LayerNorm(8)
+    row = torch.randn(1, 1, 8)
+    assert _kernel_takes(row, linear, norm) and _kernel_takes(row, linear, None)
+    assert not _kernel_takes(torch.randn(1, 2, 8), linear, norm)  # the trunk's many tokens
+    assert not _kernel_takes(row.double(), linear, norm)
+    assert not _kernel_takes(row.bfloat16(), linear, norm)  # weights of another dtype
+    assert not _kernel_takes(row, nn.Linear(8, 6, bias=False), norm)
+    assert not _kernel_takes(row, linear, nn.LayerNorm(4))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not _kernel_takes(row, linear, norm)
+    # Elsewhere (here: on the CPU) the composition, exactly.
+    x, res, gamma = torch.randn(2, 3, 8), torch.randn(2, 3, 6), torch.randn(6)
+    assert torch.equal(norm_linear(x, norm, linear), linear(norm(x)))
+    assert torch.equal(norm_linear(x, norm, linear, gelu=True), F.gelu(linear(norm(x))))
+    assert torch.equal(linear_residual(x, linear, res, gamma), res + linear(x) * gamma)
