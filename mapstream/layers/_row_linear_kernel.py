@@ -34,11 +34,21 @@ def _row_linear_fwd(
             cols = start + tl.arange(0, BLOCK_K)
             d = tl.load(X + cols, mask=cols < K, other=0.0).to(tl.float32) - mean
             total += tl.where(cols < K, d * d, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(total, 0) / K + eps)
+        # fp32 whatever the scalar's type (torch.compile passes Python floats as fp64)
+        rstd = 1.0 / tl.sqrt(tl.sum(total, 0) / K + tl.cast(eps, tl.float32))
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    w_rows = W + rows[:, None].to(tl.int64) * stride_w
+    # Each chunk's weights are requested one iteration ahead, so that two chunks' loads are
+    # in flight while the products of one are summed (a matrix-vector product has nothing
+    # else to hide the memory's latency behind).
+    cols = tl.arange(0, BLOCK_K)
+    w_next = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols[None, :] < K), other=0.0)
     for start in tl.range(0, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
+        w = w_next
+        w_next = tl.load(w_rows + BLOCK_K + cols[None, :],
+                         mask=row_ok[:, None] & (cols[None, :] + BLOCK_K < K), other=0.0)
         x = tl.load(X + cols, mask=col_ok, other=0.0).to(tl.float32)
         if NORM:
             x = (x - mean) * rstd
@@ -48,8 +58,6 @@ def _row_linear_fwd(
             if ROUND_NORM:  # a half-precision LayerNorm hands the product its rounded result
                 x = x.to(X.dtype.element_ty).to(tl.float32)
             x = tl.where(col_ok, x, 0.0)
-        w = tl.load(W + rows[:, None].to(tl.int64) * stride_w + cols[None, :],
-                    mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, 1) + tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
     if GELU:  # the exact (erf) GELU
