@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.conv_epilogue import conv_epilogue
+from ..layers.output_head import pointwise_output
 from ..layers.resize import resize_bilinear
 
 __all__ = ["DPTHead", "dpt_position_embedding"]
@@ -201,7 +202,11 @@ class DPTHead(nn.Module):
         size = (grid_h * self.patch_size, grid_w * self.patch_size)
         out = resize_bilinear(out, size, add=self._position(out.shape[1], *size, aspect, out))
         # output_conv2 = (conv, ReLU, conv): the ReLU rides on the first convolution's pass.
-        out = conv_epilogue(s.output_conv2[2], conv_epilogue(s.output_conv2[0], out, relu=True))
+        hidden = conv_epilogue(s.output_conv2[0], out, relu=True)
+        if self.activation == "exp" and not trace:
+            # the last convolution and both activations in one pass (the depth head)
+            return pointwise_output(s.output_conv2[2], hidden)
+        out = conv_epilogue(s.output_conv2[2], hidden)
         if trace:
             trace("dpt.output_conv2_logits", out)
         out = out.permute(0, 2, 3, 1)

@@ -252,9 +252,11 @@ def test_resize_kernel_matches_interpolate_at_the_dpt_sizes(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dpt_head_convolutions_run_their_epilogues_in_one_kernel(dtype):
     """The DPT head at 504x378 (channels-last weights, as `cast_for_inference` lays them out):
-    every convolution with a bias runs bias, residuals and ReLU in one `_conv_epilogue_fwd`
-    pass, no broadcast bias add is left on PyTorch's unvectorized path, and the depth and
-    confidence stay within the dtype's rounding of the PyTorch composition (`plain_pytorch`)."""
+    every convolution with a bias but the last runs bias, residuals and ReLU in one
+    `_conv_epilogue_fwd` pass, the last (1x1, to depth and confidence) and both activations in
+    one `_pointwise_output_fwd` pass, no broadcast bias add is left on PyTorch's unvectorized
+    path, and the depth and confidence stay within the dtype's rounding of the PyTorch
+    composition (`plain_pytorch`)."""
     from mapstream.attention import plain_pytorch
     from mapstream.heads.dpt import DPTHead
 
@@ -268,7 +270,9 @@ def test_dpt_head_convolutions_run_their_epilogues_in_one_kernel(dtype):
         torch.cuda.synchronize()
         got, calls = _profiled(lambda: head(layers, (378, 504), 6))
     biased = [m for m in head.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and m.bias is not None]
-    assert calls.get("_conv_epilogue_fwd", 0) == len(biased) == 28, calls
+    assert calls.get("_conv_epilogue_fwd", 0) == len(biased) - 1 == 27, calls
+    assert calls.get("_pointwise_output_fwd", 0) == 1, calls
+    assert not [name for name in calls if "exp_kernel" in name], calls
     slow_adds = sum(n for name, n in calls.items() if "elementwise_kernel<128" in name and "CUDAFunctor_add" in name)
     assert slow_adds <= 4, calls  # only the four position embeddings' broadcast adds are left
     tol = 1e-4 if dtype == torch.float32 else 3e-2

@@ -302,3 +302,34 @@ def test_row_linear_takes_single_rows_of_one_dtype_without_autocast():
     assert torch.equal(norm_linear(x, norm, linear), linear(norm(x)))
     assert torch.equal(norm_linear(x, norm, linear, gelu=True), F.gelu(linear(norm(x))))
     assert torch.equal(linear_residual(x, linear, res, gamma), res + linear(x) * gamma)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_dpt_output_kernel_matches_the_composition_interpreted():
+    """The DPT head's last 1x1 convolution and activations in one kernel: the depth head's
+    32 -> 2 and odd channel counts, contiguous and channels-last maps, pixel counts off the
+    kernel's blocks; fp32 within float rounding of float64, bf16 within one rounding."""
+    report = run_interpreted(Path(__file__).with_name("interpret_output_head.py"))
+    assert len(report) == 12
+    for case, row in report.items():
+        assert row["shape_ok"], case
+        bound = 1e-6 if "float32" in case else 2.0**-7
+        assert row["value_rel"] < bound and row["conf_rel"] < bound, (case, row)
+
+
+def test_dpt_output_takes_plain_1x1_convolutions_and_is_the_composition_elsewhere():
+    from torch import nn
+
+    from mapstream.layers.output_head import _kernel_takes, pointwise_output
+
+    conv = nn.Conv2d(32, 2, 1)
+    h = torch.randn(2, 32, 5, 7)
+    assert _kernel_takes(conv, h) and _kernel_takes(conv, h.contiguous(memory_format=torch.channels_last))
+    assert not _kernel_takes(nn.Conv2d(32, 2, 3, padding=1), h)
+    assert not _kernel_takes(nn.Conv2d(32, 2, 1, bias=False), h)
+    assert not _kernel_takes(nn.Conv2d(32, 1, 1), h)  # no value channel
+    assert not _kernel_takes(conv, h.bfloat16())
+    assert not _kernel_takes(conv, h.transpose(2, 3))  # not dense
+    value, conf = pointwise_output(conv, h)  # on the CPU: the composition, exactly
+    logits = conv(h).permute(0, 2, 3, 1)
+    assert torch.equal(value, torch.exp(logits[..., :1])) and torch.equal(conf, 1 + torch.exp(logits[..., 1]))
