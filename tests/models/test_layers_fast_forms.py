@@ -165,11 +165,13 @@ def test_conv_epilogue_kernel_matches_the_composition_interpreted():
 
 
 def test_dpt_head_routes_every_biased_convolution_through_the_epilogue(monkeypatch):
-    """Where the kernel may serve, each of the DPT head's 28 biased convolutions runs without
-    its bias and hands bias, residuals and ReLU to the epilogue (stood in for here by the same
-    arithmetic in PyTorch), and the head's outputs equal the plain head's."""
+    """Where the kernels may serve, 27 of the DPT head's 28 biased convolutions run without
+    their bias and hand bias, residuals and ReLU to the epilogue, and the last (1x1, to depth
+    and confidence) goes with both activations to the output kernel (each stood in for here by
+    the same arithmetic in PyTorch); the head's outputs equal the plain head's."""
     from mapstream.heads.dpt import DPTHead
     from mapstream.layers import conv_epilogue as ce
+    from mapstream.layers import output_head as oh
 
     torch.manual_seed(0)
     head = DPTHead(64, features=16, out_channels=(8, 16, 32, 32), head_features=8).eval()
@@ -185,13 +187,23 @@ def test_dpt_head_routes_every_biased_convolution_through_the_epilogue(monkeypat
             out = out + a
         return F.relu(out) if relu else out
 
-    monkeypatch.setattr(ce, "our_kernels_may_serve", lambda t: True)
+    outputs = []
+
+    def output_stand_in(conv, h):
+        outputs.append(conv)
+        logits = conv(h).permute(0, 2, 3, 1)
+        return torch.exp(logits[..., :-1]), 1 + torch.exp(logits[..., -1])
+
+    for module in (ce, oh):
+        monkeypatch.setattr(module, "our_kernels_may_serve", lambda t: True)
     monkeypatch.setattr(ce, "_launch", stand_in)
+    monkeypatch.setattr(oh, "_launch", output_stand_in)
     with torch.no_grad():
         got = head(layers, (56, 70), 6)
-    # Both frames in one chunk: 28 passes; the residual units' second convolutions carry their
+    # Both frames in one chunk: 27 passes; the residual units' second convolutions carry their
     # skip (4) and, in the three fusion blocks with a skip input, the running map too (3).
-    assert len(launched) == 28 and launched.count(1) == 4 and launched.count(2) == 3, launched
+    assert len(launched) == 27 and launched.count(1) == 4 and launched.count(2) == 3, launched
+    assert outputs == [head.scratch.output_conv2[2]]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
