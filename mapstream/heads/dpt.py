@@ -15,9 +15,9 @@ from torch import nn
 
 from ..layers.conv_epilogue import conv_epilogue
 from ..layers.output_head import pointwise_output
-from ..layers.resize import resize_bilinear
+from ..layers.resize import SeparableAddend, resize_bilinear
 
-__all__ = ["DPTHead", "dpt_position_embedding"]
+__all__ = ["DPTHead", "dpt_position_embedding", "dpt_position_tables"]
 
 
 def _sincos_1d(coords: torch.Tensor, channels: int) -> torch.Tensor:
@@ -36,15 +36,20 @@ def dpt_position_embedding(
     x spans +-aspect/diag, y spans +-1/diag (diag = sqrt(aspect^2 + 1)), both shrunk by
     (n - 1)/n so that samples sit at cell centres; x-embedding first, then y.
     """
+    return dpt_position_tables(channels, rows, cols, aspect, device, ratio).dense()
+
+
+def dpt_position_tables(
+    channels: int, rows: int, cols: int, aspect: float, device: torch.device, ratio: float = 0.1
+) -> SeparableAddend:
+    """`dpt_position_embedding` as its two tables: the first half of the channels varies
+    along x only ([cols, channels / 2]), the second along y only ([rows, channels / 2])."""
     diag = math.sqrt(aspect**2 + 1.0)
     span_x, span_y = aspect / diag, 1.0 / diag
     u = torch.linspace(-span_x * (cols - 1) / cols, span_x * (cols - 1) / cols, cols, device=device)
     v = torch.linspace(-span_y * (rows - 1) / rows, span_y * (rows - 1) / rows, rows, device=device)
     half = channels // 2
-    emb_u = _sincos_1d(u, half)  # [cols, half]
-    emb_v = _sincos_1d(v, half)  # [rows, half]
-    grid = torch.cat((emb_u[None].expand(rows, -1, -1), emb_v[:, None].expand(-1, cols, -1)), dim=-1)
-    return grid.permute(2, 0, 1) * ratio
+    return SeparableAddend(_sincos_1d(u, half) * ratio, _sincos_1d(v, half) * ratio)
 
 
 class _ResidualConvUnit(nn.Module):
@@ -130,17 +135,21 @@ class DPTHead(nn.Module):
         self.scratch = _Scratch(tuple(out_channels), features, head_features, output_dim)
         # Position embeddings depend only on the frame size: computed once per size (about 10
         # small kernels each, five per frame) and kept; not a buffer, so not in the state dict.
-        # The full-resolution one is the largest (features/2 x H x W floats, ~100 MB at 504x378).
-        self._positions: dict[tuple, torch.Tensor] = {}
+        # The full-resolution one is kept as its two tables (`dpt_position_tables`), which the
+        # resize to that size adds itself: as a map it was features/2 x H x W floats, ~100 MB
+        # at 504x378, read in full every frame.
+        self._positions: dict[tuple, torch.Tensor | SeparableAddend] = {}
 
-    def _position(self, channels: int, rows: int, cols: int, aspect: float, like: torch.Tensor) -> torch.Tensor:
-        key = (channels, rows, cols, aspect, like.device, like.dtype)
+    def _position(self, channels: int, rows: int, cols: int, aspect: float, like: torch.Tensor,
+                  separable: bool = False) -> torch.Tensor | SeparableAddend:
+        key = (channels, rows, cols, aspect, like.device, like.dtype, separable)
         emb = self._positions.get(key)
         if emb is None:
             if len(self._positions) >= 20:  # a stream of ever-new sizes must not grow memory
                 self._positions.clear()
-            emb = dpt_position_embedding(channels, rows, cols, aspect, like.device).to(like.dtype)
-            self._positions[key] = emb
+            tables = dpt_position_tables(channels, rows, cols, aspect, like.device)
+            tables = SeparableAddend(tables.cols.to(like.dtype), tables.rows.to(like.dtype))
+            emb = self._positions[key] = tables if separable else tables.dense()
         return emb
 
     def forward(
@@ -200,7 +209,7 @@ class DPTHead(nn.Module):
         if trace:
             trace("dpt.output_conv1", out)
         size = (grid_h * self.patch_size, grid_w * self.patch_size)
-        out = resize_bilinear(out, size, add=self._position(out.shape[1], *size, aspect, out))
+        out = resize_bilinear(out, size, add=self._position(out.shape[1], *size, aspect, out, separable=True))
         # output_conv2 = (conv, ReLU, conv): the ReLU rides on the first convolution's pass.
         hidden = conv_epilogue(s.output_conv2[0], out, relu=True)
         if self.activation == "exp" and not trace:

@@ -19,9 +19,10 @@ def _times(a, scale, ROUNDED: tl.constexpr):
 
 @triton.jit
 def _resize_fwd(
-    X, OUT, ADD, n, c, h, w, out_h, out_w, scale_h, scale_w,
-    sxn, sxc, sxh, sxw, son, soc, soh, sow, san, sac, sah, saw,
-    HAS_ADD: tl.constexpr, ROUNDED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    X, OUT, ADD, ADD2, n, c, h, w, out_h, out_w, scale_h, scale_w, split,
+    sxn, sxc, sxh, sxw, son, soc, soh, sow, san, sac, sah, saw, sac2, sah2, saw2,
+    HAS_ADD: tl.constexpr, SEPARABLE: tl.constexpr, ROUNDED: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     # A tile of BLOCK_P output pixels (flattened over n, y, x) by BLOCK_C channels: with
     # channels-last tensors every row of the tile is one contiguous run of memory.
@@ -51,7 +52,12 @@ def _resize_fwd(
     wx1 = fx[:, None]
     val = (1.0 - fy)[:, None] * (wx0 * v00 + wx1 * v01) + fy[:, None] * (wx0 * v10 + wx1 * v11)
     if HAS_ADD:
+        # ADD serves channels [0, split), ADD2 (SEPARABLE: a second table) the rest
+        first = chan < split
         a_ptr = ADD + on[:, None] * san + chan[None, :] * sac + oy[:, None] * sah + ox[:, None] * saw
-        val += tl.load(a_ptr, mask=ok, other=0.0).to(tl.float32)
+        val += tl.load(a_ptr, mask=ok & first[None, :], other=0.0).to(tl.float32)
+        if SEPARABLE:
+            a2_ptr = ADD2 + (chan - split)[None, :] * sac2 + oy[:, None] * sah2 + ox[:, None] * saw2
+            val += tl.load(a2_ptr, mask=ok & ~first[None, :], other=0.0).to(tl.float32)
     o_ptr = OUT + on[:, None] * son + chan[None, :] * soc + oy[:, None] * soh + ox[:, None] * sow
     tl.store(o_ptr, val.to(OUT.dtype.element_ty), mask=ok)

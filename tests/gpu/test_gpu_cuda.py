@@ -235,7 +235,9 @@ def test_rows_kernel_matches_float64_and_follows_a_device_range_in_a_graph(dtype
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_resize_kernel_matches_interpolate_at_the_dpt_sizes(dtype):
     """The DPT head's resizes at 504x378 (channels-last, as the head runs): our kernel equals
-    F.interpolate (+ the position embedding) up to one rounding of the output dtype."""
+    F.interpolate (+ an addend) up to one rounding of the output dtype; the position
+    embedding given as its two tables gives exactly what the embedding as a map gives."""
+    from mapstream.heads.dpt import dpt_position_tables
     from mapstream.layers import resize_bilinear
 
     torch.manual_seed(0)
@@ -247,6 +249,9 @@ def test_resize_kernel_matches_interpolate_at_the_dpt_sizes(dtype):
         assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
         tol = 1e-5 if dtype == torch.float32 else 2 ** -7
         assert float(((got.float() - want).abs() / want.abs().clamp_min(1.0)).max()) < tol, (shape, dtype)
+        tables = dpt_position_tables(shape[1], *size, size[1] / size[0], x.device)
+        tables = type(tables)(tables.cols.to(dtype), tables.rows.to(dtype))
+        assert torch.equal(resize_bilinear(x, size, add=tables), resize_bilinear(x, size, add=tables.dense()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

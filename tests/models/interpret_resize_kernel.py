@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 
 def main() -> None:
-    from mapstream.layers.resize import _resize_triton
+    from mapstream.layers.resize import SeparableAddend, _resize_triton
 
     torch.manual_seed(0)
     report = {}
@@ -24,9 +24,13 @@ def main() -> None:
             want = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
             got = _resize_triton(x, size, None)
             got_add = _resize_triton(x, size, add)
+            split = shape[1] // 2 + 1  # unequal parts: more channels vary along x than along y
+            tables = SeparableAddend(torch.randn(size[1], split), torch.randn(size[0], shape[1] - split))
+            got_tables = _resize_triton(x, size, tables)
             report[f"{shape}->{size}/{fmt}"] = {
                 "err": float((got - want).abs().max()),
                 "err_add": float((got_add - (want + add)).abs().max()),
+                "err_separable": float((got_tables - (want + tables.dense())).abs().max()),
                 "shape_ok": list(got.shape) == [shape[0], shape[1], *size],
                 "format_kept": got.is_contiguous(memory_format=torch.channels_last) == (fmt == "nhwc") or shape[1] == 1,
             }

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from conftest import run_interpreted
 from mapstream.layers import resize_bilinear
+from mapstream.layers.resize import SeparableAddend
 
 
 def test_cpu_resize_is_interpolate_plus_the_addend():
@@ -24,6 +25,15 @@ def test_cpu_resize_is_interpolate_plus_the_addend():
     assert torch.equal(resize_bilinear(x, (11, 4), add=add), want + add)
     with pytest.raises(ValueError, match=r"needs x \[N, C, H, W\]"):
         resize_bilinear(torch.randn(3, 5, 7), (4, 4))
+    # A separable addend: channels 0-1 vary along x only, channel 2 along y only.
+    tables = SeparableAddend(torch.randn(4, 2), torch.randn(11, 1))
+    dense = tables.dense()
+    assert dense.shape == (3, 11, 4)
+    assert torch.equal(dense[:2], tables.cols.t()[:, None].expand(2, 11, 4))
+    assert torch.equal(dense[2], tables.rows[:, 0, None].expand(11, 4))
+    assert torch.equal(resize_bilinear(x, (11, 4), add=tables), want + dense)
+    with pytest.raises(ValueError, match=r"separable addend of \(3, 11, 4\).*resized to \(11, 5\)"):
+        resize_bilinear(x, (11, 5), add=tables)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -31,7 +41,7 @@ def test_resize_kernel_matches_interpolate_interpreted():
     report = run_interpreted(Path(__file__).with_name("interpret_resize_kernel.py"))
     assert len(report) == 8
     for case, row in report.items():
-        assert row["err"] < 1e-5 and row["err_add"] < 1e-5, (case, row)
+        assert row["err"] < 1e-5 and row["err_add"] < 1e-5 and row["err_separable"] < 1e-5, (case, row)
         assert row["shape_ok"] and row["format_kept"], (case, row)
 
 
