@@ -5,9 +5,9 @@
 
 The attention step is split in two (`attention_inputs`, `attention_output`) so that a
 caller that owns a KV cache can run the attention itself between them; `forward` is plain
-self-attention over the tokens it is given. Each linear layer runs with its norm before it or
-its residual add after it through `row_linear`, which for a single row (the camera head's
-token) is one kernel and otherwise exactly the composition written above.
+self-attention over the tokens it is given. The caller-run form's linear layers each run with
+the norm before them or the residual add after them through `row_linear`, which for a single
+row (the camera head's token) is one kernel and otherwise exactly the composition above.
 """
 from __future__ import annotations
 
