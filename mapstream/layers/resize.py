@@ -60,7 +60,12 @@ def resize_bilinear(
     if not (our_kernels_may_serve(x) and x.dtype in (torch.float32, torch.float16, torch.bfloat16)):
         out = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
         if isinstance(add, SeparableAddend):
-            add = add.dense()
+            # each part broadcast over the axis it does not vary along: the same sums as
+            # adding `add.dense()`, without building that map
+            split = add.cols.shape[1]
+            out[:, :split] += add.cols.t()[:, None, :]
+            out[:, split:] += add.rows.t()[:, :, None]
+            return out
         return out if add is None else out + add
     return _resize_triton(x, size, add)
 
