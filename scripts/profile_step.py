@@ -72,7 +72,10 @@ def main() -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(args.frames - 2, args.frames):
             session.step(frames[i])
-        torch.cuda.synchronize()
+            # As the protocol (a sync after each frame): otherwise the next step's first
+            # graph may start beside this step's heads when the host runs ahead, and the
+            # trace no longer shows one frame's latency (session 13, call 2).
+            torch.cuda.synchronize()
     if args.trace:
         prof.export_chrome_trace(args.trace)
     events = prof.key_averages()

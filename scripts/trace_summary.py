@@ -61,8 +61,14 @@ def summarize(path: str, attention: str = CACHE_ATTENTION, layers: int = 24, top
     first_att = att[-per_step]
     prev_att = att[-per_step - 1] if len(att) > per_step else None
     lo = 0
-    if prev_att is not None:  # the step starts after the largest idle gap since the previous step's attention
-        idle = [(kernels[i + 1]["ts"] - (kernels[i]["ts"] + kernels[i]["dur"]), i + 1) for i in range(prev_att, first_att)]
+    if prev_att is not None:
+        # The step starts after the largest idle gap since the previous step's last attention:
+        # idle against the latest end so far (on two streams a kernel may end long before
+        # another that started earlier).
+        idle, end = [], float("-inf")
+        for i in range(prev_att, first_att):
+            end = max(end, kernels[i]["ts"] + kernels[i]["dur"])
+            idle.append((kernels[i + 1]["ts"] - end, i + 1))
         lo = max(idle)[1]
     step = kernels[lo:]
     first, last = first_att - lo, att[-1] - lo
@@ -83,8 +89,11 @@ def summarize(path: str, attention: str = CACHE_ATTENTION, layers: int = 24, top
     streams = collections.defaultdict(list)
     for e in step[last + 1 :]:
         streams[e.get("args", {}).get("stream")].append(e)
+    trunk_end = step[last]["ts"] + step[last]["dur"]
     for sid, seg in streams.items():
-        out["heads_by_stream"][str(sid)] = _span(seg)
+        # + when the stream's first kernel starts and its last ends, after the last attention
+        out["heads_by_stream"][str(sid)] = _span(seg) + (
+            (seg[0]["ts"] - trunk_end) / 1e3, (max(e["ts"] + e["dur"] for e in seg) - trunk_end) / 1e3)
     by_name = collections.Counter()
     calls = collections.Counter()
     for e in step:
@@ -114,7 +123,7 @@ def main() -> None:
     if s["heads"]:
         print(f"heads                   {fmt(s['heads'])}")
         for sid, t in s["heads_by_stream"].items():
-            print(f"  stream {sid:>4}           {fmt(t)}")
+            print(f"  stream {sid:>4}           {fmt(t[:3])}, from +{t[3]:.3f} to +{t[4]:.3f} ms after the last attention")
     print("top kernels (ms, calls):")
     for name, ms, n in s["top"]:
         print(f"  {ms:8.3f} {n:5d}  {name}")
