@@ -18,7 +18,7 @@ out="${OUT:-device_check}"
 mkdir -p "$out"
 log="$out/log.txt"
 if [[ "$part" == "tests" ]]; then
-    python3 -m pytest tests/gpu -q > "$out/gpu_tests.tmp" 2>&1; tail -2 "$out/gpu_tests.tmp"
+    python3 -m pytest tests/gpu -q --durations=15 > "$out/gpu_tests.tmp" 2>&1; tail -2 "$out/gpu_tests.tmp"
     grep -E "^E .*(assert|Error)" "$out/gpu_tests.tmp" | head -5
     cat "$out/gpu_tests.tmp" >> "$log"; rm "$out/gpu_tests.tmp"
     exit 0
