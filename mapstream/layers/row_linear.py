@@ -54,7 +54,7 @@ def linear_residual(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor, 
 
 
 def _fused_ok(x: torch.Tensor, linear: nn.Linear, norm: nn.LayerNorm | None) -> bool:
-    return HAS_TRITON and our_kernels_may_serve(x) and _kernel_takes(x, linear, norm)
+    return our_kernels_may_serve(x) and _kernel_takes(x, linear, norm)
 
 
 def _kernel_takes(x: torch.Tensor, linear: nn.Linear, norm: nn.LayerNorm | None) -> bool:
@@ -66,6 +66,8 @@ def _kernel_takes(x: torch.Tensor, linear: nn.Linear, norm: nn.LayerNorm | None)
         return False
     if linear.weight.dtype != x.dtype or linear.bias.dtype != x.dtype or linear.weight.stride(-1) != 1:
         return False
+    if linear.in_features != x.shape[-1]:  # PyTorch's own error says what is wrong
+        return False
     if norm is not None:
         if tuple(norm.normalized_shape) != (x.shape[-1],) or (norm.weight is None) != (norm.bias is None):
             return False
@@ -75,10 +77,10 @@ def _kernel_takes(x: torch.Tensor, linear: nn.Linear, norm: nn.LayerNorm | None)
 
 
 def _residual_ok(residual: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> bool:
-    out = linear.weight.shape[0]
+    out = linear.out_features
     return (
-        residual.numel() == out and residual.shape[-1] == out and residual.shape[:-1] == x.shape[:-1]
-        and residual.dtype == x.dtype and scale.shape == (out,) and scale.dtype == x.dtype
+        residual.shape == (*x.shape[:-1], out) and residual.dtype == x.dtype
+        and scale.shape == (out,) and scale.dtype == x.dtype
     )
 
 

@@ -307,7 +307,7 @@ def test_row_linear_kernel_matches_the_composition_interpreted():
 def test_row_linear_takes_single_rows_of_one_dtype_without_autocast():
     from torch import nn
 
-    from mapstream.layers.row_linear import _kernel_takes, linear_residual, norm_linear
+    from mapstream.layers.row_linear import _kernel_takes, _residual_ok, linear_residual, norm_linear
 
     linear, norm = nn.Linear(8, 6), nn.LayerNorm(8)
     row = torch.randn(1, 1, 8)
@@ -317,6 +317,10 @@ def test_row_linear_takes_single_rows_of_one_dtype_without_autocast():
     assert not _kernel_takes(row.bfloat16(), linear, norm)  # weights of another dtype
     assert not _kernel_takes(row, nn.Linear(8, 6, bias=False), norm)
     assert not _kernel_takes(row, linear, nn.LayerNorm(4))
+    assert not _kernel_takes(row, nn.Linear(4, 6), None)  # a width mismatch: PyTorch's error
+    assert _residual_ok(torch.randn(1, 1, 6), torch.randn(6), row, linear)
+    assert not _residual_ok(torch.randn(1, 6), torch.randn(6), row, linear)  # other leading axes
+    assert not _residual_ok(torch.randn(1, 1, 6), torch.randn(1, 6), row, linear)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not _kernel_takes(row, linear, norm)
     # Elsewhere (here: on the CPU) the composition, exactly.
