@@ -210,15 +210,16 @@ class Session:
         self._check_open()
         frames = self._check_frame(frame, values=False)
         graphs = self._graphed_step(frames)
-        if graphs is not None:
-            # One copy to the device, which the started step and `_forward` both use.
-            frames = frames.to(self.device, non_blocking=True)
-        values = ValueCheck(frames)
-        # The graphed step's first part reads no cache: started before the value check's
-        # answer comes back, the GPU embeds the frame instead of waiting for the round trip.
-        # A frame that fails the check is never attended to or stored.
-        started = self._start_graphed(graphs, frames) if graphs is not None else None
-        values.wait()
+        if graphs is None:
+            ValueCheck(frames).wait()
+            return self._step_checked(frames, keyframe, name)
+        # One copy to the device, which the started step and `_forward` both use.
+        frames = frames.to(self.device, non_blocking=True)
+        # The graphed step's first part reads no cache: launched first, the GPU embeds the
+        # frame while the host starts the frame's value check beside it and waits for the
+        # answer. A frame that fails the check is never attended to or stored.
+        started = self._start_graphed(graphs, frames)
+        started.values.wait()
         return self._step_checked(frames, keyframe, name, started=started)
 
     def _start_graphed(self, graphs, frames: torch.Tensor):

@@ -47,17 +47,35 @@ class ValueCheck:
     the GPU idle during the round trip (≈ 0.3 ms a frame on an H200, docs/BENCHMARKS.md,
     session 8)."""
 
-    def __init__(self, images: torch.Tensor) -> None:
+    def __init__(
+        self, images: torch.Tensor, *, stream: "torch.cuda.Stream | None" = None,
+        ready: "torch.cuda.Event | None" = None,
+    ) -> None:
+        """stream: a CUDA stream to run the check on, beside the current one, once `ready`
+        (an event recorded where the frames are written) has passed; without `ready`, after
+        all work queued on the current stream so far. A caller that queues work on the
+        current stream before starting the check (a session step's first graph) passes the
+        event it recorded before that work, so the check does not wait for it."""
         self._images = images
-        stats = torch.stack(torch.aminmax(images.detach())).float()
         self._event = None
+        if images.is_cuda and stream is not None:
+            if ready is None:
+                stream.wait_stream(torch.cuda.current_stream(images.device))
+            else:
+                stream.wait_event(ready)
+            with torch.cuda.stream(stream):
+                self._start(images)
+        else:
+            self._start(images)
+
+    def _start(self, images: torch.Tensor) -> None:
+        stats = torch.stack(torch.aminmax(images.detach())).float()
         if stats.is_cuda:
-            # The copy runs on the frames' device's current stream: the event marks that one.
-            stream = torch.cuda.current_stream(stats.device)
+            # The copy runs on the current stream (the caller's, or `stream`): the event marks it.
             self._stats = torch.empty(2, dtype=torch.float32, pin_memory=True)
             self._stats.copy_(stats, non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record(stream)
+            self._event.record(torch.cuda.current_stream(stats.device))
         else:
             self._stats = stats
 

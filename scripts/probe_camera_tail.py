@@ -59,7 +59,7 @@ def priority(heads_precision: str, frames_per_block: int = 10) -> dict:
             if rep == 0 and i == cfg.scale_frames + 1:  # the graphed step exists from here on
                 (graphed,) = session._graphed.values()
             if i > cfg.scale_frames:
-                graphed._side_stream = streams[arm]
+                graphed.side_stream = streams[arm]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()

@@ -1,18 +1,24 @@
 """How long the GPU waits for the host at the start of a streaming step (no profiler).
 
 The protocol synchronizes after every frame, so each step starts with an idle GPU: nothing
-runs until the host has checked the frame, copied it into the first graph's input and
-launched that graph (≈ 260 kernel nodes). Measured here with the host's clock around the
-benchmark's own session (compiled, bf16 heads), per step from frame 100 on:
+runs until the host has checked the frame's shape, copied it into the first graph's input and
+launched that graph. Measured with the host's clock and CUDA events around the benchmark's
+own session (compiled, bf16 heads), from frame 100 on, in four interleaved arms:
 
-- `before_launch`: from `session.step` to the first graph's launch call, of it `check` (the
-  frame's shape and value check, one device read), `check_to_load` (planning, the model's
-  dispatch) and `load` (the copies into the first graph's inputs);
-- `launch`: the first graph's launch call itself (`CUDAGraph.replay`);
-- `step_host`: the whole `session.step` call, against `step_gpu`, the CUDA-event time the
-  benchmark reports for it.
+- order `now`: `Session.step` as it is (the value check starts after the first graph's launch,
+  beside it on the step's second stream, `GraphedStep.start`);
+- order `before`: the order of sessions 8-13, rebuilt here from the session's parts: the value
+  check queued on the current stream before the first graph is started (the started step's own
+  check, launched after the graph, is waited for too but costs the GPU's start nothing);
+- each order `exposed` (timed as the protocol does) and `hidden` (the GPU kept busy ~1.5 ms by
+  `torch.cuda._sleep` before the start event, so that the host's start is not timed).
 
-Usage (device): python3 scripts/probe_step_host.py [--frames 160] [--out FILE.json]
+Reported (medians, µs): `step_gpu` per arm, `host_exposed` = exposed - hidden per order, and for
+the `now` arm the host's clock from the step's call to the first graph's launch
+(`before_launch`, of it `check`: the shape check, `check_to_load`, `load`: the frame's copies)
+and the launch call itself (`launch`).
+
+Usage (device): python3 scripts/probe_step_host.py [--frames 192] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import torch
 
 from mapstream.bench import BenchConfig, _frames, build_bench_model
 from mapstream.models.compile import compile_model
+from mapstream.validation import ValueCheck
 
 
 def _marked(fn, marks: dict, key: str):
@@ -39,9 +46,22 @@ def _marked(fn, marks: dict, key: str):
     return wrapped
 
 
+@torch.no_grad()
+def _step_check_first(session, frame):
+    """A session step in the order of sessions 8-13: value check, then the first graph."""
+    frames = session._check_frame(frame, values=False)
+    graphs = session._graphed_step(frames)
+    frames = frames.to(session.device, non_blocking=True)
+    values = ValueCheck(frames)
+    started = session._start_graphed(graphs, frames)
+    values.wait()
+    started.values.wait()
+    return session._step_checked(frames, None, None, started=started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--frames", type=int, default=160)
+    parser.add_argument("--frames", type=int, default=192)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cfg = BenchConfig(backend="triton", fast=True, heads_precision="bf16", stage_breakdown=False)
@@ -51,37 +71,48 @@ def main() -> None:
     frames = _frames(cfg, device)
     session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=cfg.fast)
     marks: dict[str, float] = {}
-    rows: list[dict[str, float]] = []
+    gpu_ms: dict[str, list[float]] = {f"{o}_{t}": [] for o in ("now", "before") for t in ("exposed", "hidden")}
+    host: list[dict[str, float]] = []
     for i in range(cfg.scale_frames + args.frames):
         if i == cfg.scale_frames + 1:  # the graphs exist now: time the first piece's launches
             (graphed,) = session._graphed.values()
-            graphed.pieces[0] = _marked(graphed.pieces[0], marks, "launch")
+            graphed._first_piece = _marked(graphed._first_piece, marks, "launch")
             session._check_frame = _marked(session._check_frame, marks, "check")
             graphed._load_frame = _marked(graphed._load_frame, marks, "load")
+        order = "before" if (i // 2) % 2 else "now"
+        hidden = i % 2 == 1
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
+        if hidden and i >= 100:
+            torch.cuda._sleep(3_000_000)
         t0 = time.perf_counter()
         start.record()
-        session.step(frames[i])
+        if order == "before" and i >= 100:
+            _step_check_first(session, frames[i])
+        else:
+            session.step(frames[i])
         end.record()
-        t1 = time.perf_counter()
         torch.cuda.synchronize()
-        if i >= 100 and "launch_start" in marks:
-            rows.append({
+        if i < 100:
+            continue
+        gpu_ms[f"{order}_{'hidden' if hidden else 'exposed'}"].append(start.elapsed_time(end) * 1e3)
+        if order == "now" and not hidden:
+            host.append({
                 "check": (marks["check_end"] - t0) * 1e6,
                 "check_to_load": (marks["load_start"] - marks["check_end"]) * 1e6,
                 "load": (marks["load_end"] - marks["load_start"]) * 1e6,
                 "before_launch": (marks["launch_start"] - t0) * 1e6,
                 "launch": (marks["launch_end"] - marks["launch_start"]) * 1e6,
-                "step_host": (t1 - t0) * 1e6,
-                "step_gpu": start.elapsed_time(end) * 1e3,
             })
-    summary = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+    summary = {f"step_gpu_{arm}": statistics.median(v) for arm, v in gpu_ms.items()}
+    for o in ("now", "before"):
+        summary[f"host_exposed_{o}"] = summary[f"step_gpu_{o}_exposed"] - summary[f"step_gpu_{o}_hidden"]
+    summary.update({key: statistics.median(r[key] for r in host) for key in host[0]})
     for key, value in summary.items():
-        print(f"{key:14s} median {value:9.1f} us")
+        print(f"{key:22s} median {value:9.1f} us")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"median_us": summary, "rows": rows}, f, indent=1)
+            json.dump({"median_us": summary, "step_gpu_us": gpu_ms, "host_us": host}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ import torch
 from ..cache import DeviceStep, open_steps
 from ..layers import Rotary, patch_positions_2d, rope2d, rope3d_time_columns, rope3d_time_inv_freq
 from ..models.gct import heads_without_autocast
+from ..validation import ValueCheck
 
 __all__ = ["GraphedStep", "StartedStep"]
 
@@ -147,7 +148,10 @@ class GraphedStep:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.whole = whole
         self.camera_device_step = DeviceStep(1, device)
-        self._side_stream = torch.cuda.Stream(device) if capture else None
+        # The second stream: the camera head beside the dense heads, and the session's value
+        # check of the frame beside graph 0 (None without capture: everything runs in order).
+        self.side_stream = torch.cuda.Stream(device) if capture else None
+        self._frame_loaded = torch.cuda.Event() if capture else None  # the frame's copy done
         # Graph 0 reads no cache: both modes launch it first (`start`).
         self._first_piece = _Piece(self._first, capture, self.pool)
         if whole:
@@ -260,19 +264,31 @@ class GraphedStep:
 
     # ------------------------------------------------------------------ one step
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
-        """frame [1, 1, 3, H, W]; returns the model's outputs for it (pose_enc, depth, ...)."""
-        return self.start(frame, state)(frame, state, store=store, backend=backend)
+        """frame [1, 1, 3, H, W], its values already checked; returns the model's outputs for
+        it (pose_enc, depth, ...)."""
+        with self._on_device():
+            first = self._begin(frame, state)
+        return StartedStep(self, frame, first, None)(frame, state, store=store, backend=backend)
 
     def start(self, frame: torch.Tensor, state) -> "StartedStep":
         """Begin the step of `frame` [1, 1, 3, H, W] with what needs no cache: load the
-        frame and launch the first graph. Returns the step's second half, to call with the
-        same frame and state; until then the caches are untouched, so a caller may still
-        abandon the step (e.g. when the frame's value check fails), and meanwhile the GPU is
-        busy with the first graph instead of waiting for the host."""
+        frame, launch the first graph, then the frame's value check beside it (on the second
+        stream, `StartedStep.values`). Returns the step's second half, to call with the same
+        frame and state once the check has passed; until then the caches are untouched, so a
+        caller may still abandon the step, and meanwhile the GPU is busy with the first graph
+        instead of waiting for the host (whose work before that launch is the step's only
+        idle GPU time in a protocol that synchronizes after every frame)."""
         with self._on_device():
-            self._load_frame(frame, state.aggregator)
-            first = self._first_piece()
-        return StartedStep(self, frame, first)
+            first = self._begin(frame, state)
+            values = ValueCheck(self.frame, stream=self.side_stream, ready=self._frame_loaded)
+        return StartedStep(self, frame, first, values)
+
+    def _begin(self, frame: torch.Tensor, state) -> tuple:
+        """Load the frame (marking `_frame_loaded`) and launch the first graph."""
+        self._load_frame(frame, state.aggregator)
+        if self._frame_loaded is not None:
+            self._frame_loaded.record()
+        return self._first_piece()
 
     def _on_device(self):
         """Streams, captures and replays belong to the model's GPU, whichever is current."""
@@ -387,14 +403,14 @@ class GraphedStep:
         replays (pieces mode) and inside a capture (whole-step mode: the fork and join become
         parallel branches of the graph). The camera head is a chain of ~220 small kernels
         that leave much of the GPU idle; beside the dense head it costs less than after it."""
-        if self._side_stream is None:
+        if self.side_stream is None:
             return side(), main()
         current = torch.cuda.current_stream()
-        self._side_stream.wait_stream(current)
-        with torch.cuda.stream(self._side_stream):
+        self.side_stream.wait_stream(current)
+        with torch.cuda.stream(self.side_stream):
             side_out = side()
         main_out = main()
-        current.wait_stream(self._side_stream)
+        current.wait_stream(self.side_stream)
         return side_out, main_out
 
 
@@ -402,8 +418,11 @@ class StartedStep:
     """The second half of a `GraphedStep.start`ed step: call it once, with the frame and
     state the step was started with, to run the rest (the cache attentions, the heads)."""
 
-    def __init__(self, graphed: GraphedStep, frame: torch.Tensor, first: tuple | None) -> None:
+    def __init__(self, graphed: GraphedStep, frame: torch.Tensor, first: tuple | None, values: ValueCheck | None) -> None:
         self._graphed, self._shape, self._first = graphed, frame.shape, first
+        self.values = values
+        """The frame's value check started beside the first graph (`GraphedStep.start`):
+        wait for it before calling."""
         self._done = False
 
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:

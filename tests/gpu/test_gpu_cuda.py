@@ -556,6 +556,65 @@ def test_value_check_of_frames_on_the_gpu_answers_through_one_asynchronous_copy(
         ValueCheck(frames * 0 + torch.tensor([0.0, 2.0, 1.0], device="cuda")[:, None, None]).wait()
 
 
+def test_value_check_on_a_second_stream_answers_while_the_current_stream_is_busy():
+    """`ValueCheck(stream=...)` runs after the work that produced the frames (all work queued
+    so far, or up to its `ready` event) but beside what the caller queues on the current
+    stream after that (a session step's first graph): `wait()` answers while a long kernel
+    queued there is still running; a bad frame is still rejected."""
+    from mapstream.validation import ValueCheck
+
+    side = torch.cuda.Stream()
+    frames = torch.rand(1, 1, 3, 28, 42, device="cuda")
+    check = ValueCheck(frames, stream=side)
+    torch.cuda._sleep(400_000_000)  # ~0.2 s of the current stream, queued after the check
+    check.wait()
+    assert not torch.cuda.current_stream().query(), "the check waited for work queued after it"
+    torch.cuda.synchronize()
+    # As a session step does it: the frames' `ready` event, then the first graph (here a
+    # long kernel), then the check, which waits for the event only.
+    ready = torch.cuda.Event()
+    ready.record()
+    torch.cuda._sleep(400_000_000)
+    ValueCheck(frames, stream=side, ready=ready).wait()
+    assert not torch.cuda.current_stream().query(), "the check waited for work queued after `ready`"
+    torch.cuda.synchronize()
+    bad = frames.clone()
+    bad[0, 0, 1, 2, 3] = float("inf")
+    with pytest.raises(ValueError, match="NaN or inf values"):  # (locating it may wait)
+        ValueCheck(bad, stream=side).wait()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_camera_modulation_of_one_token_is_one_row_linear_kernel(dtype, compiled):
+    """The camera head's adaLN modulation (SiLU, then 2048 -> 6144) for one token runs as one
+    row-linear kernel with the SiLU in its prologue, eager and compiled (cuBLAS only for the
+    9 -> 2048 pose embedding before it), within float (fp32) or bf16 rounding of
+    `plain_pytorch()`'s composition."""
+    from mapstream.attention import plain_pytorch
+    from mapstream.cache import CacheSpec
+    from mapstream.heads.camera import CameraCausalHead
+
+    torch.manual_seed(0)
+    spec = CacheSpec(anchor_frames=1, window_frames=4, trajectory_capacity=None)
+    head = CameraCausalHead(2048, cache_spec=spec).cuda().eval().to(dtype)
+    base = torch.randn(1, 1, 2048, device="cuda").to(dtype)
+    normed = torch.randn(1, 1, 2048, device="cuda").to(dtype)
+    pose = torch.randn(1, 1, 9, device="cuda").to(dtype)
+    with torch.no_grad():
+        with plain_pytorch():
+            want = head.modulate(base, normed, pose)
+        modulate = torch.compile(head.modulate, dynamic=False) if compiled else head.modulate
+        modulate(base, normed, pose)  # warm-up (compilation)
+        got, kernels = _profiled(lambda: modulate(base, normed, pose))
+    assert sum(n for name, n in kernels.items() if "_row_linear_fwd" in name) == 1, kernels
+    assert not [name for name in kernels if "gemv2T" in name], kernels
+    err = _rel(got, want)
+    _report(f"camera_modulation_row_linear_{str(dtype)[6:]}_{'compiled' if compiled else 'eager'}", err)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    assert err < (1e-5 if dtype == torch.float32 else 1e-2), err
+
+
 def test_compiled_between_layers_fuses_across_the_blocks_boundaries():
     """compile_model compiles the work between two cache attentions as one function: on the
     tiny model in bf16 each block's last residual add fuses with the next block's first norm,
