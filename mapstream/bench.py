@@ -45,7 +45,8 @@ class BenchConfig:
     images: str | None = None
     """Folder of photos to stream (resized to width x height); default: random frames."""
     fast: bool | str = False
-    """Single-frame steps through CUDA graphs (`Session(fast=...)`: True/"pieces" or "whole")."""
+    """Single-frame steps through CUDA graphs (`Session(fast=...)`: True for the automatic choice,
+    "pieces" or "whole")."""
     check_every: int = 24
     """Keep the predictions of every this-many streaming frames of the timed pass (for the
     correctness check against a reference pass, `reference_samples`)."""

@@ -105,11 +105,13 @@ class Session:
             buffered frame right away (the scale frames seen so far, processed together
             without storing); the final predictions follow when the phase completes.
         fast: run single-frame steps from CUDA graphs (`mapstream.fast.GraphedStep`; on a
-            CPU the same code runs eagerly). Same function as the plain path. True or
-            "pieces": graphs between the aggregator's eager cache attentions (fastest on an
-            H200 with a free host CPU); "whole": the entire step as one graph (least host
-            work: for busy hosts; needs a backend that reads key ranges on the device,
-            such as "triton", to be fast).
+            CPU the same code runs eagerly). Same function as the plain path. "whole": the
+            entire step as one graph (least host work; fast only with an attention backend
+            that reads key ranges on the device, such as "triton"); "pieces": graphs
+            between the aggregator's eager cache attentions; True: "whole" on CUDA where
+            the backend reads key ranges on the device (0.86 ms a frame faster than the
+            pieces on an H200, docs/BENCHMARKS.md, session 14), "pieces" elsewhere (the
+            other backends would attend over the whole cache arena, masked).
         cache: cache policy for this session (default: the model's `cache_config`).
         state: caches to use (default: new ones owned by this session).
     """
@@ -382,6 +384,17 @@ class Session:
             return None
         return self._graphs_for(frames)
 
+    @property
+    def whole_step(self) -> bool:
+        """Whether the fast path replays each step as one graph (`fast`: "whole", or True
+        with a backend that reads key ranges on the device) rather than in pieces."""
+        if self.fast is True:
+            if self.device.type != "cuda":
+                return False
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+            return self.model.attention_backend(self.device, dtype).device_range
+        return self.fast == "whole"
+
     def _graphs_for(self, frames: torch.Tensor):
         from .fast import GraphedStep
 
@@ -389,7 +402,7 @@ class Session:
         if size not in self._graphed:
             with _autocast(self.device, self.precision):
                 self._graphed[size] = GraphedStep(
-                    self.model, size, capture=self.device.type == "cuda", whole=self.fast == "whole"
+                    self.model, size, capture=self.device.type == "cuda", whole=self.whole_step
                 )
         return self._graphed[size]
 

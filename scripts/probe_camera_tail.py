@@ -44,7 +44,7 @@ def rows_shares() -> dict:
 
 
 def priority(heads_precision: str, frames_per_block: int = 10) -> dict:
-    cfg = BenchConfig(backend="triton", fast=True, heads_precision=heads_precision, stage_breakdown=False)
+    cfg = BenchConfig(backend="triton", fast="pieces", heads_precision=heads_precision, stage_breakdown=False)
     device = torch.device("cuda")
     model = compile_model(build_bench_model(cfg, device))
     model.set_backend(cfg.backend)

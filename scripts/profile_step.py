@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=90)
     ap.add_argument("--out", default=None)
     ap.add_argument("--whole", action="store_true", help="with --fast: the whole step as one CUDA graph (fast='whole')")
+    ap.add_argument("--pieces", action="store_true", help="with --fast: the step in pieces around the cache attentions (fast='pieces'); default: the session's choice")
     ap.add_argument("--compile-heads", action="store_true", help="with --compile: compile the DPT heads too")
     ap.add_argument("--bf16-heads", action="store_true", help="heads cast to bf16 too (bench variant bf16-heads)")
     ap.add_argument("--compile-mode", default=None, help="with --compile: torch.compile mode (e.g. max-autotune-no-cudagraphs)")
@@ -54,7 +55,7 @@ def main() -> None:
     if args.compile:
         compile_model(model, heads=args.compile_heads, mode=args.compile_mode)
     frames = torch.rand(args.frames, 3, cfg.height, cfg.width, device="cuda")
-    session = model.session(num_scale_frames=8, precision="bf16", fast=("whole" if args.whole else True) if args.fast else False)
+    session = model.session(num_scale_frames=8, precision="bf16", fast=("whole" if args.whole else "pieces" if args.pieces else True) if args.fast else False)
     t0 = time.time()
     for i in range(args.frames - 5):
         session.step(frames[i])
@@ -86,7 +87,7 @@ def main() -> None:
         "compile": args.compile,
         "fast": args.fast,
         "backend": args.backend,
-        "whole": args.whole,
+        "whole": session.whole_step if args.fast else False,
         "compile_heads": args.compile_heads,
         "compile_mode": args.compile_mode,
         "bf16_heads": args.bf16_heads,

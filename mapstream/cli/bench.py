@@ -9,10 +9,20 @@ from typing import Literal
 from ..bench import BenchConfig, build_bench_model, compare_samples, reference_samples, run_benchmark, write_result
 
 
-_VARIANT_ORDER = ("eager", "fast", "compiled", "whole", "bf16-heads", "whole-bf16-heads")
+_VARIANT_ORDER = (
+    "eager", "fast", "compiled", "pieces", "whole", "bf16-heads", "pieces-bf16-heads", "whole-bf16-heads",
+)
 # Largest relative error against the eager SDPA pass that a bf16 variant may show (the
 # bf16 fast paths measure ~1e-2 on pose and ~5e-3 on depth, docs/BENCHMARKS.md).
 _TOLERANCE = {"pose_enc": 1e-1, "depth": 5e-2}
+
+
+def _step_mode(variant: str) -> bool | str:
+    """`Session(fast=...)` of a graphed variant: its named step mode, or the automatic one."""
+    for mode in ("pieces", "whole"):
+        if variant.startswith(mode):
+            return mode
+    return True
 
 
 @dataclass
@@ -36,11 +46,14 @@ class Bench:
     check: bool = True
     """Check every variant's predictions against an eager SDPA pass over the same frames."""
     variants: tuple[str, ...] = ("eager", "fast", "compiled")
-    """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs in pieces
-    around the cache attentions; compiled: fast with the blocks compiled by torch.compile;
-    whole: compiled, with the entire step as one graph; bf16-heads: compiled, with the
-    heads in bf16 too (the protocol keeps them fp32; a model of its own); whole-bf16-heads:
-    both. Compiled variants run last: compiling changes the model in place."""
+    """eager: plain PyTorch; fast: single-frame steps replayed from CUDA graphs
+    (`Session(fast=True)`: the whole step as one graph with backends that read key ranges on
+    the device, such as triton, else in pieces around the cache attentions); compiled: fast
+    with the blocks compiled by torch.compile; pieces / whole: compiled, with the step in
+    pieces / as one graph whatever the backend; bf16-heads: compiled, with the heads in bf16
+    too (the protocol keeps them fp32; a model of its own); pieces-bf16-heads /
+    whole-bf16-heads: both. Compiled variants run last: compiling changes the model in
+    place."""
 
     def main(self) -> int:
         from ..attention import available_backends
@@ -68,7 +81,7 @@ class Bench:
                 width=width, height=height, backend=backend, precision=self.precision,
                 stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
                 images=self.images, stage_breakdown=self.stages and variant == "eager",
-                fast=False if variant == "eager" else "whole" if variant.startswith("whole") else True,
+                fast=False if variant == "eager" else _step_mode(variant),
                 heads_precision=self.precision if variant.endswith("bf16-heads") else "fp32",
             )
             if model is None:

@@ -14,18 +14,16 @@ the cache copies that do not involve the frame (trajectory bookkeeping) run eage
 before the second replay. A new capture of the second graph happens only when a cache's
 storage moves (new lease). The host's work per frame is a few small copies and two
 replays, and the GPU embeds the frame while the host checks it and plans the cache step.
-On a free H200 host it stays ≈ 0.4 ms a frame slower than the pieces (docs/BENCHMARKS.md,
-sessions 9 and 10): its device-side writes and ranges cost the GPU more than the pieces'
-launches do.
+`Session(fast=True)` takes it wherever the attention backend reads key ranges on the device
+(our Triton kernel): on an H200 it measured 0.86 ms a frame faster than the pieces in
+session 14 (both variants on one machine, docs/BENCHMARKS.md), where sessions 9 and 10 had
+found it ≈ 0.4 ms slower than the kernels of the pieces then.
 
-**Pieces** (the default): the aggregator's cache attentions run eagerly (exact key ranges,
-the fastest kernel); the rest, whose shapes are fixed by the frame size, is captured in
-pieces between them, and the camera head (its own cache read through a `DeviceStep`, as in
-the whole step) is one more graph: eager, its ~200 small kernels cost the host more time a
-frame than the GPU spends on them. Measured on
-an H200 with a free host this is ~0.7 ms a frame faster than the whole step: the host stays
-ahead of the GPU behind the long attention kernels anyway, while the device-side range and
-index writes cost a little GPU time (docs/BENCHMARKS.md, 2026-11-30 "whole-step graph"):
+**Pieces** (`fast="pieces"`, and the choice for other backends): the aggregator's cache
+attentions run eagerly (exact key ranges, any backend's kernel); the rest, whose shapes are
+fixed by the frame size, is captured in pieces between them, and the camera head (its own
+cache read through a `DeviceStep`, as in the whole step) is one more graph: eager, its ~200
+small kernels cost the host more time a frame than the GPU spends on them:
 
     graph 0:   embed (ViT, special tokens) -> frame block 0 -> global block 0 inputs (q, k, v)
     eager:     cache attention of layer 0 (exact visible range, fastest kernel)

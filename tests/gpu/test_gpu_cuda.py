@@ -412,7 +412,20 @@ def test_qkv_heads_under_autocast_rounds_once_to_the_autocast_dtype():
         assert float((diff > 0).float().mean()) < 1e-2
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["eager", "graphs"])
+def test_fast_true_takes_the_whole_step_where_the_backend_reads_key_ranges_on_the_device():
+    """`Session(fast=True)` on CUDA: one graph a step with the Triton backend (it reads the
+    visible key range from device memory), pieces with SDPA (it would attend over the whole
+    cache arena, masked)."""
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
+    chosen = {}
+    for backend in ("triton", "sdpa"):
+        model.set_backend(backend)
+        with model.session(num_scale_frames=2, precision="bf16", fast=True) as s:
+            chosen[backend] = s.whole_step
+    assert chosen == {"triton": True, "sdpa": False}
+
+
+@pytest.mark.parametrize("fast", [False, "pieces", "whole"], ids=["eager", "pieces", "whole-step"])
 def test_session_steps_run_the_fused_heads_and_our_frame_attention(fast):
     """A bf16 session step (bf16 weights under autocast, as sessions run) goes through the
     fused q/k/v heads in every frame and global block and through our kernel for every
@@ -778,7 +791,9 @@ def test_fast_path_fixes_the_cache_attentions_reference_point_without_repairs_on
 
     backend._kernel = spied
     images = _photos().cuda()
-    with model.session(num_scale_frames=4, precision="bf16", fast=True) as s:
+    # In pieces every cache attention is a Python call that the spy sees (a whole-step
+    # graph replays its captured calls: the next test covers it).
+    with model.session(num_scale_frames=4, precision="bf16", fast="pieces") as s:
         for frame in images[:-1]:
             s.step(frame)
         torch.cuda.synchronize()
@@ -790,7 +805,7 @@ def test_fast_path_fixes_the_cache_attentions_reference_point_without_repairs_on
     assert model.aggregator.key_norm_hints.repaired_blocks() == [0] * depth
 
 
-@pytest.mark.parametrize("fast", [True, "whole"], ids=["pieces", "whole-step"])
+@pytest.mark.parametrize("fast", ["pieces", "whole"], ids=["pieces", "whole-step"])
 def test_a_key_norm_bound_far_too_loose_is_repaired_then_withdrawn(monkeypatch, fast):
     """Global block 3 given a bound 1000x too large: its first fixed-reference calls compute
     every row block again (counted), the next steps give it the running max (one

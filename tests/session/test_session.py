@@ -533,3 +533,13 @@ def test_a_deep_copied_model_computes_the_same_and_shares_nothing(model):
         assert torch.equal(a.pose_enc, b.pose_enc) and torch.equal(a.depth, b.depth)
     twin.aggregator.key_norms()[0].repairs.add_(1)
     assert model.aggregator.key_norm_hints.repaired_blocks()[0] == 0
+
+
+def test_fast_true_steps_in_pieces_off_cuda_and_the_named_modes_are_kept(model):
+    """`Session(fast=True)` chooses the step's decomposition: off CUDA always the pieces (the
+    whole step is for backends that read key ranges on a GPU); "pieces" and "whole" are kept
+    as asked (tests/gpu covers the choice on CUDA)."""
+    modes = {fast: model.session(num_scale_frames=2, fast=fast) for fast in (False, True, "pieces", "whole")}
+    assert {fast: s.whole_step for fast, s in modes.items()} == {False: False, True: False, "pieces": False, "whole": True}
+    for s in modes.values():
+        s.close()
