@@ -18,7 +18,6 @@ from ..attention import AttentionBackend, SDPABackend, select_backend
 from ..attention.fused import fused_kernels_allowed
 from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
 from ..layers import Block, Mlp
-from ..layers.row_linear import silu_linear
 
 __all__ = ["CameraCausalHead", "activate_pose"]
 
@@ -169,8 +168,7 @@ class CameraCausalHead(nn.Module):
     def modulate(self, base: torch.Tensor, normed: torch.Tensor, pose_in: torch.Tensor) -> torch.Tensor:
         """The trunk's input for a pass: `normed` modulated by the pose so far (adaLN shift,
         scale and gate), plus `base`."""
-        # poseLN_modulation is SiLU then a 2048 -> 6144 product: for one token, one kernel.
-        shift, scale, gate = silu_linear(self.embed_pose(pose_in), self.poseLN_modulation[1]).chunk(3, dim=-1)
+        shift, scale, gate = self.poseLN_modulation(self.embed_pose(pose_in)).chunk(3, dim=-1)
         return gate * (normed * (1 + scale) + shift) + base
 
     def update_pose(self, x: torch.Tensor, raw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

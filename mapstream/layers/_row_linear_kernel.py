@@ -1,5 +1,5 @@
-"""Triton kernel of `row_linear`: one row through a linear layer, with its LayerNorm or SiLU
-before and its GELU or scaled residual add after. A matrix-vector product reads every weight once
+"""Triton kernel of `row_linear`: one row through a linear layer, with its LayerNorm before
+and its GELU or scaled residual add after. A matrix-vector product reads every weight once
 and is bound by memory, so each program takes BLOCK_N output features and streams their
 weight rows in BLOCK_K-wide chunks; the row itself (and its LayerNorm) is recomputed by every
 program from L2, which costs far less than one extra launch."""
@@ -14,7 +14,7 @@ def _row_linear_fwd(
     X, W, B, NW, NB, R, G, Y,
     N, K, stride_w, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NORM: tl.constexpr, NORM_AFFINE: tl.constexpr, SILU: tl.constexpr, ROUND_INPUT: tl.constexpr,
+    NORM: tl.constexpr, NORM_AFFINE: tl.constexpr, ROUND_NORM: tl.constexpr,
     GELU: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,11 +55,8 @@ def _row_linear_fwd(
             if NORM_AFFINE:
                 x = x * tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
                 x = x + tl.load(NB + cols, mask=col_ok, other=0.0).to(tl.float32)
-        if SILU:
-            x = x * tl.sigmoid(x)
-        if ROUND_INPUT:  # a half-precision norm or SiLU hands the product its rounded result
-            x = x.to(X.dtype.element_ty).to(tl.float32)
-        if NORM:
+            if ROUND_NORM:  # a half-precision LayerNorm hands the product its rounded result
+                x = x.to(X.dtype.element_ty).to(tl.float32)
             x = tl.where(col_ok, x, 0.0)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, 1) + tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)

@@ -2,7 +2,6 @@
 
     norm_linear(x, norm, fc1, gelu=True)            ==  gelu(fc1(norm(x)))
     linear_residual(h, fc2, residual=x, scale=g)    ==  x + g * fc2(h)
-    silu_linear(x, linear)                          ==  linear(silu(x))
 
 The camera head refines one camera token a frame, so every product of its trunk is a
 matrix-vector product: bound by reading the weights (201 M of them, 16 passes a frame), and
@@ -24,13 +23,12 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..attention.fused import HAS_TRITON, our_kernels_may_serve
 from .linear_gelu import linear_gelu
 
-__all__ = ["linear_residual", "norm_linear", "silu_linear"]
+__all__ = ["linear_residual", "norm_linear"]
 
 _BLOCK_N = 4
 _CHUNK_BYTES = 2048
@@ -43,24 +41,15 @@ _CHUNK_BYTES = 2048
 def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, linear: nn.Linear, *, gelu: bool = False) -> torch.Tensor:
     """linear(norm(x)), then the exact GELU if `gelu`; x [..., in]."""
     if _fused_ok(x, linear, norm):
-        return _row_linear_op(
-            x, linear.weight, linear.bias, norm.weight, norm.bias, None, None, norm.eps, gelu, True, False
-        )
+        return _row_linear_op(x, linear.weight, linear.bias, norm.weight, norm.bias, None, None, norm.eps, gelu, True)
     return linear_gelu(norm(x), linear) if gelu else linear(norm(x))
-
-
-def silu_linear(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """linear(silu(x)) (the camera head's adaLN modulation); x [..., in]."""
-    if _fused_ok(x, linear, None):
-        return _row_linear_op(x, linear.weight, linear.bias, None, None, None, None, 0.0, False, False, True)
-    return linear(F.silu(x))
 
 
 def linear_residual(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """residual + scale * linear(x) (a LayerScale'd residual branch); x [..., in], residual
     [..., out], scale [out]."""
     if _fused_ok(x, linear, None) and _residual_ok(residual, scale, x, linear):
-        return _row_linear_op(x, linear.weight, linear.bias, None, None, residual, scale, 0.0, False, False, False)
+        return _row_linear_op(x, linear.weight, linear.bias, None, None, residual, scale, 0.0, False, False)
     return residual + linear(x) * scale
 
 
@@ -99,17 +88,14 @@ def launch_row_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     norm_weight: Optional[torch.Tensor], norm_bias: Optional[torch.Tensor],
     residual: Optional[torch.Tensor], scale: Optional[torch.Tensor],
-    eps: float, gelu: bool, normed: bool, silu: bool = False, *, launch=None,
+    eps: float, gelu: bool, normed: bool, *, launch=None,
 ) -> torch.Tensor:
     """Allocate the output [..., out] and run the kernel (`launch` wraps it for torch.compile).
-    normed: apply a LayerNorm (affine if norm_weight is given) before the product; silu: the
-    SiLU instead."""
+    normed: apply a LayerNorm (affine if norm_weight is given) before the product."""
     import triton
 
     from ._row_linear_kernel import _row_linear_fwd
 
-    if normed and silu:
-        raise ValueError("launch_row_linear applies a LayerNorm or a SiLU before the product, not both")
     n, k = weight.shape
     row = x.reshape(k).contiguous()
     y = x.new_empty(*x.shape[:-1], n)
@@ -122,8 +108,7 @@ def launch_row_linear(
         scale if scale is not None else row, y,
         n, k, weight.stride(0), eps,
         BLOCK_N=_BLOCK_N, BLOCK_K=_CHUNK_BYTES // weight.element_size(), NORM=normed, NORM_AFFINE=affine,
-        SILU=silu, ROUND_INPUT=(normed or silu) and x.dtype != torch.float32, GELU=gelu,
-        RESIDUAL=residual is not None, num_warps=4,
+        ROUND_NORM=normed and x.dtype != torch.float32, GELU=gelu, RESIDUAL=residual is not None, num_warps=4,
     )
     return y
 
@@ -138,10 +123,10 @@ def _register_op():
         x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
         norm_weight: Optional[torch.Tensor], norm_bias: Optional[torch.Tensor],
         residual: Optional[torch.Tensor], scale: Optional[torch.Tensor],
-        eps: float, gelu: bool, normed: bool, silu: bool,
+        eps: float, gelu: bool, normed: bool,
     ) -> torch.Tensor:
         return launch_row_linear(
-            x, weight, bias, norm_weight, norm_bias, residual, scale, eps, gelu, normed, silu, launch=wrap_triton,
+            x, weight, bias, norm_weight, norm_bias, residual, scale, eps, gelu, normed, launch=wrap_triton,
         )
 
     return row_linear_op

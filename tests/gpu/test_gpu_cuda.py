@@ -597,37 +597,6 @@ def test_value_check_on_a_second_stream_answers_while_the_current_stream_is_busy
         ValueCheck(bad, stream=side).wait()
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_camera_modulation_of_one_token_is_one_row_linear_kernel(dtype, compiled):
-    """The camera head's adaLN modulation (SiLU, then 2048 -> 6144) for one token runs as one
-    row-linear kernel with the SiLU in its prologue, eager and compiled (cuBLAS only for the
-    9 -> 2048 pose embedding before it), within float (fp32) or bf16 rounding of
-    `plain_pytorch()`'s composition."""
-    from mapstream.attention import plain_pytorch
-    from mapstream.cache import CacheSpec
-    from mapstream.heads.camera import CameraCausalHead
-
-    torch.manual_seed(0)
-    spec = CacheSpec(anchor_frames=1, window_frames=4, trajectory_capacity=None)
-    head = CameraCausalHead(2048, cache_spec=spec).cuda().eval().to(dtype)
-    base = torch.randn(1, 1, 2048, device="cuda").to(dtype)
-    normed = torch.randn(1, 1, 2048, device="cuda").to(dtype)
-    pose = torch.randn(1, 1, 9, device="cuda").to(dtype)
-    with torch.no_grad():
-        with plain_pytorch():
-            want = head.modulate(base, normed, pose)
-        modulate = torch.compile(head.modulate, dynamic=False) if compiled else head.modulate
-        modulate(base, normed, pose)  # warm-up (compilation)
-        got, kernels = _profiled(lambda: modulate(base, normed, pose))
-    assert sum(n for name, n in kernels.items() if "_row_linear_fwd" in name) == 1, kernels
-    assert not [name for name in kernels if "gemv2T" in name], kernels
-    err = _rel(got, want)
-    _report(f"camera_modulation_row_linear_{str(dtype)[6:]}_{'compiled' if compiled else 'eager'}", err)
-    assert got.dtype == dtype and torch.isfinite(got).all()
-    assert err < (1e-5 if dtype == torch.float32 else 1e-2), err
-
-
 def test_compiled_between_layers_fuses_across_the_blocks_boundaries():
     """compile_model compiles the work between two cache attentions as one function: on the
     tiny model in bf16 each block's last residual add fuses with the next block's first norm,
