@@ -504,21 +504,33 @@ def test_dense_attention_of_one_frame_is_our_kernel(layout):
     assert max(err, err_compiled) < max(1.5 * err_cudnn, 5e-3), (err, err_compiled, err_cudnn)
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["eager", "graphs"])
-def test_gpu_memory_is_flat_on_a_long_stream(full_fp32, fast):
+@pytest.mark.parametrize(
+    "precision, fast, backend",
+    [("fp32", False, "sdpa"), ("fp32", True, "sdpa"), ("bf16", True, "triton")],
+    ids=["eager", "graphs-pieces", "graphs-whole-step"],
+)
+def test_gpu_memory_is_flat_on_a_long_stream(full_fp32, precision, fast, backend):
     """Flat after the window and the trajectory memory are full, eager and replayed from
-    graphs (the camera head's own graph pool and second stream included)."""
+    graphs: in pieces (SDPA; the camera head's own graph pool and second stream included) and
+    as the whole-step graph that `fast=True` takes with the Triton backend, captured again
+    whenever the trajectory memory's growth or thinning moves the cache's storage."""
     images = _photos(16).cuda()
     cache = mapstream.CacheConfig(scale_frames=4, sliding_window=8, trajectory_capacity=64)
+    full_fp32.set_backend(backend)
     torch.cuda.synchronize()
-    with full_fp32.session(num_scale_frames=4, precision="fp32", cache=cache, fast=fast) as s:
-        marks = {}
-        for i in range(400):
-            s.step(images[i % 16])
-            if i in (150, 399):
-                torch.cuda.synchronize()
-                marks[i] = torch.cuda.memory_allocated()
-    _report(f"gpu_memory_allocated_frames_150_399_{'graphs' if fast else 'eager'}", marks)
+    try:
+        with full_fp32.session(num_scale_frames=4, precision=precision, cache=cache, fast=fast) as s:
+            assert s.whole_step == (backend == "triton" and bool(fast))
+            marks = {}
+            for i in range(400):
+                s.step(images[i % 16])
+                if i in (150, 399):
+                    torch.cuda.synchronize()
+                    marks[i] = torch.cuda.memory_allocated()
+    finally:
+        full_fp32.set_backend("sdpa")
+    mode = "eager" if not fast else "whole" if backend == "triton" else "pieces"
+    _report(f"gpu_memory_allocated_frames_150_399_{mode}", marks)
     assert marks[399] == marks[150]
 
 
