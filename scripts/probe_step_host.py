@@ -16,7 +16,10 @@ own session (compiled, bf16 heads), from frame 100 on, in four interleaved arms:
 Reported (medians, µs): `step_gpu` per arm, `host_exposed` = exposed - hidden per order, and for
 the `now` arm the host's clock from the step's call to the first graph's launch
 (`before_launch`, of it `check`: the shape check, `check_to_load`, `load`: the frame's copies)
-and the launch call itself (`launch`).
+and the launch call itself (`launch`). In whole-step mode (`Session.whole_step`, the choice
+of `fast=True` here) also `graph0_to_second_graph`: from the end of the first graph to the
+point where the host queued the second (CUDA events), i.e. the GPU's wait for the host's
+cache planning plus the few small kernels of `DeviceStep.prepare`.
 
 Usage (device): python3 scripts/probe_step_host.py [--frames 192] [--out FILE.json]
 """
@@ -34,16 +37,39 @@ from mapstream.models.compile import compile_model
 from mapstream.validation import ValueCheck
 
 
-def _marked(fn, marks: dict, key: str):
-    """fn, recording marks[key + "_start" / "_end"] around each call."""
+class _Around:
+    """fn with `before()` and `after()` run around each call; other attributes are fn's (the
+    whole step reads `_first_piece.outputs` when it captures again)."""
 
-    def wrapped(*args, **kwargs):
-        marks[key + "_start"] = time.perf_counter()
-        out = fn(*args, **kwargs)
-        marks[key + "_end"] = time.perf_counter()
+    def __init__(self, fn, before, after) -> None:
+        self._fn, self._before, self._after = fn, before, after
+
+    def __call__(self, *args, **kwargs):
+        self._before()
+        out = self._fn(*args, **kwargs)
+        self._after()
         return out
 
-    return wrapped
+    def __getattr__(self, name):
+        return getattr(self._fn, name)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _evented(fn, event: torch.cuda.Event, *, after: bool) -> _Around:
+    """fn, recording `event` on the current stream just before (or after) each call."""
+    return _Around(fn, _nothing if after else event.record, event.record if after else _nothing)
+
+
+def _marked(fn, marks: dict, key: str) -> _Around:
+    """fn, recording marks[key + "_start" / "_end"] around each call."""
+
+    def mark(which: str):
+        return lambda: marks.__setitem__(f"{key}_{which}", time.perf_counter())
+
+    return _Around(fn, mark("start"), mark("end"))
 
 
 @torch.no_grad()
@@ -73,12 +99,18 @@ def main() -> None:
     marks: dict[str, float] = {}
     gpu_ms: dict[str, list[float]] = {f"{o}_{t}": [] for o in ("now", "before") for t in ("exposed", "hidden")}
     host: list[dict[str, float]] = []
+    between: list[float] = []
     for i in range(cfg.scale_frames + args.frames):
         if i == cfg.scale_frames + 1:  # the graphs exist now: time the first piece's launches
             (graphed,) = session._graphed.values()
             graphed._first_piece = _marked(graphed._first_piece, marks, "launch")
             session._check_frame = _marked(session._check_frame, marks, "check")
             graphed._load_frame = _marked(graphed._load_frame, marks, "load")
+            if graphed.whole:  # events after graph 0's launch and before the second graph's
+                first_done, second_start = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                graphed._first_piece = _evented(graphed._first_piece, first_done, after=True)
+                for_key = graphed._whole.for_key
+                graphed._whole.for_key = lambda key: _evented(for_key(key), second_start, after=False)
         order = "before" if (i // 2) % 2 else "now"
         hidden = i % 2 == 1
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -97,6 +129,8 @@ def main() -> None:
             continue
         gpu_ms[f"{order}_{'hidden' if hidden else 'exposed'}"].append(start.elapsed_time(end) * 1e3)
         if order == "now" and not hidden:
+            if graphed.whole:
+                between.append(first_done.elapsed_time(second_start) * 1e3)
             host.append({
                 "check": (marks["check_end"] - t0) * 1e6,
                 "check_to_load": (marks["load_start"] - marks["check_end"]) * 1e6,
@@ -108,6 +142,8 @@ def main() -> None:
     for o in ("now", "before"):
         summary[f"host_exposed_{o}"] = summary[f"step_gpu_{o}_exposed"] - summary[f"step_gpu_{o}_hidden"]
     summary.update({key: statistics.median(r[key] for r in host) for key in host[0]})
+    if between:
+        summary["graph0_to_second_graph"] = statistics.median(between)
     for key, value in summary.items():
         print(f"{key:22s} median {value:9.1f} us")
     if args.out:
