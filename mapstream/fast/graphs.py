@@ -418,9 +418,9 @@ class StartedStep:
 
     def __init__(self, graphed: GraphedStep, frame: torch.Tensor, first: tuple | None, values: ValueCheck | None) -> None:
         self._graphed, self._shape, self._first = graphed, frame.shape, first
+        # The frame's value check started beside the first graph (`GraphedStep.start`; None
+        # when the caller checked the values itself): wait for it before calling.
         self.values = values
-        """The frame's value check started beside the first graph (`GraphedStep.start`):
-        wait for it before calling."""
         self._done = False
 
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
