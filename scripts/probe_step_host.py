@@ -15,7 +15,8 @@ own session (compiled, bf16 heads), from frame 100 on, in four interleaved arms:
 
 Reported (medians, µs): `step_gpu` per arm, `host_exposed` = exposed - hidden per order, and for
 the `now` arm the host's clock from the step's call to the first graph's launch
-(`before_launch`, of it `check`: the shape check, `check_to_load`, `load`: the frame's copies)
+(`before_launch`, of it `record`: the start event's record call, `check`: the step's entry and
+shape check, `check_to_load`, `load`: the frame's copies)
 and the launch call itself (`launch`). In whole-step mode (`Session.whole_step`, the choice
 of `fast=True` here) also `graph0_to_second_graph`: from the end of the first graph to the
 point where the host queued the second (CUDA events), i.e. the GPU's wait for the host's
@@ -119,6 +120,7 @@ def main() -> None:
             torch.cuda._sleep(3_000_000)
         t0 = time.perf_counter()
         start.record()
+        t_recorded = time.perf_counter()
         if order == "before" and i >= 100:
             _step_check_first(session, frames[i])
         else:
@@ -132,7 +134,8 @@ def main() -> None:
             if graphed.whole:
                 between.append(first_done.elapsed_time(second_start) * 1e3)
             host.append({
-                "check": (marks["check_end"] - t0) * 1e6,
+                "record": (t_recorded - t0) * 1e6,
+                "check": (marks["check_end"] - t_recorded) * 1e6,
                 "check_to_load": (marks["load_start"] - marks["check_end"]) * 1e6,
                 "load": (marks["load_end"] - marks["load_start"]) * 1e6,
                 "before_launch": (marks["launch_start"] - t0) * 1e6,
