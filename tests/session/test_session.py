@@ -251,11 +251,13 @@ def test_compiled_model_computes_the_same_function():
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole-step"])
-@pytest.mark.parametrize("kf", [1, 2])
+@pytest.mark.parametrize("kf", [1, 2, "auto"])
 def test_fast_path_computes_the_same_function(model, kf, whole):
     """Both graph decompositions (run eagerly on the CPU) equal the plain forward, through
-    window eviction, trajectory thinning and unstored frames. The whole-step mode reads
-    write offsets and key ranges from device tensors (masked SDPA here)."""
+    window eviction, trajectory thinning and unstored frames, also when the keyframe policy
+    decides after seeing the prediction ("auto": the step's frame is promoted afterwards).
+    The whole-step mode reads write offsets and key ranges from device tensors (masked SDPA
+    here)."""
     x = frames_of(16, seed=13)
     cache = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
     with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache) as plain:
