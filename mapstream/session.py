@@ -24,6 +24,7 @@ import torch
 
 from .config import CacheConfig
 from .keyframes import KeyframePolicy, make_policy
+from .models.aggregator import kv_dtype
 from .models.gct import GCTStream, StreamState
 from .validation import ValueCheck, check_images
 
@@ -391,7 +392,10 @@ class Session:
         if self.fast is True:
             if self.device.type != "cuda":
                 return False
-            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+            # The backend the step's cache attention gets: the one for the cache's dtype (the
+            # autocast dtype, or the weights' without autocast).
+            with _autocast(self.device, self.precision):
+                dtype = kv_dtype(self.model.aggregator.camera_token)
             return self.model.attention_backend(self.device, dtype).device_range
         return self.fast == "whole"
 
