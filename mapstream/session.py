@@ -68,7 +68,11 @@ def _autocast(device: torch.device, precision: str):
     if precision == "fp32" or device.type != "cuda":
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast("cuda", dtype=dtype)
+    # No cast cache: autocast keeps its casts of fp32 weights only until the context exits,
+    # and a CUDA graph captured inside it would read those copies after they were freed
+    # (and their memory reused). Without the cache every use casts again, inside the graph
+    # when captured; an eager forward uses each weight once, so it costs it nothing.
+    return torch.autocast("cuda", dtype=dtype, cache_enabled=False)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -130,6 +130,12 @@ class GraphedStep:
         grid_h, grid_w = height // c.patch_size, width // c.patch_size
         self.grid = (grid_h, grid_w)
         self.frame = torch.zeros(1, 1, 3, height, width, device=device)
+        if capture and _kv_dtype(agg.camera_token) != agg.camera_token.dtype:
+            log.warning(
+                "fast path: the aggregator's weights are %s under %s autocast, so every replayed step "
+                "casts them again (several GB of memory traffic a frame); model.cast_for_inference(...) "
+                "to the autocast dtype removes that", agg.camera_token.dtype, _kv_dtype(agg.camera_token),
+            )
         # After the scale phase every frame takes copy 1 of the camera, register and scale tokens.
         self.special = agg._special_tokens(1, stored=1, num_frame_for_scale=1).detach().clone()
         self.pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, device)

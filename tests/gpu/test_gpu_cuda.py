@@ -566,6 +566,41 @@ def test_whole_step_graph_serves_every_cache_state(kf):
         torch.testing.assert_close(a.pose_enc, c.pose_enc, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("fast", ["pieces", "whole"])
+def test_graphs_of_fp32_weights_under_bf16_autocast_read_live_casts(fast):
+    """fp32 weights with precision bf16 (no `cast_for_inference`): the captured graphs must
+    not hold autocast's cached casts of the weights, freed when its context exits. Every
+    capture empties PyTorch's allocator cache (a later graph's, e.g. after the camera cache
+    grew: a 400-frame stream crashed on an illegal address that way); between steps the
+    test does the same, then takes blocks the size of each cast weight and fills them with
+    NaN, so a graph that read freed casts would fault or put NaN in the outputs. They equal
+    the eager session's."""
+    reasons = available_backends(torch.device("cuda"), torch.bfloat16)["triton"]
+    if fast == "whole" and reasons:
+        pytest.skip("; ".join(reasons))
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in model.parameters())  # autocast caches these
+    model.set_backend("triton" if fast == "whole" else "sdpa")
+    cache = mapstream.CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
+    frames = torch.rand(14, 3, 28, 42, generator=torch.Generator().manual_seed(8)).cuda()
+
+    def run(fast_mode):
+        poison: list[torch.Tensor] = []
+        outputs = []
+        with model.session(num_scale_frames=2, precision="bf16", cache=cache, fast=fast_mode) as s:
+            for frame in frames:
+                outputs += s.step(frame)
+                poison.clear()
+                torch.cuda.empty_cache()
+                poison += [torch.full_like(p, float("nan"), dtype=torch.bfloat16) for p in model.parameters()]
+        return outputs
+
+    eager, graphed = run(False), run(fast)
+    for a, b in zip(graphed, eager):
+        torch.testing.assert_close(a.depth, b.depth, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=2e-2, atol=2e-2)
+
+
 def test_value_check_of_frames_on_the_gpu_answers_through_one_asynchronous_copy():
     """`ValueCheck` on CUDA frames: nothing waits until `wait()`, which passes good frames and
     names the NaN frame or the out-of-range values of bad ones."""
