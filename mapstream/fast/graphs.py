@@ -149,6 +149,7 @@ class GraphedStep:
             if self.global_rotary is not None and c.enable_3d_rope else None
         )
         self._time = torch.zeros((), dtype=torch.float64, device=device)
+        self._time_value = 0  # what `_time` holds (host mirror)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.whole = whole
         self.camera_device_step = DeviceStep(1, device)
@@ -184,7 +185,20 @@ class GraphedStep:
         """Copy the frame and its time index (frames stored so far) into the static inputs of
         the first graph."""
         self.frame.copy_(frame)
-        self._time.fill_(float(cache.frames_stored))
+        self._set_time(cache.frames_stored)
+
+    def _set_time(self, frames_stored: int) -> None:
+        """Make `_time` hold `frames_stored`. Each step sets it for the next frame once its
+        own cache step is planned, while the GPU is busy (`StartedStep`): the next start
+        then skips the fill unless a reset or a later keyframe decision changed the count."""
+        if frames_stored != self._time_value:
+            self._time.fill_(float(frames_stored))
+            self._time_value = frames_stored
+
+    @property
+    def first_graph_captured(self) -> bool:
+        """Whether starting a step replays the captured first graph (no capture pending)."""
+        return self._first_piece.graph is not None
 
     def _rotate_to_time(self) -> None:
         """Point the global blocks' rotation table at the time in `_time`, in place (the
@@ -438,8 +452,13 @@ class StartedStep:
         g = self._graphed
         with g._on_device():
             if g.whole:  # graph 0's outputs are the static tensors the second graph reads
-                return g._call_whole(state, store, backend)
-            return g._call_pieces(self._first, state, store, backend)
+                out = g._call_whole(state, store, backend)
+            else:
+                out = g._call_pieces(self._first, state, store, backend)
+            # Queued behind this step's work, off the next step's start (graph 0 of this
+            # step has read `_time` already: same stream).
+            g._set_time(state.aggregator.frames_stored)
+        return out
 
 
 @contextlib.contextmanager

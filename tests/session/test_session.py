@@ -365,6 +365,48 @@ def test_a_started_graphed_step_runs_once_and_only_with_its_own_frame(model):
             started(frame, s.state, store=True, backend=model.attention_backend(frame.device, frame.dtype))
 
 
+def test_a_frame_unlike_the_last_accepted_one_is_checked_in_full_after_the_scale_phase(model):
+    """After the scale phase a frame with the shape, dtype and device of the last accepted one
+    skips the shape checks (the step's start is GPU idle time); any other frame is checked in
+    full and refused with the check's message, the session untouched."""
+    x = frames_of(4, seed=14)
+    with model.session(num_scale_frames=2, fast=True) as s:
+        for frame in x[:3]:
+            s.step(frame)
+        with pytest.raises(ValueError, match="floating point"):
+            s.step((x[3] * 255).to(torch.uint8))
+        with pytest.raises(ValueError, match="3 \\(RGB\\) channels"):
+            s.step(x[3, :2])
+        with pytest.raises(TypeError, match="torch.Tensor"):
+            s.step(x[3].numpy())
+        with pytest.raises(ValueError, match="one frame"):
+            s.step(x[2:4])
+        (pred,) = s.step(x[3].permute(0, 2, 1).contiguous().permute(0, 2, 1))  # same frame, other strides
+        assert pred.index == 3
+    with model.session(num_scale_frames=2, fast=True) as twin:
+        want = twin.run_frames(x)[-1]
+    assert torch.equal(pred.pose_enc, want.pose_enc) and torch.equal(pred.depth, want.depth)
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole-step"])
+def test_graphed_steps_after_a_reset_see_the_new_sequence_time(model, whole):
+    """The first graph's time index (3D RoPE) is set for the next frame at the end of each
+    step and again at the start where a reset or a later keyframe decision changed it: a
+    sequence replayed after a reset equals the first pass, and the plain forward, frame for
+    frame (keyframes every second frame, so that frames seen and stored differ)."""
+    x = frames_of(7, seed=17)
+    with model.session(num_scale_frames=2, keyframe_interval=2) as plain:
+        want = plain.run_frames(x)
+    with model.session(num_scale_frames=2, keyframe_interval=2, fast="whole" if whole else "pieces") as s:
+        first = s.run_frames(x)
+        s.reset()
+        second = s.run_frames(x[:5])
+    for got in (first, second):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(a.depth, b.depth, rtol=1e-5, atol=1e-6)
+
+
 def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_changing_outputs():
     plain = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
     cast = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval().cast_for_inference("fp32")
