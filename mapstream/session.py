@@ -114,8 +114,8 @@ class Session:
             entire step as one graph (least host work; fast only with an attention backend
             that reads key ranges on the device, such as "triton"); "pieces": graphs
             between the aggregator's eager cache attentions; True: "whole" on CUDA where
-            the backend reads key ranges on the device (0.86 ms a frame faster than the
-            pieces in an H200 run, docs/BENCHMARKS.md, session 14), "pieces" elsewhere (the
+            the backend reads key ranges on the device (0.9-1.4 ms a frame faster than the
+            pieces on an H200, docs/BENCHMARKS.md, sessions 14-15), "pieces" elsewhere (the
             other backends would attend over the whole cache arena, masked).
         cache: cache policy for this session (default: the model's `cache_config`).
         state: caches to use (default: new ones owned by this session).

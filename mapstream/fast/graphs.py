@@ -16,8 +16,9 @@ storage moves (new lease). The host's work per frame is a few small copies and t
 replays, and the GPU embeds the frame while the host checks it and plans the cache step.
 `Session(fast=True)` takes it wherever the attention backend reads key ranges on the device
 (our Triton kernel): on an H200 it measured 0.86 ms a frame faster than the pieces in
-session 14 (both variants one after the other in one process, docs/BENCHMARKS.md), where
-sessions 9 and 10 had found it ≈ 0.4 ms slower and session 11 level, with the kernels of then.
+session 14 (both variants one after the other in one process) and 1.4 ms in session 15
+(frames interleaved between the two, docs/BENCHMARKS.md), where sessions 9 and 10 had found
+it ≈ 0.4 ms slower and session 11 level, with the kernels of then.
 
 **Pieces** (`fast="pieces"`, and the choice for other backends): the aggregator's cache
 attentions run eagerly (exact key ranges, any backend's kernel); the rest, whose shapes are
