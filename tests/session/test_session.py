@@ -407,6 +407,22 @@ def test_graphed_steps_after_a_reset_see_the_new_sequence_time(model, whole):
             torch.testing.assert_close(a.depth, b.depth, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_sessions_enter_autocast_without_its_cast_cache(precision):
+    """A CUDA graph captured inside a caching autocast reads its cached weight casts after the
+    context has freed them (the GPU test `test_graphs_of_fp32_weights_under_bf16_autocast_read_live_casts`
+    shows the crash): the sessions' autocast keeps no cache. Checked here on any machine."""
+    import warnings
+
+    from mapstream.session import _autocast
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "CUDA is not available ... disabling autocast" on a CPU machine
+        with _autocast(torch.device("cuda"), precision):
+            assert not torch.is_autocast_cache_enabled()
+    assert torch.is_autocast_cache_enabled()  # the default again outside
+
+
 def test_cast_for_inference_lays_dense_head_weights_out_channels_last_without_changing_outputs():
     plain = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
     cast = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval().cast_for_inference("fp32")
