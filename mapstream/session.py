@@ -254,7 +254,8 @@ class Session:
                 return self.flush()
             return self._provisional() if self.provisional else []
         plan = self._plan(keyframe, name)
-        return self._complete(plan, self._forward(frames, store=plan.store, scale=self._scale, started=started))
+        graphs = started if started is not None else self._graphed_step(frames)
+        return self._complete(plan, self._forward(frames, store=plan.store, scale=self._scale, graphs=graphs))
 
     def _check_frame(self, frame: torch.Tensor, *, values: bool = True) -> torch.Tensor:
         """A valid frame for this sequence as [1, 1, 3, H, W], or a clear error (values:
@@ -354,7 +355,8 @@ class Session:
             return self._merge(stacked, preds, images)
         for i in range(start, num_frames):
             store = self.policy.decide(self._count, self._scale)
-            outs.append(self._forward(images[:, i : i + 1], store=store, scale=self._scale))
+            frame = images[:, i : i + 1]
+            outs.append(self._forward(frame, store=store, scale=self._scale, graphs=self._graphed_step(frame)))
             self._count += 1
         result = self._stack(outs)
         result["images"] = images.to(self.output_device) if self.output_device is not None else images
@@ -384,9 +386,12 @@ class Session:
         result["images"] = images.to(self.output_device) if self.output_device is not None else images
         return result
 
-    def _forward(self, frames: torch.Tensor, *, store: bool, scale: int, started=None) -> dict[str, torch.Tensor]:
+    def _forward(self, frames: torch.Tensor, *, store: bool, scale: int, graphs=None) -> dict[str, torch.Tensor]:
+        """The model on `frames`; graphs: the `GraphedStep` (or its started step) to run a
+        single frame after the scale phase through, None for the plain forward. The caller
+        says which: a scale phase of one frame is a single frame too, but it takes the scale
+        frames' tokens and attention, which the graphs do not hold."""
         frames = frames.to(self.device, non_blocking=True)
-        graphs = started if started is not None else self._graphed_step(frames)
         with _autocast(self.device, self.precision):
             out = self.model(
                 frames, num_frame_for_scale=scale, keyframe=store, state=self.state, validate=False, graphs=graphs

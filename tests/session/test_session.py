@@ -276,6 +276,28 @@ def test_fast_path_computes_the_same_function(model, kf, whole):
         assert a.keyframe == b.keyframe
 
 
+@pytest.mark.parametrize("fast", [True, "whole"])
+@pytest.mark.parametrize("scale, frames", [(1, 5), (3, 1)], ids=["one-scale-frame", "one-frame-stream"])
+def test_a_scale_phase_of_one_frame_never_takes_the_graphs(model, fast, scale, frames):
+    """A scale phase of a single frame (num_scale_frames=1, or a stream of one frame flushed)
+    is one frame like a streaming step, but it takes the scale frames' tokens: it must run the
+    plain forward, not the graphs built for the frames after it (which once produced another
+    first prediction and a wrongly stored first frame). `step`, `run_frames` and `run` alike."""
+    x = frames_of(frames, seed=19)
+    cache = CacheConfig(scale_frames=scale, sliding_window=2, trajectory_capacity=2)
+    with model.session(num_scale_frames=scale, cache=cache) as plain:
+        want = plain.run_frames(x)
+    with model.session(num_scale_frames=scale, cache=cache, fast=fast) as s:
+        got = s.run_frames(x)
+        s.reset()
+        stacked = s.run(x)
+    assert len(got) == len(want) == frames
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a.depth, b.depth, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(stacked["pose_enc"][0, i], b.pose_enc, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole-step"])
 def test_graphed_steps_launch_the_first_graph_before_planning_the_cache_step(model, monkeypatch, whole):
     """Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache, so a
