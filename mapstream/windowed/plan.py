@@ -7,9 +7,12 @@ the first frames (the scale frames) of the next.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 __all__ = ["WindowPlan", "plan_windows", "effective_overlap"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,20 @@ def plan_windows(
     span = min(scale + max(window_size - scale, 0) * interval, num_frames)
     if span >= num_frames:
         return WindowPlan(((0, num_frames),), scale, overlap, span)
+    if overlap >= span:
+        # The reference keeps only windows at least `overlap` long, so every window but the
+        # last was dropped with its frames, and its forced one-frame step paired the wrong
+        # frames (LIMITS 22). The most windows can share is all their frames but one.
+        if span < 2:
+            raise ValueError(
+                f"windows of {span} frame leave no room for the overlap they are aligned on; "
+                "raise window_size above the scale frames"
+            )
+        log.warning(
+            "an overlap of %d frames does not fit windows of %d frames; using %d (consecutive windows one frame apart)",
+            overlap, span, span - 1,
+        )
+        overlap = span - 1
     step = max(span - overlap, 1)
     windows = []
     start = 0

@@ -36,7 +36,21 @@ def test_overlap_in_keyframes():
 
 def test_overlap_defaults_to_scale_frames_and_is_capped():
     assert plan_windows(50, window_size=10, scale_frames=3).overlap == 3
-    assert plan_windows(3, window_size=1, scale_frames=1, overlap_size=10).overlap == 2
+    assert plan_windows(3, window_size=8, scale_frames=1, overlap_size=10).overlap == 2  # one window
+
+
+@pytest.mark.parametrize("n, window_size, scale, overlap_keyframes, interval", [(18, 4, 5, 2, 3), (12, 2, 3, None, 1)])
+def test_an_overlap_as_long_as_the_window_is_cut_to_all_frames_but_one(n, window_size, scale, overlap_keyframes, interval):
+    """The reference kept only windows at least `overlap` long: with an overlap as long as
+    the window every window but the last was dropped, frames and all (LIMITS 22). The
+    overlap is cut to the window's length minus one: windows one frame apart, every frame
+    covered, each window sharing its first `overlap` frames with the previous one's last."""
+    plan = plan_windows(n, window_size=window_size, scale_frames=scale, overlap_size=scale + 5,
+                        overlap_keyframes=overlap_keyframes, keyframe_interval=interval)
+    assert plan.overlap == plan.span - 1
+    assert plan.windows == tuple((i, i + plan.span) for i in range(n - plan.span + 1))
+    with pytest.raises(ValueError, match="no room for the overlap"):
+        plan_windows(5, window_size=1, scale_frames=1, overlap_size=3)
 
 
 @pytest.mark.parametrize("n", [1, 7, 33, 101])
