@@ -92,7 +92,10 @@ class WindowedSession:
 
     def _clear(self) -> None:
         self._recent: collections.deque[tuple[torch.Tensor, str | None]] = collections.deque(maxlen=self.overlap)
-        self._emitted: collections.deque[FramePrediction] = collections.deque(maxlen=self.overlap)
+        # The current window's own predictions of its last `overlap` frames, in the first
+        # window's frame: the next window is aligned on them, as offline. (Frames shared by
+        # three or more windows were emitted from an earlier window than the previous one.)
+        self._window_preds: collections.deque[FramePrediction] = collections.deque(maxlen=self.overlap)
         self._in_window = 0  # frames fed to the current window
         self._window = 0
         self._sim: Sim3 | None = None  # current window -> global; None while pending
@@ -153,9 +156,9 @@ class WindowedSession:
         return self._route(self._session.step(frame, name=name))
 
     def _start_next_window(self) -> None:
-        # Every frame of the finished window has been emitted; the last `overlap` of them
-        # are the previous window's view of the frames the new window starts with.
-        self._shared_prev = list(self._emitted)[-len(self._recent) :]
+        # The finished window's view of the frames the new window starts with.
+        self._shared_prev = list(self._window_preds)[-len(self._recent) :]
+        self._window_preds.clear()
         self._window_start = self._frames - len(self._recent)
         self._session.reset()
         self._window += 1
@@ -175,7 +178,7 @@ class WindowedSession:
             # Through the identity too, so every emitted quaternion is unit with w >= 0
             # (as the offline multi-window output).
             emitted = [self._warp(p) for p in preds]
-            self._emitted.extend(emitted)
+            self._window_preds.extend(emitted)
             return emitted
         emitted: list[FramePrediction] = []
         for pred in preds:
@@ -185,9 +188,9 @@ class WindowedSession:
                 self._pending.held.append(pred)
             else:
                 emitted.append(self._warp(pred))
+                self._window_preds.append(emitted[-1])
         if self._pending is not None and len(self._pending.shared) == len(self._shared_prev):
             emitted = self._resolve() + emitted
-        self._emitted.extend(emitted)
         return emitted
 
     def _resolve(self) -> list[FramePrediction]:
@@ -200,7 +203,12 @@ class WindowedSession:
             self._sim = self.transforms[-1]
         self.transforms.append(self._sim)
         self._pending = None
-        return [self._warp(p) for p in pending.held]
+        # The shared frames' predictions of this window are not emitted (the earlier window's
+        # were), but the next window may be aligned on them.
+        self._window_preds.extend(self._warp(p) for p in pending.shared)
+        held = [self._warp(p) for p in pending.held]
+        self._window_preds.extend(held)
+        return held
 
     def _warp(self, pred: FramePrediction) -> FramePrediction:
         """`pred` (window-local) in the first window's frame, with its sequence index."""

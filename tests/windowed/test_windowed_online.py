@@ -18,8 +18,12 @@ def frames_of(n, seed=0):
     return torch.rand(n, 3, 28, 42, generator=g)
 
 
-@pytest.mark.parametrize("overlap, scale, interval, n", [(2, 2, 1, 20), (3, 2, 2, 23), (1, 2, 1, 13)])
+@pytest.mark.parametrize("overlap, scale, interval, n", [(2, 2, 1, 20), (3, 2, 2, 23), (1, 2, 1, 13), (3, 2, 1, 14), (7, 2, 1, 9)])
 def test_online_windows_equal_the_offline_ones(model, overlap, scale, interval, n):
+    """Also where windows overlap by more than they advance, so that a frame lies in three
+    windows (the next window is aligned on the previous window's own predictions, not on
+    the earlier ones emitted), and where the overlap asked for is as long as the window
+    (last case): both cut it to the window's length minus one, and neither loses a frame."""
     x = frames_of(n, seed=overlap + n)
     offline = model.inference_windowed(
         x, window_size=5, overlap_size=overlap, num_scale_frames=scale, keyframe_interval=interval, return_windows=True
@@ -29,6 +33,8 @@ def test_online_windows_equal_the_offline_ones(model, overlap, scale, interval, 
     ) as online:
         preds = online.run_frames(x)
         transforms = online.transforms
+        overlap = online.overlap
+    assert offline["pose_enc"].shape[1] == n
     assert [p.index for p in preds] == list(range(n))
     # Same alignment transforms as the offline stitch.
     torch.testing.assert_close(torch.stack([t.scale for t in transforms], 1), offline["chunk_scales"])
