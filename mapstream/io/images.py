@@ -148,13 +148,43 @@ def resized_shape(
     return new_w, new_h
 
 
+def preprocessed_height(
+    width: int, height: int, mode: Mode = "crop", image_size: int = 518, patch_size: int = 14
+) -> int:
+    """Height of :func:`preprocess_image`'s output for a ``width x height`` image (after EXIF
+    orientation); its width is always ``image_size``."""
+    if mode == "pad":
+        return image_size
+    return min(image_size, resized_shape(width, height, mode, image_size, patch_size)[1])
+
+
+def oriented_size(path: str | os.PathLike) -> tuple[int, int]:
+    """``(width, height)`` of an image file as :func:`open_image` returns it (EXIF orientation
+    applied), from its header: no pixel is decoded. Raises as :func:`open_image` does."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"image file not found: {p}")
+    try:
+        with Image.open(p) as im:
+            width, height = im.size
+            # Orientations 5-8 turn the image a quarter: exif_transpose swaps the sides.
+            if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
+                width, height = height, width
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise ValueError(
+            f"cannot read image {p}: {exc}. The file is corrupt, truncated or not an image; "
+            "re-export or delete it, or leave it out of the input list"
+        ) from exc
+    return width, height
+
+
 def pil_to_tensor(image: Image.Image) -> torch.Tensor:
     """RGB PIL image -> float32 ``[3, H, W]`` equal to ``uint8 / 255``."""
     array = np.array(image.convert("RGB"), dtype=np.uint8, copy=True)  # [H, W, 3]
     return torch.from_numpy(array).permute(2, 0, 1).contiguous().to(torch.float32).div(255)
 
 
-def _pad_white(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
+def pad_white(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """Pad ``[3, h, w]`` to ``[3, height, width]`` with 1.0, ``floor(pad / 2)`` top/left."""
     dh, dw = height - img.shape[1], width - img.shape[2]
     if dh <= 0 and dw <= 0:
@@ -196,7 +226,7 @@ def preprocess_image(
         top = (new_h - image_size) // 2
         img = img[:, top : top + image_size, :]
     if mode == "pad":
-        img = _pad_white(img, image_size, image_size)
+        img = pad_white(img, image_size, image_size)
     return img
 
 
@@ -218,7 +248,7 @@ def pad_to_common_shape(images: Sequence[torch.Tensor]) -> torch.Tensor:
             "images have different shapes %s (H, W); padding all with white to %dx%d",
             shapes, height, width,
         )
-        images = [_pad_white(t, height, width) for t in images]
+        images = [pad_white(t, height, width) for t in images]
     return torch.stack(list(images))
 
 

@@ -7,9 +7,10 @@
     source = open_source("rtsp://host/stream") # stream URL (OpenCV)
     for name, frame in source: ...
 
-Frames are preprocessed one at a time with :func:`preprocess_image`, so a folder whose images
-have different shapes yields tensors of different shapes (use :func:`load_images` for a
-batch padded to one shape).
+Frames are preprocessed one at a time with :func:`preprocess_image`. Image files whose frames
+would come out with different heights (crop mode, mixed aspect ratios) are padded with white,
+centred, to the tallest, as :func:`load_images` pads a batch (the reference's rule): their
+sizes are read from the files' headers before the first frame.
 """
 from __future__ import annotations
 
@@ -23,7 +24,16 @@ from typing import Any
 import torch
 from PIL import Image
 
-from mapstream.io.images import Mode, list_images, natural_sort_key, open_image, preprocess_image
+from mapstream.io.images import (
+    Mode,
+    list_images,
+    natural_sort_key,
+    open_image,
+    oriented_size,
+    pad_white,
+    preprocess_image,
+    preprocessed_height,
+)
 from mapstream.io.video import VIDEO_EXTENSIONS, iter_video_frames
 
 logger = logging.getLogger(__name__)
@@ -48,15 +58,21 @@ class FrameSource:
         mode: Mode = "crop",
         image_size: int = 518,
         patch_size: int = 14,
+        pad_height: int | None = None,
     ) -> None:
+        """pad_height: pad shorter frames with white (centred) to this height."""
         self._frames = frames
         self.length = length
         self.description = description
         self.mode, self.image_size, self.patch_size = mode, image_size, patch_size
+        self.pad_height = pad_height
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, image in self._frames():
-            yield name, preprocess_image(image, self.mode, self.image_size, self.patch_size)
+            frame = preprocess_image(image, self.mode, self.image_size, self.patch_size)
+            if self.pad_height is not None and frame.shape[1] < self.pad_height:
+                frame = pad_white(frame, self.pad_height, frame.shape[2])
+            yield name, frame
 
     def __len__(self) -> int:
         if self.length is None:
@@ -86,7 +102,9 @@ class FrameSource:
             for f in files:
                 yield f.name, open_image(f)
 
-        return cls(frames, length=len(files), description=f"{len(files)} image files", **preprocess)
+        source = cls(frames, length=len(files), description=f"{len(files)} image files", **preprocess)
+        source.pad_height = _common_height(files, source.mode, source.image_size, source.patch_size)
+        return source
 
     @classmethod
     def from_folder(
@@ -157,6 +175,22 @@ class FrameSource:
                 cap.release()
 
         return cls(frames, length=None, description=f"capture {device!r}", **preprocess)
+
+
+def _common_height(files: Sequence[Path], mode: Mode, image_size: int, patch_size: int) -> int | None:
+    """The height to pad the files' frames to when they would differ (else None), from the
+    files' headers."""
+    if mode != "crop":  # pad mode: every frame is image_size x image_size
+        return None
+    heights = {preprocessed_height(*oriented_size(f), mode, image_size, patch_size) for f in files}
+    if len(heights) < 2:
+        return None
+    tallest = max(heights)
+    logger.warning(
+        "the images' frames would have different heights %s; padding all with white to %dx%d",
+        sorted(heights), tallest, image_size,
+    )
+    return tallest
 
 
 def _import_cv2() -> Any:

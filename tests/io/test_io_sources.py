@@ -30,6 +30,31 @@ def test_folder_source_matches_load_images(folder: Path) -> None:
     assert [n for n, _ in source] == list(names)  # iterating again restarts
 
 
+@pytest.mark.parametrize("mode", ["crop", "pad"])
+def test_images_of_mixed_shapes_come_out_padded_to_one_frame_shape_like_load_images(tmp_path: Path, mode) -> None:
+    """Landscape 4:3 and 16:9 and a portrait photo rotated by its EXIF tag: in crop mode their
+    frames would differ in height, so every frame is padded with white to the tallest, exactly
+    as `load_images` pads the batch (sizes read from the headers before the first frame);
+    a single session can then take them all."""
+    rng = np.random.default_rng(4)
+    Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    Image.fromarray(rng.integers(0, 256, (45, 80, 3), dtype=np.uint8)).save(tmp_path / "b.png")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored landscape, shown portrait
+    Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(tmp_path / "c.jpg", exif=exif)
+    from mapstream.io.images import open_image, oriented_size
+
+    assert oriented_size(tmp_path / "c.jpg") == open_image(tmp_path / "c.jpg").size == (60, 80)
+    source = open_source(tmp_path, image_size=56, mode=mode)
+    names, frames = zip(*source)
+    assert {tuple(f.shape) for f in frames} == {(3, 56, 56)}
+    expected = load_images([tmp_path / n for n in names], image_size=56, mode=mode)
+    assert torch.equal(torch.stack(frames), expected)
+    if mode == "crop":  # the 16:9 frame (28 rows) padded by 14 white rows above and below
+        b = frames[names.index("b.png")]
+        assert torch.all(b[:, :14] == 1) and torch.all(b[:, -14:] == 1)
+
+
 def test_folder_limits_and_glob(folder: Path) -> None:
     assert [n for n, _ in open_source(folder, stride=2)] == ["1.png", "10.png"]
     assert [n for n, _ in open_source(folder, first_k=1)] == ["1.png"]
