@@ -78,6 +78,17 @@ class RunSummary:
     warnings: list[str] = field(default_factory=list)
 
 
+def _check_options(opts: RunOptions) -> None:
+    """The options that would otherwise fail only once every frame has been processed."""
+    unknown = sorted(set(opts.formats) - set(ALL_FORMATS))
+    if unknown:
+        raise ValueError(f"unknown export formats {unknown}; choose from {list(ALL_FORMATS)}")
+    if opts.voxel_size is not None and not opts.voxel_size > 0:
+        raise ValueError(f"voxel_size must be > 0 (or unset for no voxel grid), got {opts.voxel_size}")
+    if math.isnan(opts.conf_threshold):
+        raise ValueError("conf_threshold is NaN; give a number (1.5 by default)")
+
+
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -152,7 +163,8 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     from ..export.atomic import prepare_dir
 
     started = time.perf_counter()
-    out = prepare_dir(opts.out)  # fail on an unwritable output before any heavy work
+    _check_options(opts)  # fail on a bad option before any heavy work
+    out = prepare_dir(opts.out)  # and on an unwritable output
     device = _device(opts.device)
     source = _source(opts)
     model, model_desc, warnings = resolve_model(

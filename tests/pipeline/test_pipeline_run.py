@@ -151,6 +151,22 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
     assert expected.lower() in err.lower()
 
 
+@pytest.mark.parametrize("option, message", [
+    (["--formats", "ply", "nope"], "unknown export formats ['nope']"),
+    (["--voxel-size", "0"], "voxel_size must be > 0"),
+    (["--conf-threshold", "nan"], "conf_threshold is NaN"),
+])
+def test_a_bad_export_option_fails_before_any_frame_is_processed(tmp_path, capsys, monkeypatch, option, message):
+    """Options that the export reads at the end are checked at the start: a typo must not
+    cost the whole run's compute."""
+    import importlib
+
+    pipeline = importlib.import_module("mapstream.pipeline.run")
+    monkeypatch.setattr(pipeline, "_source", lambda opts: pytest.fail("frames were read"))
+    assert run_cli(str(photos(tmp_path, 3)), "--out", str(tmp_path / "o"), *option) != 0
+    assert message in capsys.readouterr().err
+
+
 def test_checkpoint_that_does_not_fit_is_reported(tmp_path, capsys):
     import torch
     from safetensors.torch import save_file
