@@ -67,3 +67,31 @@ def test_invalid_arguments():
         plan_windows(0, window_size=4, scale_frames=2)
     with pytest.raises(ValueError):
         plan_windows(10, window_size=0, scale_frames=2)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_plans_cover_every_frame_and_windows_share_exactly_the_overlap(seed):
+    """Over random settings: the windows cover every frame once their overlaps are counted,
+    every window but possibly the last spans `span` frames, consecutive windows share exactly
+    `overlap` frames, and the overlap is shorter than a window (the frames the next window is
+    aligned on exist in both). The reference's rule broke the first two when the overlap was as
+    long as the window (LIMITS 22)."""
+    import random
+
+    rng = random.Random(seed)
+    n, window_size, scale = rng.randint(1, 40), rng.randint(1, 12), rng.randint(1, 8)
+    overlap_size, overlap_keyframes = rng.choice([None, 0, 1, 2, 5, 20]), rng.choice([None, 1, 3])
+    interval = rng.randint(1, 3)
+    try:
+        plan = plan_windows(n, window_size=window_size, scale_frames=scale, overlap_size=overlap_size,
+                            overlap_keyframes=overlap_keyframes, keyframe_interval=interval)
+    except ValueError as e:  # windows of a single frame cannot share one
+        assert "no room for the overlap" in str(e)
+        return
+    windows = plan.windows
+    assert windows[0][0] == 0 and windows[-1][1] == n
+    assert all(end - start == plan.span for start, end in windows[:-1])
+    if len(windows) > 1:
+        assert plan.overlap < plan.span
+        for (_, prev_end), (start, _) in zip(windows, windows[1:]):
+            assert prev_end - start == plan.overlap
