@@ -32,7 +32,7 @@ from mapstream.export.atomic import (
     prepare_dir,
     remove_stale_temp_files,
 )
-from mapstream.export.bundle import ALL_FORMATS, export_all
+from mapstream.export.bundle import ALL_FORMATS, check_formats, export_all
 from mapstream.export.colmap import colmap_camera_params, write_colmap
 from mapstream.export.depth import colorize_depth, depth_to_millimetres, write_depth_maps
 from mapstream.export.frames import frame_file_names, write_frame_images, write_sky_masks
@@ -63,6 +63,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "build_point_cloud",
+    "check_formats",
     "colmap_camera_params",
     "colorize_depth",
     "depth_to_millimetres",

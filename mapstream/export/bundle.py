@@ -38,9 +38,16 @@ from mapstream.export.trajectory import write_tum
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ALL_FORMATS", "export_all"]
+__all__ = ["ALL_FORMATS", "check_formats", "export_all"]
 
 ALL_FORMATS: tuple[str, ...] = ("npz", "tum", "ply", "glb", "depth", "colmap", "nerfstudio", "summary")
+
+
+def check_formats(formats: Iterable[str]) -> None:
+    """Raise ValueError naming the format names that are not export formats."""
+    unknown = sorted(set(formats) - set(ALL_FORMATS))
+    if unknown:
+        raise ValueError(f"unknown export formats {unknown}; choose from {list(ALL_FORMATS)}")
 
 
 def export_all(
@@ -76,9 +83,7 @@ def export_all(
         PermissionError: ``out_dir`` cannot be created or written.
     """
     wanted = list(dict.fromkeys(formats))
-    unknown = sorted(set(wanted) - set(ALL_FORMATS))
-    if unknown:
-        raise ValueError(f"unknown export formats {unknown}; choose from {list(ALL_FORMATS)}")
+    check_formats(wanted)
     out = prepare_dir(out_dir)
     options = CloudOptions(
         conf_threshold=conf_threshold, conf_percentile=conf_percentile, mask_sky=mask_sky,

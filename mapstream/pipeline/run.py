@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..export import ALL_FORMATS, export_all, runtime_versions, write_run_json
+from ..export import ALL_FORMATS, check_formats, export_all, runtime_versions, write_run_json
 from ..geometry import invert_se3
 from ..session import FramePrediction
 from ..windowed import WindowedSession, pairwise_alignment
@@ -80,9 +80,7 @@ class RunSummary:
 
 def _check_options(opts: RunOptions) -> None:
     """The options that would otherwise fail only once every frame has been processed."""
-    unknown = sorted(set(opts.formats) - set(ALL_FORMATS))
-    if unknown:
-        raise ValueError(f"unknown export formats {unknown}; choose from {list(ALL_FORMATS)}")
+    check_formats(opts.formats)
     if opts.voxel_size is not None and not opts.voxel_size > 0:
         raise ValueError(f"voxel_size must be > 0 (or unset for no voxel grid), got {opts.voxel_size}")
     if math.isnan(opts.conf_threshold):
