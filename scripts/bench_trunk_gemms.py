@@ -7,11 +7,13 @@ below the chip's rate. Compared here (bf16, bias, µs a call, 20 calls a CUDA gr
 5 interleaved rounds):
 
 - `cublas`: F.linear as the model runs it (eager and inside the compiled blocks);
+- `cublaslt`: F.linear with `torch.backends.cuda.preferred_blas_library("cublaslt")` (its
+  heuristics may pick split-K or stream-K kernels for the narrow products);
 - `autotune`: Inductor's max-autotune choice (its Triton GEMM templates timed against cuBLAS);
 - `fp8-rows`: torch._scaled_mm with e4m3 operands and per-row / per-column scales (what an
   fp8 trunk would cost, quantization of the activations included).
 
-Usage (device): python3 scripts/bench_trunk_gemms.py [--tokens 978] [--out FILE.json]
+Usage (device): python3 scripts/bench_trunk_gemms.py [--tokens 978] [--no-autotune] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -33,9 +35,21 @@ def _fp8_linear(x, w8, w_scale, bias):
     return torch._scaled_mm(x8, w8.t(), scale_a=x_scale, scale_b=w_scale.t(), bias=bias, out_dtype=torch.bfloat16)
 
 
+def _cublaslt_linear(x, w, b):
+    """F.linear through cuBLASLt: the library preference is read when the product is launched
+    (and captured with it), so it is switched around the call only."""
+    previous = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        return F.linear(x, w, b)
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=978)
+    parser.add_argument("--no-autotune", action="store_true", help="skip Inductor's minutes of autotuning")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dev = torch.device("cuda")
@@ -49,9 +63,12 @@ def main() -> None:
         w8 = (w / w_scale).to(torch.float8_e4m3fn)
         variants = {
             "cublas": lambda: F.linear(x, w, b),
+            "cublaslt": lambda: _cublaslt_linear(x, w, b),
             "autotune": lambda: autotuned(x, w, b),
             "fp8-rows": lambda: _fp8_linear(x, w8, w_scale, b),
         }
+        if args.no_autotune:
+            variants.pop("autotune")
         ref = F.linear(x.float(), w.float(), b.float())
         errors = {}
         for label, fn in list(variants.items()):
