@@ -118,9 +118,14 @@ class GraphedStep:
     per session and frame size; `__call__` replaces `GCTStream.forward` for one frame.
     """
 
-    def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True, whole: bool = False) -> None:
+    def __init__(
+        self, model, image_hw: tuple[int, int], *, capture: bool = True, whole: bool = False,
+        dense_sms: int | None = None,
+    ) -> None:
         """whole: replay the whole step as one graph (True) or in pieces around the eager
-        cache attentions of the aggregator (False)."""
+        cache attentions of the aggregator (False). dense_sms: run the dense heads on a
+        stream confined to that many multiprocessors (`partition.sm_limited_stream`), so
+        that the camera head beside them keeps the rest; None: anywhere."""
         agg = model.aggregator
         c = model.config
         self.model, self.agg, self.config = model, agg, c
@@ -157,6 +162,11 @@ class GraphedStep:
         # The second stream: the camera head beside the dense heads, and the session's value
         # check of the frame beside graph 0 (None without capture: everything runs in order).
         self.side_stream = torch.cuda.Stream(device) if capture else None
+        self.dense_stream = None
+        if capture and dense_sms is not None:
+            from .partition import sm_limited_stream
+
+            self.dense_stream, self.dense_sms = sm_limited_stream(dense_sms, device.index or 0)
         self._frame_loaded = torch.cuda.Event() if capture else None  # the frame's copy done
         # Graph 0 reads no cache: both modes launch it first (`start`).
         self._first_piece = _Piece(self._first, capture, self.pool)
@@ -428,7 +438,13 @@ class GraphedStep:
         self.side_stream.wait_stream(current)
         with torch.cuda.stream(self.side_stream):
             side_out = side()
-        main_out = main()
+        if self.dense_stream is None:
+            main_out = main()
+        else:
+            self.dense_stream.wait_stream(current)
+            with torch.cuda.stream(self.dense_stream):
+                main_out = main()
+            current.wait_stream(self.dense_stream)
         current.wait_stream(self.side_stream)
         return side_out, main_out
 

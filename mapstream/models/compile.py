@@ -20,15 +20,21 @@ __all__ = ["compile_model"]
 
 
 def compile_model(
-    model: GCTStream, *, backend: str = "inductor", mode: str | None = None, heads: bool = False
+    model: GCTStream, *, backend: str = "inductor", mode: str | None = None, heads: bool = False,
+    shape_padding: bool = False,
 ) -> GCTStream:
     """Compile `model`'s static parts in place (idempotent) and return it; `heads=True`
-    compiles the DPT heads too."""
+    compiles the DPT heads too. shape_padding: let Inductor pad the products' row counts to
+    a multiple of 8 (978 -> 984 tokens at 504x378), which costs a copy of the product's
+    input in every block (see `_inductor_options`)."""
     if getattr(model, "_mapstream_compiled", False):
         return model
     agg = model.aggregator
+    options = _inductor_options(mode, shape_padding) if backend == "inductor" else None
 
     def compiled(fn):
+        if options is not None:
+            return torch.compile(fn, backend=backend, options=options, dynamic=False)
         return torch.compile(fn, backend=backend, mode=mode, dynamic=False)
 
     # The ViT's blocks as one graph, the aggregator's work between two cache attentions as
@@ -57,3 +63,17 @@ def compile_model(
             head._forward_frames = compiled(head._forward_frames)
     model._mapstream_compiled = True
     return model
+
+
+def _inductor_options(mode: str | None, shape_padding: bool) -> dict:
+    """Inductor's options of `mode`, with its padding of matrix products set.
+
+    With padding on, Inductor times each product padded and unpadded while compiling and keeps
+    the faster; in the 504x378 step it padded fc2's and the attention projection's inputs from
+    978 to 984 rows in the aggregator's blocks (not in the ViT's), each a copy of the input
+    (2.3 and 3.7 µs, ≈ 0.23 ms a frame on an H200), for products no faster than unpadded
+    (docs/BENCHMARKS.md, session 16). Off, every block runs the same unpadded products, and
+    the choice no longer depends on a timing made during compilation."""
+    options = dict(torch._inductor.list_mode_options(mode)) if mode else {}
+    options["shape_padding"] = shape_padding
+    return options
