@@ -9,7 +9,8 @@ Each arm is its own session; every frame is stepped by every arm, the order rota
 steady frames 100-200 are timed as the protocol does (CUDA events, synchronize after each
 frame). Each arm's outputs are compared with the `pad` arm's at the same frame.
 
-Usage (device): python3 scripts/probe_step_variants.py [--heads fp32|bf16] [--sms 120 112 ...]
+Usage (device): python3 scripts/probe_step_variants.py [--heads fp32|bf16] [--sms 120 112 ...] [--no-pad-arm]
+                [--conv-heuristics]
                 [--out FILE.json]
 """
 from __future__ import annotations
@@ -34,6 +35,8 @@ def main() -> None:
     parser.add_argument("--heads", default="fp32")
     parser.add_argument("--sms", type=int, nargs="*", default=[120, 112, 104, 96])
     parser.add_argument("--no-pad-arm", action="store_true")
+    parser.add_argument("--conv-heuristics", action="store_true",
+                        help="every arm takes cuDNN's heuristic convolution kernels (GraphedStep conv_search=False)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cfg = BenchConfig(backend="triton", fast=True, heads_precision=args.heads, stage_breakdown=False)
@@ -62,7 +65,8 @@ def main() -> None:
             for name in names[shift:] + names[:shift]:
                 if name in failed:
                     continue
-                fast_module.GraphedStep = functools.partial(GraphedStep, dense_sms=arms[name][1])
+                fast_module.GraphedStep = functools.partial(
+                    GraphedStep, dense_sms=arms[name][1], conv_search=not args.conv_heuristics)
                 try:
                     torch.cuda.synchronize()
                     start.record()
@@ -91,6 +95,7 @@ def main() -> None:
            for name, ts in times.items() if ts}
     res["failed"] = failed
     res["heads"] = args.heads
+    res["conv_search"] = not args.conv_heuristics
     report(res, args.out)
 
 

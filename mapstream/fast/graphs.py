@@ -120,12 +120,14 @@ class GraphedStep:
 
     def __init__(
         self, model, image_hw: tuple[int, int], *, capture: bool = True, whole: bool = False,
-        dense_sms: int | None = None,
+        dense_sms: int | None = None, conv_search: bool = True,
     ) -> None:
         """whole: replay the whole step as one graph (True) or in pieces around the eager
         cache attentions of the aggregator (False). dense_sms: run the dense heads on a
         stream confined to that many multiprocessors (`partition.sm_limited_stream`), so
-        that the camera head beside them keeps the rest; None: anywhere."""
+        that the camera head beside them keeps the rest; None: anywhere. conv_search: let
+        cuDNN time its convolution algorithms for the dense heads once per shape (its
+        benchmark mode) instead of taking its heuristics' first choice (`_conv_search`)."""
         agg = model.aggregator
         c = model.config
         self.model, self.agg, self.config = model, agg, c
@@ -162,6 +164,7 @@ class GraphedStep:
         # The second stream: the camera head beside the dense heads, and the session's value
         # check of the frame beside graph 0 (None without capture: everything runs in order).
         self.side_stream = torch.cuda.Stream(device) if capture else None
+        self.conv_search = conv_search
         self.dense_stream = None
         if capture and dense_sms is not None:
             from .partition import sm_limited_stream
@@ -269,7 +272,7 @@ class GraphedStep:
         """The dense heads' outputs (fp32)."""
         c = self.config
         heads = {}
-        with heads_without_autocast(self.frame.device):
+        with heads_without_autocast(self.frame.device), _conv_search(self.conv_search and self.capture):
             if self.model.depth_head is not None:
                 heads["depth"], heads["depth_conf"] = self.model.depth_head(layers, self.image_hw, c.num_special_tokens)
             if self.model.point_head is not None:
@@ -485,6 +488,29 @@ def _prepared(steps, device_step: DeviceStep):
         for step in opened:
             device_step.prepare(step)
         yield opened
+
+
+@contextlib.contextmanager
+def _conv_search(on: bool):
+    """cuDNN's benchmark mode while the dense heads are warmed up and captured.
+
+    Without it cuDNN runs its heuristics' first choice for each convolution. With it, the
+    first call of each shape times the candidates and keeps the fastest for the process;
+    the warm-up before every capture makes that first call, so the graph holds the chosen
+    kernels. The DPT head alone at 504x378 (fp32, TF32 convolutions) took 1.34 ms a frame
+    against 1.49 with the heuristics' kernels on an H200 (docs/BENCHMARKS.md, session 16).
+    The choice depends on timings, so two processes may pick different kernels, whose
+    results differ by TF32 rounding; a user who asked for deterministic algorithms keeps
+    the heuristics."""
+    if not on or torch.backends.cudnn.deterministic or torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
 
 
 def _kv_dtype(tokens: torch.Tensor) -> torch.dtype:
