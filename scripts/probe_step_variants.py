@@ -3,13 +3,13 @@
 Arms (all the benchmark's model, whole-step graphs, fp32 heads unless --heads bf16):
 - `pad`: compiled as before session 16 (Inductor pads the products' rows to a multiple of 8);
 - `nopad`: compiled with `shape_padding=False`;
-- `nopad-dpt<N>`: as `nopad`, the dense heads on a stream confined to N multiprocessors
-  (`mapstream.fast.partition`), the camera head beside them free to use the rest.
+(Session 16 also had arms with the dense heads on a green-context stream confined to part of
+the multiprocessors, commits 69ae6f1 and 0cb1ecf; no gain, removed: docs/BENCHMARKS.md.)
 Each arm is its own session; every frame is stepped by every arm, the order rotating, and
 steady frames 100-200 are timed as the protocol does (CUDA events, synchronize after each
 frame). Each arm's outputs are compared with the `pad` arm's at the same frame.
 
-Usage (device): python3 scripts/probe_step_variants.py [--heads fp32|bf16] [--sms 120 112 ...] [--no-pad-arm]
+Usage (device): python3 scripts/probe_step_variants.py [--heads fp32|bf16] [--no-pad-arm]
                 [--conv-heuristics]
                 [--out FILE.json]
 """
@@ -33,7 +33,6 @@ from mapstream.models.compile import compile_model
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--heads", default="fp32")
-    parser.add_argument("--sms", type=int, nargs="*", default=[120, 112, 104, 96])
     parser.add_argument("--no-pad-arm", action="store_true")
     parser.add_argument("--conv-heuristics", action="store_true",
                         help="every arm takes cuDNN's heuristic convolution kernels (GraphedStep conv_search=False)")
@@ -46,11 +45,10 @@ def main() -> None:
         model = compile_model(build_bench_model(cfg, device), shape_padding=padding)
         model.set_backend(cfg.backend)
         models["pad" if padding else "nopad"] = model
-    arms = {name: (model, None) for name, model in models.items()}
-    arms.update({f"nopad-dpt{n}": (models["nopad"], n) for n in args.sms})
+    arms = dict(models)
     frames = _frames(cfg, device)
     sessions = {name: model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=True)
-                for name, (model, _) in arms.items()}
+                for name, model in arms.items()}
     times: dict[str, list[float]] = {name: [] for name in arms}
     errors: dict[str, dict[str, float]] = {name: {"pose": 0.0, "depth": 0.0} for name in arms}
     failed: dict[str, str] = {}
@@ -66,7 +64,7 @@ def main() -> None:
                 if name in failed:
                     continue
                 fast_module.GraphedStep = functools.partial(
-                    GraphedStep, dense_sms=arms[name][1], conv_search=not args.conv_heuristics)
+                    GraphedStep, conv_search=not args.conv_heuristics)
                 try:
                     torch.cuda.synchronize()
                     start.record()

@@ -120,12 +120,10 @@ class GraphedStep:
 
     def __init__(
         self, model, image_hw: tuple[int, int], *, capture: bool = True, whole: bool = False,
-        dense_sms: int | None = None, conv_search: bool = True,
+        conv_search: bool = True,
     ) -> None:
         """whole: replay the whole step as one graph (True) or in pieces around the eager
-        cache attentions of the aggregator (False). dense_sms: run the dense heads on a
-        stream confined to that many multiprocessors (`partition.sm_limited_stream`), so
-        that the camera head beside them keeps the rest; None: anywhere. conv_search: let
+        cache attentions of the aggregator (False). conv_search: let
         cuDNN time its convolution algorithms for the dense heads once per shape (its
         benchmark mode) instead of taking its heuristics' first choice (`_conv_search`)."""
         agg = model.aggregator
@@ -165,11 +163,6 @@ class GraphedStep:
         # check of the frame beside graph 0 (None without capture: everything runs in order).
         self.side_stream = torch.cuda.Stream(device) if capture else None
         self.conv_search = conv_search
-        self.dense_stream = None
-        if capture and dense_sms is not None:
-            from .partition import sm_limited_stream
-
-            self.dense_stream, self.dense_sms = sm_limited_stream(dense_sms, device.index or 0)
         self._frame_loaded = torch.cuda.Event() if capture else None  # the frame's copy done
         # Graph 0 reads no cache: both modes launch it first (`start`).
         self._first_piece = _Piece(self._first, capture, self.pool)
@@ -441,13 +434,7 @@ class GraphedStep:
         self.side_stream.wait_stream(current)
         with torch.cuda.stream(self.side_stream):
             side_out = side()
-        if self.dense_stream is None:
-            main_out = main()
-        else:
-            self.dense_stream.wait_stream(current)
-            with torch.cuda.stream(self.dense_stream):
-                main_out = main()
-            current.wait_stream(self.dense_stream)
+        main_out = main()
         current.wait_stream(self.side_stream)
         return side_out, main_out
 
