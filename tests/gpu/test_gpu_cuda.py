@@ -667,6 +667,45 @@ def test_value_check_on_a_second_stream_answers_while_the_current_stream_is_busy
         ValueCheck(bad, stream=side).wait()
 
 
+@pytest.mark.parametrize("fast", ["pieces", "whole"], ids=["pieces", "whole-step"])
+def test_graphed_dense_heads_are_warmed_up_and_captured_under_cudnn_benchmark_mode(monkeypatch, fast):
+    """The graphed step's dense heads pick their convolution kernels by cuDNN's timing
+    (`graphs._conv_search`) while warming up and capturing; the global flag is back off after
+    every step, and the outputs equal the eager session's to TF32 rounding."""
+    if fast == "whole" and available_backends(torch.device("cuda"), torch.float32)["triton"]:
+        pytest.skip("the whole step needs the Triton backend")
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
+    model.set_backend("triton" if fast == "whole" else "sdpa")
+    head = model.depth_head
+    seen = []
+    original = head._forward_frames
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cudnn.benchmark)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(head, "_forward_frames", recording)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    images = torch.rand(5, 3, 56, 70, device="cuda")
+    with model.session(num_scale_frames=2, fast=False) as s:
+        want = [p for i in range(5) for p in s.step(images[i])]
+    eager_calls = len(seen)
+    with model.session(num_scale_frames=2, fast=fast) as s:
+        got = []
+        for i in range(5):
+            got += s.step(images[i])
+            assert not torch.backends.cudnn.benchmark
+    assert not any(seen[:eager_calls]), seen
+    graphed = seen[eager_calls:]
+    # The scale phase runs eagerly (heuristics); the first graphed step warms up and
+    # captures (benchmark mode); replays call no Python.
+    first = graphed.index(True)
+    assert first >= 1 and not any(graphed[:first]) and all(graphed[first:]), seen
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.depth, b.depth, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-2, atol=1e-2)
+
+
 def test_compiled_between_layers_fuses_across_the_blocks_boundaries():
     """compile_model compiles the work between two cache attentions as one function: on the
     tiny model in bf16 each block's last residual add fuses with the next block's first norm,

@@ -250,6 +250,43 @@ def test_compiled_model_computes_the_same_function():
                 torch.testing.assert_close(have, want)
 
 
+@pytest.mark.parametrize("mode", [None, "max-autotune"])
+def test_compile_model_asks_inductor_for_unpadded_products_in_every_mode(monkeypatch, mode):
+    """Inductor's shape padding copied the inputs of two products a block (978 -> 984 rows);
+    compile_model turns it off and keeps the rest of the mode's options (torch.compile takes
+    options or a mode, not both). Other backends get the mode as given."""
+    import torch._inductor
+
+    from mapstream.models.compile import compile_model
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    compile_model(mapstream.build_model("tiny"), mode=mode)
+    assert calls and all(set(kw) == {"backend", "options", "dynamic"} for kw in calls), calls
+    want = {**(torch._inductor.list_mode_options(mode) if mode else {}), "shape_padding": False}
+    assert all(kw["options"] == want and kw["backend"] == "inductor" for kw in calls), calls
+    calls.clear()
+    compile_model(mapstream.build_model("tiny"), backend="eager", mode=mode, shape_padding=True)
+    assert calls and all(kw == {"backend": "eager", "mode": mode, "dynamic": False} for kw in calls), calls
+
+
+def test_conv_search_turns_cudnn_benchmark_on_only_inside_and_never_for_deterministic_runs(monkeypatch):
+    from mapstream.fast.graphs import _conv_search
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    with _conv_search(True):
+        assert torch.backends.cudnn.benchmark
+    assert not torch.backends.cudnn.benchmark
+    with pytest.raises(KeyError), _conv_search(True):
+        raise KeyError("restored on the way out of an error too")
+    assert not torch.backends.cudnn.benchmark
+    with _conv_search(False):
+        assert not torch.backends.cudnn.benchmark
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    with _conv_search(True):
+        assert not torch.backends.cudnn.benchmark
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["pieces", "whole-step"])
 @pytest.mark.parametrize("kf", [1, 2, "auto"])
 def test_fast_path_computes_the_same_function(model, kf, whole):
