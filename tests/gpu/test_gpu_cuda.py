@@ -672,7 +672,7 @@ def test_graphed_dense_heads_are_warmed_up_and_captured_under_cudnn_benchmark_mo
     """The graphed step's dense heads pick their convolution kernels by cuDNN's timing
     (`graphs._conv_search`) while warming up and capturing; the global flag is back off after
     every step, and the outputs equal the eager session's to TF32 rounding."""
-    if fast == "whole" and available_backends(torch.device("cuda"), torch.float32)["triton"]:
+    if fast == "whole" and available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
         pytest.skip("the whole step needs the Triton backend")
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
     model.set_backend("triton" if fast == "whole" else "sdpa")
@@ -687,10 +687,10 @@ def test_graphed_dense_heads_are_warmed_up_and_captured_under_cudnn_benchmark_mo
     monkeypatch.setattr(head, "_forward_frames", recording)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     images = torch.rand(5, 3, 56, 70, device="cuda")
-    with model.session(num_scale_frames=2, fast=False) as s:
+    with model.session(num_scale_frames=2, precision="bf16", fast=False) as s:
         want = [p for i in range(5) for p in s.step(images[i])]
     eager_calls = len(seen)
-    with model.session(num_scale_frames=2, fast=fast) as s:
+    with model.session(num_scale_frames=2, precision="bf16", fast=fast) as s:
         got = []
         for i in range(5):
             got += s.step(images[i])
