@@ -671,7 +671,7 @@ def test_value_check_on_a_second_stream_answers_while_the_current_stream_is_busy
 def test_graphed_dense_heads_are_warmed_up_and_captured_under_cudnn_benchmark_mode(monkeypatch, fast):
     """The graphed step's dense heads pick their convolution kernels by cuDNN's timing
     (`graphs._conv_search`) while warming up and capturing; the global flag is back off after
-    every step, and the outputs equal the eager session's to TF32 rounding."""
+    every step, and the outputs equal the eager session's."""
     if fast == "whole" and available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
         pytest.skip("the whole step needs the Triton backend")
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
@@ -701,9 +701,9 @@ def test_graphed_dense_heads_are_warmed_up_and_captured_under_cudnn_benchmark_mo
     # captures (benchmark mode); replays call no Python.
     first = graphed.index(True)
     assert first >= 1 and not any(graphed[:first]) and all(graphed[first:]), seen
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a.depth, b.depth, rtol=1e-2, atol=1e-2)
-        torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-2, atol=1e-2)
+    for a, b in zip(got, want):  # bf16 trunk: the tolerance of the other graphed-vs-eager tests
+        torch.testing.assert_close(a.depth, b.depth, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=2e-2, atol=2e-2)
 
 
 def test_compiled_between_layers_fuses_across_the_blocks_boundaries():
