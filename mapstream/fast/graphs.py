@@ -485,7 +485,8 @@ def _conv_search(on: bool):
     first call of each shape times the candidates and keeps the fastest for the process;
     the warm-up before every capture makes that first call, so the graph holds the chosen
     kernels. The DPT head alone at 504x378 (fp32, TF32 convolutions) took 1.34 ms a frame
-    against 1.49 with the heuristics' kernels on an H200 (docs/BENCHMARKS.md, session 16).
+    against 1.49 with the heuristics' kernels on an H200, and the whole step 21.82 ms against
+    21.95 (docs/BENCHMARKS.md, session 16).
     The choice depends on timings, so two processes may pick different kernels, whose
     results differ by TF32 rounding; a user who asked for deterministic algorithms keeps
     the heuristics."""

@@ -69,11 +69,12 @@ def _inductor_options(mode: str | None, shape_padding: bool) -> dict:
     """Inductor's options of `mode`, with its padding of matrix products set.
 
     With padding on, Inductor times each product padded and unpadded while compiling and keeps
-    the faster; in the 504x378 step it padded fc2's and the attention projection's inputs from
-    978 to 984 rows in the aggregator's blocks (not in the ViT's), each a copy of the input
-    (2.3 and 3.7 µs, ≈ 0.23 ms a frame on an H200), for products no faster than unpadded
-    (docs/BENCHMARKS.md, session 16). Off, every block runs the same unpadded products, and
-    the choice no longer depends on a timing made during compilation."""
+    the faster. In the 504x378 step it padded fc2's and the attention projection's inputs from
+    978 to 984 rows in the aggregator's blocks (not in the ViT's, same shapes), each a copy of
+    the input (3.7 and 2.3 µs on an H200). Off, the step measured 22.08 ms a frame against
+    22.14 with it (frames interleaved, docs/BENCHMARKS.md, session 16): no slower, inside the
+    noise. It stays off so that every block runs the same products whatever a timing made
+    during compilation said."""
     options = dict(torch._inductor.list_mode_options(mode)) if mode else {}
     options["shape_padding"] = shape_padding
     return options
