@@ -83,15 +83,18 @@ class LoadReport:
     """In the checkpoint, not in the model (checkpoint order)."""
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     """(key, checkpoint shape, model shape) for keys in both with different shapes."""
+    non_finite: list[str] = field(default_factory=list)
+    """Keys of the model whose checkpoint tensor holds NaN or Inf (a damaged file, or one
+    saved from a diverged run: every prediction would be NaN)."""
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.mismatched)
+        return not (self.missing or self.unexpected or self.mismatched or self.non_finite)
 
     @property
     def loaded(self) -> int:
         """Tensors taken from the checkpoint."""
-        return self.model_keys - len(self.missing) - len(self.mismatched)
+        return self.model_keys - len(self.missing) - len(self.mismatched) - len(self.non_finite)
 
     def describe(self, *, preset: str | None = None, fits_preset: str | None = None) -> str:
         """A multi-line account of the differences, with what to do about them.
@@ -111,6 +114,9 @@ class LoadReport:
             more = len(self.mismatched) - len(shown)
             lines.append(f"  {_count(self.mismatched, 'key')} with a different shape: " + "; ".join(shown)
                          + (f"; and {more} more" if more > 0 else ""))
+        if self.non_finite:
+            lines.append(f"  {_count(self.non_finite, 'tensor')} holding NaN or Inf values: "
+                         f"{_summarize_keys(self.non_finite)}")
         lines.extend(f"  -> {hint}" for hint in self._hints(preset, fits_preset))
         return "\n".join(lines)
 
@@ -131,8 +137,11 @@ class LoadReport:
         if self.mismatched:
             hints.append("different shapes mean another architecture: check the preset and overrides "
                          "(img_size, embed_dim, depth, ...)")
+        if self.non_finite:
+            hints.append("NaN or Inf weights make every prediction NaN: the file is damaged or comes from a "
+                         "diverged training run; download or copy it again")
         hints.append("pass strict=False to load the matching tensors anyway (missing ones keep their "
-                     "initial values, unexpected ones are ignored)")
+                     "initial values, as do those holding NaN or Inf; unexpected ones are ignored)")
         return hints
 
 
@@ -174,8 +183,18 @@ def compare_keys(
             report.missing.append(key)
         elif tuple(state_dict[key].shape) != tuple(shape):
             report.mismatched.append((key, tuple(state_dict[key].shape), tuple(shape)))
+        elif not _finite(state_dict[key]):
+            report.non_finite.append(key)
     report.unexpected = [key for key in state_dict if key not in model_shapes]
     return report
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in `t` (integer and boolean tensors always are); reads every page of a
+    memory-mapped tensor, which loading does anyway."""
+    if not (t.is_floating_point() or t.is_complex()) or t.is_meta:
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 # --------------------------------------------------------------------------- reading
@@ -290,7 +309,10 @@ def read_state_dict(path: str | os.PathLike, *, trust_pickle: bool = False) -> d
     if _is_safetensors(path):
         from safetensors.torch import load_file
 
-        obj: Any = load_file(path, device="cpu")
+        try:
+            obj: Any = load_file(path, device="cpu")
+        except Exception as exc:  # a damaged header or a truncated file
+            raise CheckpointError(_unreadable(path, exc)) from exc
     else:
         obj = _torch_load(path, trust_pickle)
     return checkpoint_filter_fn(_unwrap(obj, path))
@@ -399,7 +421,7 @@ def _load_weights(
         if strict:
             raise CheckpointError(message, report)
         log.warning("%s", message)
-    bad = set(report.missing) | {k for k, _, _ in report.mismatched}
+    bad = set(report.missing) | {k for k, _, _ in report.mismatched} | set(report.non_finite)
     usable = {k: v for k, v in state_dict.items() if k in shapes and k not in bad}
     if not bad:
         skeleton.load_state_dict(usable, strict=True, assign=True)

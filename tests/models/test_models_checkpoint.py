@@ -205,6 +205,48 @@ def test_not_a_state_dict(tmp_path, content, match):
         load_model(tmp_path / "x.pt", preset="tiny")
 
 
+@pytest.mark.parametrize("damage", ["nan", "inf"])
+def test_weights_holding_nan_or_inf_are_refused_and_skipped_when_not_strict(tmp_path, ref, caplog, damage):
+    """A damaged checkpoint whose tensors hold NaN or Inf would make every prediction NaN:
+    strict loading names the tensors; strict=False loads the rest and keeps those tensors'
+    initial values."""
+    bad_value = float("nan") if damage == "nan" else float("-inf")
+    damaged = {k: v.clone() for k, v in ref.items()}
+    names = ["aggregator.camera_token", "depth_head.norm.weight"]
+    for name in names:
+        damaged[name].view(-1)[-1] = bad_value
+    torch.save(damaged, tmp_path / "d.pt")
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "d.pt", preset="tiny")
+    message = str(err.value)
+    assert "2 tensors holding NaN or Inf values: aggregator.camera_token, depth_head.norm.weight" in message
+    assert "download or copy it again" in message
+    assert err.value.report.non_finite == names and not err.value.report.missing
+    with caplog.at_level(logging.WARNING):
+        model = load_model(tmp_path / "d.pt", preset="tiny", strict=False)
+    assert "holding NaN or Inf" in caplog.text
+    assert model.load_report.loaded == len(ref) - 2
+    state = model.state_dict()
+    for key, tensor in ref.items():
+        assert torch.isfinite(state[key]).all(), key
+        if key not in names:
+            assert torch.equal(state[key], tensor), key
+
+
+@pytest.mark.parametrize("damage", ["header", "truncated"])
+def test_a_damaged_safetensors_file_gets_a_checkpoint_error(tmp_path, ref, damage):
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.items()}, path)
+    data = path.read_bytes()
+    if damage == "header":  # still looks like safetensors: a length, then "{"
+        data = data[:8] + b"{not json" + data[17:]
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"could not read .*w\.safetensors.*copied completely"):
+        load_model(path, preset="tiny")
+
+
 def test_partial_load(tmp_path, ref, caplog):
     partial = {k: v for k, v in ref.items() if not k.startswith("depth_head.")}
     partial["aggregator.camera_token"] = torch.zeros(1, 2, 1, 7)
