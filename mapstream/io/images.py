@@ -127,12 +127,32 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
     Only mode ``RGBA`` is composited (as in the reference); other modes with transparency
     (``LA``, ``P`` with a transparent colour) go through a plain ``convert("RGB")``.
+    Grayscale images of more than 8 bits (16-bit PNG/TIFF, 32-bit integer or float TIFF) are
+    first scaled to 8 bits (`_wide_gray_to_8bit`): PIL's own conversion clips their values
+    at 255, which turns a 16-bit image nearly white and a float one in [0, 1] black.
     """
     image = ImageOps.exif_transpose(image)
+    if image.mode in _WIDE_GRAY_MODES:
+        image = _wide_gray_to_8bit(image)
     if image.mode == "RGBA":
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(white, image)
     return image.convert("RGB")
+
+
+_WIDE_GRAY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def _wide_gray_to_8bit(image: Image.Image) -> Image.Image:
+    """Mode "L" from a grayscale image of wider samples: integer samples are taken as 16-bit
+    (0..65535, what PNG and TIFF store in these modes); float samples as [0, 1] when they all
+    lie there, else as 0..255. NaN becomes 0; values outside the range are clipped."""
+    values = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0)
+    if image.mode == "F":
+        scale = 255.0 if values.size and values.max() <= 1.0 else 1.0
+    else:
+        scale = 255.0 / 65535.0
+    return Image.fromarray(np.clip(np.rint(values * scale), 0, 255).astype(np.uint8))
 
 
 def resized_shape(

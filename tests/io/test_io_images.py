@@ -175,6 +175,28 @@ def test_grayscale_becomes_three_equal_channels() -> None:
     assert torch.equal(out[0], torch.from_numpy(np.array(gray)).float() / 255)
 
 
+@pytest.mark.parametrize("kind", ["png16", "tiff-float01", "tiff-float255", "tiff-int32"])
+def test_grayscale_wider_than_8_bits_is_scaled_not_clipped(tmp_path: Path, kind: str) -> None:
+    """16-bit PNGs and integer or float TIFFs read as the 8-bit image they encode (PIL's own
+    conversion clips at 255: a 16-bit image came out nearly white, a float one in [0, 1]
+    black)."""
+    rng = np.random.default_rng(5)
+    levels = rng.integers(0, 256, size=(28, 42)).astype(np.uint8)
+    if kind == "png16":
+        wide, name = levels.astype(np.uint16) * 257, "g.png"  # 0..255 -> 0..65535
+    elif kind == "tiff-int32":
+        wide, name = levels.astype(np.int32) * 257, "g.tif"
+    elif kind == "tiff-float01":
+        wide, name = levels.astype(np.float32) / 255, "g.tif"
+    else:
+        wide, name = levels.astype(np.float32), "g.tif"
+    Image.fromarray(wide).save(tmp_path / name)
+    Image.fromarray(levels).save(tmp_path / "g8.png")
+    got = load_images([tmp_path / name], image_size=42)
+    assert torch.equal(got, load_images([tmp_path / "g8.png"], image_size=42))
+    assert torch.equal(got[0, 0], torch.from_numpy(levels).float() / 255)
+
+
 def test_threads_keep_order_and_values(tmp_path: Path) -> None:
     paths = []
     for i in range(6):
