@@ -339,7 +339,10 @@ class Session:
         self._check_open()
         images = check_images(images, self.model.config.patch_size)
         if images.shape[0] != 1:
-            raise ValueError(f"run takes one sequence (batch 1), got batch {images.shape[0]}")
+            raise ValueError(
+                f"a session is one stream: run takes one sequence (batch 1), got batch {images.shape[0]}; "
+                "model.inference_streaming takes a batch of independent sequences, or give each its own session"
+            )
         num_frames = images.shape[1]
         outs = []
         start = 0

@@ -338,24 +338,31 @@ class GCTStream(nn.Module):
         them. Frame i >= scale is a keyframe iff keyframe_interval <= 1 or
         (i - scale) % keyframe_interval == 0.
 
+        A batch [B, S, 3, H, W] is B independent sequences, each run on a clean cache in turn
+        (the reference takes batch 1 only, LIMITS.md 14); the outputs are stacked.
+
         Returns pose_enc [B,S,9], depth [B,S,H,W,1], depth_conf [B,S,H,W] (+ world points),
         images; on `output_device` if given, else on the model's device.
         """
         from ..session import Session
 
         images = check_images(images, self.config.patch_size)
-        session = Session(
-            self,
-            num_scale_frames=num_scale_frames,
-            keyframe_interval=keyframe_interval,
-            output_device=output_device,
-            state=self.default_state,
-        )
-        try:
-            session.reset()
-            return session.run(images)
-        finally:
-            self.clean_kv_cache()
+
+        def one_sequence(sequence: torch.Tensor) -> dict[str, torch.Tensor]:
+            session = Session(
+                self,
+                num_scale_frames=num_scale_frames,
+                keyframe_interval=keyframe_interval,
+                output_device=output_device,
+                state=self.default_state,
+            )
+            try:
+                session.reset()
+                return session.run(sequence)
+            finally:
+                self.clean_kv_cache()
+
+        return each_sequence(images, one_sequence)
 
     def inference_windowed(
         self,
@@ -370,7 +377,8 @@ class GCTStream(nn.Module):
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Long sequences: overlapping windows, each on a clean cache, aligned by Sim(3) and
-        stitched (see `mapstream.windowed.inference_windowed`). Leaves no cache populated."""
+        stitched (see `mapstream.windowed.inference_windowed`). Leaves no cache populated.
+        A batch [B, S, 3, H, W] is B independent sequences, run in turn and stacked."""
         from ..windowed import inference_windowed
 
         return inference_windowed(
@@ -391,6 +399,25 @@ class GCTStream(nn.Module):
         from ..session import Session
 
         return Session(self, **kwargs)
+
+
+def each_sequence(images: torch.Tensor, run) -> dict[str, Any]:
+    """`run(sequence)` on every sequence [1, S, 3, H, W] of the batch `images`, one after
+    another; tensors of the outputs are concatenated along the batch, plain values (settings
+    echoed back) kept once when every sequence gave the same, anything else (e.g. the raw
+    windows) listed per sequence."""
+    if images.shape[0] == 1:
+        return run(images)
+    outs = [run(images[b : b + 1]) for b in range(images.shape[0])]
+    merged: dict[str, Any] = {}
+    for key in outs[0]:
+        values = [out[key] for out in outs]
+        if isinstance(values[0], torch.Tensor):
+            merged[key] = torch.cat(values)
+        else:
+            plain = all(isinstance(v, (str, int, float, bool, type(None))) for v in values)
+            merged[key] = values[0] if plain and all(v == values[0] for v in values[1:]) else values
+    return merged
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from ..models.gct import each_sequence
 from ..validation import check_images
 from .align import Sim3, pairwise_alignment, stitch_windows, warp_predictions
 from .plan import WindowPlan, plan_windows
@@ -53,13 +54,26 @@ def inference_windowed(
     Returns the stitched pose_enc, depth, depth_conf (+ world points), frame_type,
     is_keyframe, and with two or more windows chunk_scales [B, n] and chunk_transforms
     [B, n, 4, 4]; alignment_mode = "scaled"; images; with `return_windows` also "windows",
-    the raw per-window predictions before alignment.
+    the raw per-window predictions before alignment. A batch [B, S, 3, H, W] is B independent
+    sequences, run in turn and stacked (the reference pairs keyframes from batch element 0
+    only, LIMITS.md 14).
     """
     if scale_mode != "median":
         raise ValueError(f"scale_mode must be 'median' (the only estimator), got {scale_mode!r}")
     images = check_images(images, model.config.patch_size)
-    num_frames = images.shape[1]
     scale = num_scale_frames if num_scale_frames is not None else model._default_scale_frames()
+    return each_sequence(images, lambda sequence: _windowed_sequence(
+        model, sequence, window_size, overlap_size, overlap_keyframes, scale, output_device, keyframe_interval,
+        precision, return_windows,
+    ))
+
+
+def _windowed_sequence(
+    model, images, window_size, overlap_size, overlap_keyframes, scale, output_device, keyframe_interval,
+    precision, return_windows,
+) -> dict:
+    """`inference_windowed` of one sequence [1, S, 3, H, W], already checked."""
+    num_frames = images.shape[1]
     plan: WindowPlan = plan_windows(
         num_frames,
         window_size=window_size,

@@ -208,6 +208,20 @@ def test_misuse_is_a_clear_error(model):
         model.session(cache=CacheConfig(), state=model.new_state())
 
 
+def test_a_batch_of_sequences_equals_each_sequence_streamed_alone(model):
+    """[B, S, 3, H, W] is B independent sequences (the reference takes batch 1 only,
+    LIMITS.md 14): each gets exactly what it gets alone, and no cache is left behind."""
+    x = torch.stack([frames_of(6, seed=s) for s in (1, 2, 3)])
+    together = model.inference_streaming(x, num_scale_frames=2, keyframe_interval=2)
+    assert together["pose_enc"].shape[:2] == (3, 6) and together["images"].shape == x.shape
+    for b in range(3):
+        alone = model.inference_streaming(x[b], num_scale_frames=2, keyframe_interval=2)
+        assert set(alone) == set(together)
+        for key, value in alone.items():
+            assert torch.equal(together[key][b : b + 1], value), key
+    assert model.default_state.aggregator.frames_stored == 0
+
+
 def test_auto_keyframes_need_no_frame_count(model):
     x = frames_of(12, seed=7)
     policy = FlowKeyframes(threshold=1e9, max_gap=4)  # store only on the gap rule

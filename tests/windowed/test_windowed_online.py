@@ -78,3 +78,20 @@ def test_five_thousand_frames_run_in_per_window_memory(model):
         emitted += len(online.flush())
         assert (online.stats()["aggregator"].bytes_held, online.stats()["camera"].bytes_held) == held
     assert emitted == 5000
+
+
+def test_a_batch_of_sequences_is_windowed_as_each_sequence_alone(model):
+    """Windowed inference of [B, S, 3, H, W] equals each sequence's own (the reference
+    paired keyframes from batch element 0 only, LIMITS.md 14); per-window raw predictions
+    come back per sequence."""
+    x = torch.stack([frames_of(11, seed=s) for s in (4, 5)])
+    together = model.inference_windowed(x, window_size=5, overlap_size=2, num_scale_frames=2, return_windows=True)
+    assert together["alignment_mode"] == "scaled" and len(together["windows"]) == 2
+    for b in range(2):
+        alone = model.inference_windowed(x[b], window_size=5, overlap_size=2, num_scale_frames=2, return_windows=True)
+        tensors = [k for k, v in alone.items() if torch.is_tensor(v)]
+        assert {"pose_enc", "depth", "chunk_scales", "chunk_transforms", "is_keyframe"} <= set(tensors)
+        for key in tensors:
+            assert torch.equal(together[key][b : b + 1], alone[key]), key
+        for got, want in zip(together["windows"][b], alone["windows"]):
+            assert torch.equal(got["pose_enc"], want["pose_enc"])
