@@ -1,7 +1,16 @@
 """The streaming KV-cache subsystem: a spec, a page pool, and a manager that decides what is
 visible. Pure bookkeeping plus copies; no attention math lives here."""
 from .device_step import DeviceStep
-from .manager import CacheStateError, CacheStats, Step, StreamCacheManager, attend_streams, open_steps, thin_trajectory
+from .manager import (
+    CacheStateError,
+    CacheStats,
+    FlashInferKVCacheManager,
+    Step,
+    StreamCacheManager,
+    attend_streams,
+    open_steps,
+    thin_trajectory,
+)
 from .page_pool import PagePool, PageRun, PoolRegistry, PoolStats
 from .spec import CacheSpec, StorageKey, TokenLayout
 
@@ -10,6 +19,7 @@ __all__ = [
     "CacheStateError",
     "CacheStats",
     "DeviceStep",
+    "FlashInferKVCacheManager",
     "PagePool",
     "PageRun",
     "PoolRegistry",

@@ -255,6 +255,11 @@ class StreamCacheManager:
         self._spare_valid = False
 
     @property
+    def num_frames(self) -> int:
+        """Frames stored (the reference manager's name for `frames_stored`)."""
+        return self.frames_stored
+
+    @property
     def pool(self):
         """The `PagePool` this cache's arena is leased from (None before the first step)."""
         return self._run.pool if self._run is not None else None
@@ -488,3 +493,9 @@ class StreamCacheManager:
 
 def _arange(s: slice, device: torch.device) -> torch.Tensor:
     return torch.arange(s.start, s.stop, device=device)
+
+
+FlashInferKVCacheManager = StreamCacheManager
+"""The reference's name for its cache manager (`reset()`, `num_frames`), kept for code written
+against it. Here one manager serves every attention backend: the backends read what it makes
+visible."""

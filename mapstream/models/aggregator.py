@@ -127,6 +127,12 @@ class AggregatorStream(nn.Module):
         self.kv_cache.reset()
 
     @property
+    def kv_cache_manager(self) -> StreamCacheManager:
+        """The default cache under the reference's attribute name (its `reset()` is what
+        `clean_kv_cache` calls)."""
+        return self.kv_cache
+
+    @property
     def total_frames_processed(self) -> int:
         """Stored frames of the default cache (the 3D-RoPE time counter)."""
         return self.kv_cache.frames_stored

@@ -125,6 +125,24 @@ def test_clean_kv_cache_gives_fresh_model_outputs_bit_for_bit(model):
     assert torch.equal(clean["pose_enc"], want["pose_enc"][:, :2])
 
 
+def test_the_reference_cache_manager_names_reach_the_default_cache(model):
+    """Code written against the reference resets `aggregator.kv_cache_manager` (a
+    `FlashInferKVCacheManager`) and reads its `num_frames`; here they are the default cache."""
+    from mapstream.cache import FlashInferKVCacheManager, StreamCacheManager
+
+    assert FlashInferKVCacheManager is StreamCacheManager
+    manager = model.aggregator.kv_cache_manager
+    assert manager is model.default_state.aggregator and isinstance(manager, FlashInferKVCacheManager)
+    model.clean_kv_cache()
+    x = frames_of(4, seed=9)
+    model(x[None, :2], num_frame_for_scale=2)
+    model(x[None, 2:3], num_frame_for_scale=2)
+    assert manager.num_frames == manager.frames_stored == 3
+    manager.reset()
+    assert manager.num_frames == 0 and manager.visible_frames() == {"anchors": [], "window": [], "trajectory": []}
+    model.clean_kv_cache()
+
+
 def test_inference_streaming_leaves_no_cache_behind(model):
     model.inference_streaming(frames_of(5), num_scale_frames=2)
     state = model.default_state
