@@ -22,10 +22,15 @@ def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = 
         )
     batch, frames, channels, height, width = images.shape
     if channels != 3:
-        raise ValueError(f"images must have 3 (RGB) channels in dim -3, got {channels} (shape {list(images.shape)})")
+        hint = "; channels last ([..., H, W, 3])? move them: x.movedim(-1, -3)" if width == 3 else ""
+        raise ValueError(
+            f"images must have 3 (RGB) channels in dim -3, got {channels} (shape {list(images.shape)}){hint}"
+        )
     if batch == 0 or frames == 0:
         raise ValueError(f"images holds no frame (shape {list(images.shape)})")
-    if height % patch_size or width % patch_size or height == 0 or width == 0:
+    if height == 0 or width == 0:
+        raise ValueError(f"images have no pixels: size {height}x{width} (HxW, shape {list(images.shape)})")
+    if height % patch_size or width % patch_size:
         raise ValueError(
             f"image size {height}x{width} (HxW) is not a multiple of the patch size {patch_size}; "
             f"resize or crop with mapstream.load_images(..., patch_size={patch_size})"

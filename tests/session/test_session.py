@@ -456,6 +456,17 @@ def test_a_started_graphed_step_runs_once_and_only_with_its_own_frame(model):
             started(frame, s.state, store=True, backend=model.attention_backend(frame.device, frame.dtype))
 
 
+def test_frames_without_pixels_or_with_channels_last_are_told_what_is_wrong(model):
+    from mapstream.validation import check_images
+
+    with pytest.raises(ValueError, match=r"no pixels: size 0x42"):
+        check_images(torch.rand(2, 3, 0, 42), 14)
+    with pytest.raises(ValueError, match=r"channels last \(\[\.\.\., H, W, 3\]\)\? move them: x.movedim\(-1, -3\)"):
+        check_images(torch.rand(2, 28, 42, 3), 14)
+    with pytest.raises(ValueError, match=r"got 1 \(shape \[1, 2, 1, 28, 42\]\)$"):  # no hint where none fits
+        check_images(torch.rand(2, 1, 28, 42), 14)
+
+
 def test_a_frame_unlike_the_last_accepted_one_is_checked_in_full_after_the_scale_phase(model):
     """After the scale phase a frame with the shape, dtype and device of the last accepted one
     skips the shape checks (the step's start is GPU idle time); any other frame is checked in
