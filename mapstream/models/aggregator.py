@@ -132,6 +132,15 @@ class AggregatorStream(nn.Module):
         `clean_kv_cache` calls)."""
         return self.kv_cache
 
+    @kv_cache_manager.setter
+    def kv_cache_manager(self, value: None) -> None:
+        # The reference discards its manager (`= None`) to change resolution between
+        # sequences; here that releases the default cache's pages, and the next sequence
+        # leases storage of its own shape (a reset alone would do: `_lease`).
+        if value is not None:
+            raise TypeError("aggregator.kv_cache_manager can only be set to None (to release the default cache)")
+        self.kv_cache.reset(release=True)
+
     @property
     def total_frames_processed(self) -> int:
         """Stored frames of the default cache (the 3D-RoPE time counter)."""

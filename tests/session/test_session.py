@@ -140,6 +140,17 @@ def test_the_reference_cache_manager_names_reach_the_default_cache(model):
     assert manager.num_frames == manager.frames_stored == 3
     manager.reset()
     assert manager.num_frames == 0 and manager.visible_frames() == {"anchors": [], "window": [], "trajectory": []}
+    # The reference discards its manager to change resolution: here that releases the pages.
+    model(x[None, :2], num_frame_for_scale=2)
+    model.aggregator.kv_cache_manager = None
+    assert manager.num_frames == 0 and manager.pool is None
+    bigger = torch.rand(1, 2, 3, 42, 56)
+    want = model.inference_streaming(bigger, num_scale_frames=2)
+    model.clean_kv_cache()
+    got = model(bigger, num_frame_for_scale=2)
+    assert torch.equal(got["pose_enc"], want["pose_enc"])
+    with pytest.raises(TypeError, match="only be set to None"):
+        model.aggregator.kv_cache_manager = manager
     model.clean_kv_cache()
 
 
