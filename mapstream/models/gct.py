@@ -242,7 +242,8 @@ class GCTStream(nn.Module):
         images = check_images(images, self.config.patch_size, check_values=validate)
         if images.shape[0] != 1:
             raise ValueError(
-                f"batch size {images.shape[0]}: a streaming state serves one sequence; run one session per sequence"
+                f"batch size {images.shape[0]}: a streaming state serves one sequence; run one session per sequence, "
+                "or model.inference_streaming(images) for a batch of whole sequences"
             )
         state = self.default_state if state is None else state
         nfs = num_frame_for_scale if num_frame_for_scale is not None else self._default_scale_frames()
