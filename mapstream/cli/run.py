@@ -82,7 +82,8 @@ class Run:
         for warning in summary.warnings:
             print(f"WARNING: {warning}")
         print(
-            f"{summary.frames} frames ({summary.new_frames} new) at {summary.fps:.2f} FPS with {summary.model}\n"
+            f"{summary.frames} frame{'' if summary.frames == 1 else 's'} ({summary.new_frames} new) at "
+            f"{summary.fps:.2f} FPS with {summary.model}\n"
             f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
         )
         return 0
