@@ -213,7 +213,8 @@ def pad_white(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return F.pad(img, (left, dw - left, top, dh - top), mode="constant", value=1.0)
 
 
-def _check_args(mode: str, image_size: int, patch_size: int) -> None:
+def check_preprocess_args(mode: str, image_size: int, patch_size: int) -> None:
+    """ValueError unless `mode` is crop/pad and `image_size` a positive multiple of `patch_size`."""
     if mode not in ("crop", "pad"):
         raise ValueError(f"mode must be 'crop' or 'pad', got {mode!r}")
     if patch_size < 1 or image_size < patch_size or image_size % patch_size:
@@ -232,7 +233,7 @@ def preprocess_image(
     ``pad``: ``H = W = image_size``.  Identical to one image of :func:`load_images`
     (before any batch padding), so video and webcam frames use it directly.
     """
-    _check_args(mode, image_size, patch_size)
+    check_preprocess_args(mode, image_size, patch_size)
     image = to_rgb(image)
     width, height = image.size
     new_w, new_h = resized_shape(width, height, mode, image_size, patch_size)
@@ -298,7 +299,7 @@ def load_images(
     """
     if len(paths) == 0:
         raise ValueError("load_images needs at least one image path")
-    _check_args(mode, image_size, patch_size)
+    check_preprocess_args(mode, image_size, patch_size)
 
     def one(item: ImageInput) -> torch.Tensor:
         image = item if isinstance(item, Image.Image) else open_image(item)

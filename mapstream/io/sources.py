@@ -26,6 +26,7 @@ from PIL import Image
 
 from mapstream.io.images import (
     Mode,
+    check_preprocess_args,
     list_images,
     natural_sort_key,
     open_image,
@@ -61,6 +62,7 @@ class FrameSource:
         pad_height: int | None = None,
     ) -> None:
         """pad_height: pad shorter frames with white (centred) to this height."""
+        check_preprocess_args(mode, image_size, patch_size)  # before any frame is read
         self._frames = frames
         self.length = length
         self.description = description

@@ -99,6 +99,15 @@ def test_errors(tmp_path: Path) -> None:
         open_source([])
 
 
+def test_a_bad_frame_size_or_mode_fails_when_the_source_opens(folder: Path, monkeypatch) -> None:
+    """Before any frame is read (it used to fail at the first frame, a progress bar later)."""
+    monkeypatch.setattr(Image, "open", lambda *a, **k: pytest.fail("a frame was read"))
+    with pytest.raises(ValueError, match=r"image_size \(10\) must be a positive multiple of patch_size \(14\)"):
+        open_source(folder, image_size=10)
+    with pytest.raises(ValueError, match="mode must be 'crop' or 'pad'"):
+        open_source(folder, mode="stretch")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("cv2") is not None, reason="OpenCV is installed")
 def test_webcam_without_opencv_says_what_to_install() -> None:
     with pytest.raises(ImportError, match="pip install opencv-python-headless"):
