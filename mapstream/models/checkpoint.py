@@ -174,16 +174,18 @@ def _summarize_keys(keys: list[str], limit: int = _LIST_LIMIT) -> str:
 
 
 def compare_keys(
-    model_shapes: Mapping[str, torch.Size], state_dict: Mapping[str, torch.Tensor], source: str
+    model_shapes: Mapping[str, torch.Size], state_dict: Mapping[str, torch.Tensor], source: str,
+    *, check_values: bool = True,
 ) -> LoadReport:
-    """Match a checkpoint's keys and shapes against the model's."""
+    """Match a checkpoint's keys and shapes against the model's, and (`check_values`) find the
+    tensors holding NaN or Inf."""
     report = LoadReport(source=source, model_keys=len(model_shapes))
     for key, shape in model_shapes.items():
         if key not in state_dict:
             report.missing.append(key)
         elif tuple(state_dict[key].shape) != tuple(shape):
             report.mismatched.append((key, tuple(state_dict[key].shape), tuple(shape)))
-        elif not _finite(state_dict[key]):
+        elif check_values and not _finite(state_dict[key]):
             report.non_finite.append(key)
     report.unexpected = [key for key in state_dict if key not in model_shapes]
     return report
@@ -400,7 +402,7 @@ def _fitting_preset(state_dict: Mapping[str, torch.Tensor], preset: str, overrid
         if name == preset:
             continue
         shapes = _build(name, {"enable_point": overrides.get("enable_point", False)}, storage=False).state_dict()
-        if compare_keys({k: v.shape for k, v in shapes.items()}, state_dict, "").ok:
+        if compare_keys({k: v.shape for k, v in shapes.items()}, state_dict, "", check_values=False).ok:
             return name
     return None
 
