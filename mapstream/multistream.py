@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from .session import FramePrediction, Session, _autocast
+from .session import FramePrediction, Session, _autocast, keyframe_flag
 
 __all__ = ["step_together"]
 
@@ -53,6 +53,10 @@ def step_together(
             )
     if len({id(s) for s in sessions}) != count:
         raise ValueError("a session appears twice; its frames are sequential, step them in separate calls")
+    try:
+        keyframes = [keyframe_flag(k) for k in keyframes]
+    except TypeError as err:
+        raise TypeError(f"keyframes: {err}") from err
     checked = []
     for b, (session, frame) in enumerate(zip(sessions, frames)):
         session._check_open()

@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from .config import CacheConfig
@@ -28,7 +29,7 @@ from .models.aggregator import kv_dtype
 from .models.gct import GCTStream, StreamState
 from .validation import ValueCheck, check_images
 
-__all__ = ["Session", "FramePrediction", "SessionClosedError", "resolve_precision"]
+__all__ = ["Session", "FramePrediction", "SessionClosedError", "keyframe_flag", "resolve_precision"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,19 @@ def _autocast(device: torch.device, precision: str):
     # (and their memory reused). Without the cache every use casts again, inside the graph
     # when captured; an eager forward uses each weight once, so it costs it nothing.
     return torch.autocast("cuda", dtype=dtype, cache_enabled=False)
+
+
+def keyframe_flag(keyframe) -> bool | None:
+    """A step's keyframe override as True, False or None (policy decides). NumPy and 0-d
+    torch booleans and the ints 0/1 are taken; anything else is refused, so that a string
+    such as "False" is not stored as a keyframe for being truthy."""
+    if keyframe is None or isinstance(keyframe, bool):
+        return keyframe
+    if isinstance(keyframe, torch.Tensor) and keyframe.dtype == torch.bool and keyframe.numel() == 1:
+        return bool(keyframe)
+    if isinstance(keyframe, np.bool_) or (isinstance(keyframe, int) and keyframe in (0, 1)):
+        return bool(keyframe)
+    raise TypeError(f"keyframe must be True, False or None (the policy decides), got {keyframe!r}")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -156,6 +170,7 @@ class Session:
         # (shape, dtype, device) of the last frame that passed the shape checks after the
         # scale phase: a frame like it skips them (the step's start is on the GPU's idle time).
         self._accepted: tuple | None = None
+        self._told_scale_keyframes = False  # the warning that scale frames are always stored
         self._clear()
 
     def _clear(self) -> None:
@@ -215,9 +230,11 @@ class Session:
 
         Returns the predictions completed by this frame: none while the scale phase buffers
         (or a provisional one, see `provisional`), all scale frames when it completes, then
-        this frame's. `keyframe` overrides the policy after the scale phase.
+        this frame's. `keyframe` (True, False or None) overrides the policy after the scale
+        phase; scale frames are always stored.
         """
         self._check_open()
+        keyframe = keyframe_flag(keyframe)
         frames = self._check_frame(frame, values=False)
         graphs = self._graphed_step(frames)
         if graphs is None:
@@ -248,6 +265,10 @@ class Session:
         """`step` for a frame that already passed `_check_frame` ([1, 1, 3, H, W]); `started`:
         its `GraphedStep.start`, if begun."""
         if self.in_scale_phase:
+            if keyframe is False and not self._told_scale_keyframes:
+                log.warning("keyframe=False for a frame of the scale phase: scale frames are always stored "
+                            "(the override applies from frame %d on)", self.num_scale_frames)
+                self._told_scale_keyframes = True
             self._buffer.append(frames)
             self._names.append(name)
             if len(self._buffer) >= self.num_scale_frames:

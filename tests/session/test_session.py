@@ -2,6 +2,8 @@
 bounded memory on long streams, interleaving, misuse."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -249,6 +251,31 @@ def test_a_batch_of_sequences_equals_each_sequence_streamed_alone(model):
         for key, value in alone.items():
             assert torch.equal(together[key][b : b + 1], value), key
     assert model.default_state.aggregator.frames_stored == 0
+
+
+def test_keyframe_overrides_take_booleans_only_and_scale_frames_are_always_stored(model, caplog):
+    """A string such as "False" is truthy: it is refused before the session changes, rather
+    than stored as a keyframe. NumPy and 0-d torch booleans and 0/1 are taken. keyframe=False
+    in the scale phase is overridden (scale frames are always stored), with one warning."""
+    import numpy as np
+
+    x = frames_of(4, seed=21)
+    with model.session(num_scale_frames=2) as s:
+        with pytest.raises(TypeError, match="keyframe must be True, False or None .*'False'"):
+            s.step(x[0], keyframe="False")
+        with caplog.at_level(logging.WARNING, logger="mapstream.session"):
+            assert s.step(x[0], keyframe=False) == []
+            preds = s.step(x[1], keyframe=np.bool_(False))
+        assert [(p.index, p.keyframe) for p in preds] == [(0, True), (1, True)]
+        assert caplog.text.count("scale frames are always stored") == 1
+        (p2,) = s.step(x[2], keyframe=torch.tensor(False))
+        (p3,) = s.step(x[3], keyframe=1)
+        assert (p2.keyframe, p3.keyframe) == (False, True) and s.state.aggregator.frames_stored == 3
+    a, b = model.session(num_scale_frames=1), model.session(num_scale_frames=1)
+    with pytest.raises(TypeError, match="keyframes: keyframe must be"):
+        mapstream.step_together([a, b], [x[0], x[1]], keyframes=[None, "yes"])
+    assert a.in_scale_phase and b.in_scale_phase
+    a.close(), b.close()
 
 
 def test_auto_keyframes_need_no_frame_count(model):
