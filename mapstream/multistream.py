@@ -18,7 +18,8 @@ from typing import Sequence
 
 import torch
 
-from .session import FramePrediction, Session, _autocast, keyframe_flag
+from .session import FramePrediction, Session, _autocast
+from .validation import keyframe_flag
 
 __all__ = ["step_together"]
 

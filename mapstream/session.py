@@ -20,16 +20,15 @@ import logging
 from dataclasses import dataclass
 from typing import Iterable
 
-import numpy as np
 import torch
 
 from .config import CacheConfig
 from .keyframes import KeyframePolicy, make_policy
 from .models.aggregator import kv_dtype
 from .models.gct import GCTStream, StreamState
-from .validation import ValueCheck, check_images
+from .validation import ValueCheck, check_images, keyframe_flag
 
-__all__ = ["Session", "FramePrediction", "SessionClosedError", "keyframe_flag", "resolve_precision"]
+__all__ = ["Session", "FramePrediction", "SessionClosedError", "resolve_precision"]
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +73,6 @@ def _autocast(device: torch.device, precision: str):
     # (and their memory reused). Without the cache every use casts again, inside the graph
     # when captured; an eager forward uses each weight once, so it costs it nothing.
     return torch.autocast("cuda", dtype=dtype, cache_enabled=False)
-
-
-def keyframe_flag(keyframe) -> bool | None:
-    """A step's keyframe override as True, False or None (policy decides). NumPy and 0-d
-    torch booleans and the ints 0/1 are taken; anything else is refused, so that a string
-    such as "False" is not stored as a keyframe for being truthy."""
-    if keyframe is None or isinstance(keyframe, bool):
-        return keyframe
-    if isinstance(keyframe, torch.Tensor) and keyframe.dtype == torch.bool and keyframe.numel() == 1:
-        return bool(keyframe)
-    if isinstance(keyframe, np.bool_) or (isinstance(keyframe, int) and keyframe in (0, 1)):
-        return bool(keyframe)
-    raise TypeError(f"keyframe must be True, False or None (the policy decides), got {keyframe!r}")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -1,9 +1,10 @@
 """Input checks at the public boundary: every failure says what was wrong and what to do."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-__all__ = ["ValueCheck", "check_images"]
+__all__ = ["ValueCheck", "check_images", "keyframe_flag"]
 
 
 def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = True) -> torch.Tensor:
@@ -99,3 +100,16 @@ class ValueCheck:
                 f"image values must lie in [0, 1], got [{lo:.4g}, {hi:.4g}]; "
                 "divide 0-255 data by 255 (mapstream.load_images does this)"
             )
+
+
+def keyframe_flag(keyframe) -> bool | None:
+    """A step's keyframe override as True, False or None (policy decides). NumPy and 0-d
+    torch booleans and the ints 0/1 are taken; anything else is refused, so that a string
+    such as "False" is not stored as a keyframe for being truthy."""
+    if keyframe is None or isinstance(keyframe, bool):
+        return keyframe
+    if isinstance(keyframe, torch.Tensor) and keyframe.dtype == torch.bool and keyframe.numel() == 1:
+        return bool(keyframe)
+    if isinstance(keyframe, np.bool_) or (isinstance(keyframe, int) and keyframe in (0, 1)):
+        return bool(keyframe)
+    raise TypeError(f"keyframe must be True, False or None (the policy decides), got {keyframe!r}")

@@ -25,7 +25,7 @@ from ..cache import PoolRegistry, StreamCacheManager
 from ..config import CacheConfig, ModelConfig, get_preset, split_overrides
 from ..geometry import camera_matrices
 from ..heads import CameraCausalHead, DPTHead
-from ..validation import check_images
+from ..validation import check_images, keyframe_flag
 from .aggregator import AggregatorStream, Trace, aggregator_cache_spec, kv_dtype
 
 __all__ = ["GCTStream", "StreamState"]
@@ -239,6 +239,9 @@ class GCTStream(nn.Module):
                 "causal_inference=False is the reference's training path and is not supported; "
                 "use causal_inference=True (streaming) or inference_streaming()"
             )
+        keyframe = keyframe_flag(keyframe)
+        if keyframe is None:
+            raise TypeError("keyframe must be True or False for a forward call (sessions let a policy decide)")
         images = check_images(images, self.config.patch_size, check_values=validate)
         if images.shape[0] != 1:
             raise ValueError(

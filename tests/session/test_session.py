@@ -271,6 +271,11 @@ def test_keyframe_overrides_take_booleans_only_and_scale_frames_are_always_store
         (p2,) = s.step(x[2], keyframe=torch.tensor(False))
         (p3,) = s.step(x[3], keyframe=1)
         assert (p2.keyframe, p3.keyframe) == (False, True) and s.state.aggregator.frames_stored == 3
+    with pytest.raises(TypeError, match="keyframe must be True, False or None .*'no'"):
+        model(x[None, :1], keyframe="no")
+    with pytest.raises(TypeError, match="True or False for a forward call"):
+        model(x[None, :1], keyframe=None)
+    assert model.default_state.frames_stored == 0
     a, b = model.session(num_scale_frames=1), model.session(num_scale_frames=1)
     with pytest.raises(TypeError, match="keyframes: keyframe must be"):
         mapstream.step_together([a, b], [x[0], x[1]], keyframes=[None, "yes"])
