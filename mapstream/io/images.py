@@ -116,10 +116,14 @@ def open_image(path: str | os.PathLike) -> Image.Image:
             # here while the EXIF data is at hand, then the result no longer needs the file.
             return ImageOps.exif_transpose(im)
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise ValueError(
-            f"cannot read image {p}: {exc}. The file is corrupt, truncated or not an image; "
-            "re-export or delete it, or leave it out of the input list"
-        ) from exc
+        raise _unreadable_image(p, exc) from exc
+
+
+def _unreadable_image(path: Path, exc: Exception) -> ValueError:
+    return ValueError(
+        f"cannot read image {path}: {exc}. The file is corrupt, truncated or not an image; "
+        "re-export or delete it, or leave it out of the input list"
+    )
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -191,10 +195,7 @@ def oriented_size(path: str | os.PathLike) -> tuple[int, int]:
             if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
                 width, height = height, width
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise ValueError(
-            f"cannot read image {p}: {exc}. The file is corrupt, truncated or not an image; "
-            "re-export or delete it, or leave it out of the input list"
-        ) from exc
+        raise _unreadable_image(p, exc) from exc
     return width, height
 
 
