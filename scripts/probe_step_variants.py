@@ -2,14 +2,17 @@
 
 Arms (all the benchmark's model, whole-step graphs, fp32 heads unless --heads bf16):
 - `pad`: compiled as before session 16 (Inductor pads the products' rows to a multiple of 8);
-- `nopad`: compiled with `shape_padding=False`;
+- `nopad`: compiled with `shape_padding=False`, fc2's reduction not split;
+- `split`: as `nopad`, with fc2's reduction split in two halves (`layers.split_linear`, the
+  default since session 17; the module's switch is set before each arm's step, and matters
+  while the arm compiles and captures its graphs);
 (Session 16 also had arms with the dense heads on a green-context stream confined to part of
 the multiprocessors, commits 69ae6f1 and 0cb1ecf; no gain, removed: docs/BENCHMARKS.md.)
 Each arm is its own session; every frame is stepped by every arm, the order rotating, and
 steady frames 100-200 are timed as the protocol does (CUDA events, synchronize after each
-frame). Each arm's outputs are compared with the `pad` arm's at the same frame.
+frame). Each arm's outputs are compared with the first arm's at the same frame.
 
-Usage (device): python3 scripts/probe_step_variants.py [--heads fp32|bf16] [--no-pad-arm]
+Usage (device): python3 scripts/probe_step_variants.py [--heads fp32|bf16] [--arms nopad,split]
                 [--conv-heuristics]
                 [--out FILE.json]
 """
@@ -23,6 +26,7 @@ import traceback
 import torch
 
 import mapstream.fast as fast_module
+import mapstream.layers.split_linear as split_module
 from _probe import report
 from mapstream.bench import BenchConfig, _frames, build_bench_model
 from mapstream.fast.graphs import GraphedStep
@@ -33,19 +37,22 @@ from mapstream.models.compile import compile_model
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--heads", default="fp32")
-    parser.add_argument("--no-pad-arm", action="store_true")
+    parser.add_argument("--arms", default="nopad,split", help="comma-separated, of pad, nopad, split")
     parser.add_argument("--conv-heuristics", action="store_true",
                         help="every arm takes cuDNN's heuristic convolution kernels (GraphedStep conv_search=False)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cfg = BenchConfig(backend="triton", fast=True, heads_precision=args.heads, stage_breakdown=False)
     device = torch.device("cuda")
-    models = {}
-    for padding in ([False] if args.no_pad_arm else [True, False]):
-        model = compile_model(build_bench_model(cfg, device), shape_padding=padding)
+    # Arms share the blocks' compiled code (one cache entry per arm and phase): room for all.
+    torch._dynamo.config.recompile_limit = 64
+    arms = {}
+    for name in args.arms.split(","):
+        if name not in ("pad", "nopad", "split"):
+            parser.error(f"unknown arm {name!r}")
+        model = compile_model(build_bench_model(cfg, device), shape_padding=name == "pad")
         model.set_backend(cfg.backend)
-        models["pad" if padding else "nopad"] = model
-    arms = dict(models)
+        arms[name] = model
     frames = _frames(cfg, device)
     sessions = {name: model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=True)
                 for name, model in arms.items()}
@@ -65,6 +72,7 @@ def main() -> None:
                     continue
                 fast_module.GraphedStep = functools.partial(
                     GraphedStep, conv_search=not args.conv_heuristics)
+                split_module.enabled = name == "split"
                 try:
                     torch.cuda.synchronize()
                     start.record()

@@ -13,7 +13,8 @@ prologue and the GELU or residual in its epilogue, in fp32 with one rounding at 
 half-precision norm's result is rounded first, as the module hands it on). Elsewhere, inside
 `plain_pytorch()` or for what the kernel does not take (`_kernel_takes`: more than one row,
 mixed dtypes, autocast), it is the composition above; the aggregator's blocks, with ~1k
-tokens a frame, always take that path. Measured in the step with fp32 heads, the products are
+tokens a frame, always take that path (with fc2's reduction split in two when compiled on
+CUDA: `split_linear`). Measured in the step with fp32 heads, the products are
 no slower than cuBLAS's and the camera head runs 64 kernels fewer a frame, but beside the DPT
 head they get only the memory bandwidth its convolutions leave, so the heads did not end
 measurably sooner (docs/BENCHMARKS.md, session 13, part 2).
@@ -27,6 +28,7 @@ from torch import nn
 
 from ..attention.fused import HAS_TRITON, our_kernels_may_serve
 from .linear_gelu import linear_gelu
+from .split_linear import split_linear
 
 __all__ = ["linear_residual", "norm_linear"]
 
@@ -50,7 +52,8 @@ def linear_residual(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor, 
     [..., out], scale [out]."""
     if _fused_ok(x, linear, None) and _residual_ok(residual, scale, x, linear):
         return _row_linear_op(x, linear.weight, linear.bias, None, None, residual, scale, 0.0, False, False)
-    return residual + linear(x) * scale
+    split = split_linear(x, linear)  # a frame's fc2 under torch.compile on CUDA
+    return residual + (linear(x) if split is None else split) * scale
 
 
 def _fused_ok(x: torch.Tensor, linear: nn.Linear, norm: nn.LayerNorm | None) -> bool:

@@ -319,6 +319,39 @@ def test_mlp_gelu_runs_in_the_products_epilogue_in_half_precision():
         assert err < 1e-2
 
 
+def test_compiled_fc2_splits_its_reduction_within_bf16_rounding():
+    """A trunk block's feed-forward over one 504x378 frame (978 tokens, bf16 autocast) under
+    torch.compile: fc2 (4096 -> 1024) is traced as one batched product of two half-depth fp32
+    halves, and the compiled result stays within bf16 rounding of the plain composition.
+    Eagerly no split is traced."""
+    from mapstream.attention import plain_pytorch
+    from mapstream.layers import Block
+
+    torch.manual_seed(0)
+    block = Block(1024, 16).cuda().eval()
+    with torch.no_grad():
+        block.ls2.gamma.uniform_(0.5, 1.5)
+    x = torch.randn(1, 978, 1024, device="cuda")
+    traced = []
+
+    def recording(gm, example_inputs):
+        traced.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        with plain_pytorch():
+            want = block.feed_forward(x)
+        torch.compile(block.feed_forward, backend=recording, dynamic=False)(x)
+        torch._dynamo.reset()
+        got = torch.compile(block.feed_forward, dynamic=False)(x)
+        torch._dynamo.reset()
+    assert any("bmm" in t for t in traced), traced
+    assert torch.isfinite(got).all()
+    err = _rel(got, want)
+    _report("compiled_split_fc2_vs_plain", err)
+    assert err < 1e-2
+
+
 def _trunk_attention(dtype):
     """A trunk block's attention projections (1024 wide, 16 heads of 64, q/k LayerNorms with
     weights and biases away from 1 and 0, so the norms' affine part is exercised), seeded."""

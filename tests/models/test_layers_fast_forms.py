@@ -359,3 +359,27 @@ def test_dpt_output_takes_plain_1x1_convolutions_and_is_the_composition_elsewher
     value, conf = pointwise_output(conv, h)  # on the CPU: the composition, exactly
     logits = conv(h).permute(0, 2, 3, 1)
     assert torch.equal(value, torch.exp(logits[..., :1])) and torch.equal(conf, 1 + torch.exp(logits[..., 1]))
+
+
+def test_fc2_splits_its_reduction_only_where_half_the_chip_would_idle():
+    """`split_pays`: the 504x378 trunk's fc2 (978 tokens, 4096 -> 1024: 64 tiles) splits on an
+    H200's 132 multiprocessors; the projection (depth 1024), fc1 and q/k/v (256 and 192 tiles),
+    a smaller chip, larger frames and unaligned depths do not. `split_linear` serves only code
+    that torch.compile traces on CUDA, so eager and CPU calls keep the plain product."""
+    from torch import nn
+
+    from mapstream.layers.row_linear import linear_residual
+    from mapstream.layers.split_linear import split_linear, split_pays
+
+    fc2, proj, fc1, qkv = nn.Linear(4096, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 4096), nn.Linear(1024, 3072)
+    assert split_pays(978, fc2, 132)
+    assert split_pays(1024, fc2, 128) and not split_pays(1025, fc2, 128)  # 64 tiles vs 72
+    assert not split_pays(978, proj, 132)
+    assert not split_pays(978, fc1, 132) and not split_pays(978, qkv, 132)
+    assert not split_pays(978, fc2, 100)  # 128 tiles would not fit in one wave
+    assert not split_pays(1999, fc2, 132)  # 16 x 8 tiles already fill it
+    assert not split_pays(978, nn.Linear(4104, 1024), 132)  # halves of 2052 are not 16-byte aligned
+    x, residual, gamma = torch.randn(1, 978, 4096), torch.randn(1, 978, 1024), torch.randn(1024)
+    assert split_linear(x, fc2) is None
+    with torch.no_grad():
+        assert torch.equal(linear_residual(x, fc2, residual, gamma), residual + fc2(x) * gamma)
