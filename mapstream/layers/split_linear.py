@@ -1,17 +1,18 @@
-"""linear(x) for one frame's tokens with the reduction split in two, where the chip would idle.
+"""linear(x) for one frame's tokens with the reduction split in two, where tiles are few.
 
-A block's fc2 (4096 -> 1024) over one 504x378 frame (978 tokens) is 64 output tiles of
-128x128 for an H200's 132 multiprocessors: cuBLAS runs it in one half-empty wave at 445
-TFLOP/s (18.4 µs), against 600 for fc1's 256 tiles. Splitting the reduction in two halves,
-run as one batched cuBLAS product with fp32 outputs, gives 128 tiles: 13.9 µs
-(docs/BENCHMARKS.md, session 17). The halves are then summed with the bias and rounded
-once, as cuBLAS's own epilogue rounds once; only the fp32 order of the sum differs.
+A block's fc2 (4096 -> 1024) over one 504x378 frame (978 tokens) has only 8 x 8 output tiles
+of 128x128 for an H200's 132 multiprocessors. cuBLAS runs it as 128 tiles of 64x128, which
+are less efficient a tile: 445 TFLOP/s (18.4 µs alone), against 600 for fc1. Splitting the
+reduction in two halves, run as one batched cuBLAS product with fp32 outputs, gives 128
+tiles of 128x128: 13.9 µs alone, 14.5 in the step against 15.3-18.0 (docs/BENCHMARKS.md,
+session 17). The halves are summed with the bias and rounded once, as cuBLAS's own epilogue
+rounds once; only the fp32 order of the sum differs.
 
-The sum costs a pass over the two fp32 halves, so it pays only where it joins a pass that
-runs anyway: inside torch.compile, Inductor fuses it into the residual add that follows
-fc2. Eagerly it would be extra kernels, so `split_linear` serves traced code only.
-The projection (1024 -> 1024) also fills 64 tiles, but its halves are too short to gain
-(6.7 against 6.4 µs), hence the minimum depth.
+The sum reads the two fp32 halves, so it pays only where it joins a pass that runs anyway:
+inside torch.compile, Inductor fuses it into the residual add (and next norm) after fc2,
+which then takes ≈ 0.7 µs longer. Eagerly it would be extra kernels, so `split_linear`
+serves traced code only. The projection (1024 -> 1024) has the same tiles, but its halves
+are too short to gain (6.7 against 6.4 µs alone), hence the minimum depth.
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ enabled = True
 
 
 def split_pays(rows: int, linear: nn.Linear, multiprocessors: int) -> bool:
-    """Whether the product of `rows` tokens fills at most half the multiprocessors with
-    128x128 output tiles while its reduction is deep enough for halves to gain."""
+    """Whether the product of `rows` tokens has at most half as many 128x128 output tiles
+    as there are multiprocessors (so two halves still run in one wave) while its reduction
+    is deep enough for halves to gain."""
     k, n = linear.in_features, linear.out_features
     if k < MIN_DEPTH or k % 16:  # halves keep 16-byte aligned rows
         return False
