@@ -67,7 +67,12 @@ class Run:
 
         interval = self.keyframe_interval
         if interval is not None and interval != "auto":
-            interval = int(interval)
+            try:
+                interval = int(interval)
+            except ValueError:
+                raise ValueError(
+                    f"--keyframe-interval takes an integer k (every k-th frame stored) or 'auto', got {interval!r}"
+                ) from None
         opts = RunOptions(
             input=self.input, out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
             image_size=self.image_size, preprocess=self.preprocess, fps=self.fps, stride=self.stride,

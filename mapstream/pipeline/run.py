@@ -21,9 +21,10 @@ import torch
 
 from ..export import ALL_FORMATS, check_formats, export_all, runtime_versions, write_run_json
 from ..geometry import invert_se3
+from ..keyframes import make_policy
 from ..session import FramePrediction
 from ..windowed import WindowedSession, pairwise_alignment
-from ..windowed.online import predictions_as_window, warp_prediction
+from ..windowed.online import check_window_options, predictions_as_window, warp_prediction
 from .frame_store import FrameStore
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 
@@ -85,6 +86,14 @@ def _check_options(opts: RunOptions) -> None:
         raise ValueError(f"voxel_size must be > 0 (or unset for no voxel grid), got {opts.voxel_size}")
     if math.isnan(opts.conf_threshold):
         raise ValueError("conf_threshold is NaN; give a number (1.5 by default)")
+    if opts.num_scale_frames is not None and opts.num_scale_frames < 1:
+        raise ValueError(f"num_scale_frames must be >= 1, got {opts.num_scale_frames}")
+    if opts.keyframe_interval is not None:
+        make_policy(opts.keyframe_interval)  # its own error for a bad interval
+    if opts.mode not in ("streaming", "windowed"):
+        raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
+    if opts.mode == "windowed":
+        check_window_options(opts.window_size, opts.overlap)
 
 
 def _device(name: str) -> torch.device:

@@ -24,7 +24,7 @@ from ..session import FramePrediction, Session
 from .align import Sim3, pairwise_alignment, warp_predictions
 from .plan import effective_overlap
 
-__all__ = ["WindowedSession", "warp_prediction", "predictions_as_window"]
+__all__ = ["WindowedSession", "check_window_options", "warp_prediction", "predictions_as_window"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,17 @@ class _Pending:
 
     shared: list[FramePrediction]
     held: list[FramePrediction]
+
+
+def check_window_options(window_size: int, overlap_size: int | None) -> None:
+    """A clear error for window options no online windowed session can run with."""
+    if window_size < 1:  # as the offline plan says it
+        raise ValueError(f"window_size must be >= 1, got {window_size}")
+    if overlap_size is not None and overlap_size < 1:
+        raise ValueError(
+            f"an overlap of {overlap_size} frames leaves consecutive windows no frame to align them on; "
+            "the online windowed session needs overlap_size >= 1 (by default it is the scale frames)"
+        )
 
 
 class WindowedSession:
@@ -75,6 +86,7 @@ class WindowedSession:
             cache=cache,
             fast=fast,
         )
+        check_window_options(window_size, overlap_size)
         scale = self._session.num_scale_frames
         interval = max(keyframe_interval, 1)
         self.span = scale + max(window_size - scale, 0) * interval

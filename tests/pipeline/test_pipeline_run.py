@@ -155,15 +155,22 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
     (["--formats", "ply", "nope"], "unknown export formats ['nope']"),
     (["--voxel-size", "0"], "voxel_size must be > 0"),
     (["--conf-threshold", "nan"], "conf_threshold is NaN"),
+    (["--num-scale-frames", "0"], "num_scale_frames must be >= 1, got 0"),
+    (["--keyframe-interval", "-2"], "keyframe_interval must be >= 0, got -2"),
+    (["--keyframe-interval", "every"], "--keyframe-interval takes an integer k"),
+    (["--mode", "windowed", "--window-size", "0"], "window_size must be >= 1, got 0"),
+    (["--mode", "windowed", "--overlap", "0"], "an overlap of 0 frames leaves consecutive windows no frame"),
 ])
-def test_a_bad_export_option_fails_before_any_frame_is_processed(tmp_path, capsys, monkeypatch, option, message):
-    """Options that the export reads at the end are checked at the start: a typo must not
-    cost the whole run's compute."""
+def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path, capsys, monkeypatch, option, message):
+    """Options that the export reads at the end, or the session once the model is loaded,
+    are checked at the start: a typo must not cost a checkpoint's loading or a run's compute."""
     import importlib
 
     pipeline = importlib.import_module("mapstream.pipeline.run")
     monkeypatch.setattr(pipeline, "_source", lambda opts: pytest.fail("frames were read"))
-    assert run_cli(str(photos(tmp_path, 3)), "--out", str(tmp_path / "o"), *option) != 0
+    monkeypatch.setattr(pipeline, "resolve_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    args = ["run", str(photos(tmp_path, 3)), "--out", str(tmp_path / "o"), "--model", "tiny", "--quiet", *option]
+    assert main(args) != 0
     assert message in capsys.readouterr().err
 
 

@@ -1,6 +1,8 @@
 """The online windowed session against the offline windowed inference (tiny preset)."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -95,3 +97,17 @@ def test_a_batch_of_sequences_is_windowed_as_each_sequence_alone(model):
             assert torch.equal(together[key][b : b + 1], alone[key]), key
         for got, want in zip(together["windows"][b], alone["windows"]):
             assert torch.equal(got["pose_enc"], want["pose_enc"])
+
+
+@pytest.mark.parametrize("window_size, overlap, message", [
+    (0, 2, "window_size must be >= 1, got 0"),
+    (-3, 2, "window_size must be >= 1, got -3"),
+    (5, 0, "an overlap of 0 frames leaves consecutive windows no frame to align them on"),
+])
+def test_online_windows_refuse_what_the_offline_plan_refuses_and_an_overlap_of_nothing(model, window_size, overlap, message):
+    """A window of no slots is refused as offline (it used to run silently as windows of the
+    scale frames); an overlap of 0 is told as such, not as a window too short."""
+    with pytest.raises(ValueError, match="window_size must be >= 1") if window_size < 1 else contextlib.nullcontext():
+        model.inference_windowed(frames_of(9), window_size=window_size, overlap_size=2, num_scale_frames=2)
+    with pytest.raises(ValueError, match=message):
+        WindowedSession(model, window_size=window_size, overlap_size=overlap, num_scale_frames=2)
