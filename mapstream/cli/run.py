@@ -32,8 +32,8 @@ class Run:
     image_size: int = 518
     """Target width (crop mode); sides become multiples of 14."""
     preprocess: Literal["crop", "pad"] = "crop"
-    fps: float = 10.0
-    """Video sampling rate (frames per second kept)."""
+    fps: Optional[float] = 10.0
+    """Video sampling rate (frames per second kept; None keeps every frame)."""
     stride: int = 1
     first_k: Optional[int] = None
     num_scale_frames: int = 8

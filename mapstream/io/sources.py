@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob as globlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,9 @@ from mapstream.io.video import VIDEO_EXTENSIONS, iter_video_frames
 
 logger = logging.getLogger(__name__)
 
-NamedImages = Callable[[], Iterator[tuple[str, Image.Image]]]
+NamedImages = Callable[[], Iterator[tuple[str, Image.Image]] | Iterator[tuple[str, Image.Image, float | None]]]
+"""Yields (name, image), or (name, image, time in seconds) where the input knows when a
+frame was shown or captured."""
 
 
 class FrameSource:
@@ -68,9 +71,13 @@ class FrameSource:
         self.description = description
         self.mode, self.image_size, self.patch_size = mode, image_size, patch_size
         self.pad_height = pad_height
+        self.last_time: float | None = None
+        """Seconds at which the frame yielded last was shown (video) or captured (live), or
+        None when the input does not say (image files)."""
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, image in self._frames():
+        for name, image, *when in self._frames():
+            self.last_time = when[0] if when else None
             frame = preprocess_image(image, self.mode, self.image_size, self.patch_size)
             if self.pad_height is not None and frame.shape[1] < self.pad_height:
                 frame = pad_white(frame, self.pad_height, frame.shape[2])
@@ -136,14 +143,15 @@ class FrameSource:
         cls, path: str | os.PathLike, *, fps: float | None = 10.0, stride: int = 1,
         first_k: int | None = None, **preprocess: Any,
     ) -> FrameSource:
-        """Frames of a video file, see :func:`iter_video_frames`; names ``<stem>_<index>``."""
+        """Frames of a video file, see :func:`iter_video_frames`; names ``<stem>_<index>``,
+        `last_time` the frame's presentation time."""
         if not Path(path).is_file():
             raise FileNotFoundError(f"video file not found: {path}")
         stem = Path(path).stem
 
-        def frames() -> Iterator[tuple[str, Image.Image]]:
+        def frames() -> Iterator[tuple[str, Image.Image, float | None]]:
             for f in iter_video_frames(path, fps=fps, stride=stride, first_k=first_k):
-                yield f"{stem}_{f.index:06d}", f.image
+                yield f"{stem}_{f.index:06d}", f.image, f.time
 
         return cls(frames, length=None, description=f"video {path}", **preprocess)
 
@@ -153,10 +161,11 @@ class FrameSource:
         **preprocess: Any,
     ) -> FrameSource:
         """A webcam index or a stream URL read with OpenCV; runs until the stream ends,
-        or for ``first_k`` frames.  Names ``frame_<n>``."""
+        or for ``first_k`` frames.  Names ``frame_<n>``; `last_time` the seconds since the
+        first frame was read."""
         cv2 = _import_cv2()
 
-        def frames() -> Iterator[tuple[str, Image.Image]]:
+        def frames() -> Iterator[tuple[str, Image.Image, float]]:
             cap = cv2.VideoCapture(device)
             if not cap.isOpened():
                 raise ValueError(
@@ -165,12 +174,15 @@ class FrameSource:
                 )
             try:
                 index = kept = 0
+                first = None
                 while first_k is None or kept < first_k:
                     ok, bgr = cap.read()
                     if not ok:
                         break
+                    now = time.monotonic()
+                    first = now if first is None else first
                     if index % stride == 0:
-                        yield f"frame_{index:06d}", Image.fromarray(bgr[:, :, ::-1].copy())
+                        yield f"frame_{index:06d}", Image.fromarray(bgr[:, :, ::-1].copy()), now - first
                         kept += 1
                     index += 1
             finally:

@@ -115,7 +115,7 @@ def sample_interval(src_fps: float | None, fps: float | None) -> int:
     """
     if fps is None:
         return 1
-    if fps <= 0:
+    if not fps > 0:  # NaN too
         raise ValueError(f"fps must be > 0 (or None for every frame), got {fps}")
     return max(1, round((src_fps or DEFAULT_SRC_FPS) / fps))
 

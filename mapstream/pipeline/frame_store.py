@@ -25,9 +25,16 @@ log = logging.getLogger(__name__)
 
 FrameRecord = dict[str, Any]
 """One frame: image [H,W,3] u8, depth, depth_conf [H,W] f32, T_world_cam [3,4], K [3,3],
-pose_enc [9], keyframe bool, name str, index int."""
+pose_enc [9], keyframe bool, name str, index int, time f64 (seconds, NaN when unknown)."""
 
-_ARRAYS = ("image", "depth", "depth_conf", "T_world_cam", "K", "pose_enc", "keyframe", "index")
+_ARRAYS = ("image", "depth", "depth_conf", "T_world_cam", "K", "pose_enc", "keyframe", "index", "time")
+
+
+def _column(data, key: str) -> np.ndarray:
+    """A shard's column; shards written before frames had times read as NaN times."""
+    if key == "time" and key not in data:
+        return np.full(data["index"].shape[0], np.nan)
+    return data[key]
 
 
 class FrameStore:
@@ -103,7 +110,7 @@ class FrameStore:
             with np.load(path) as data:
                 n = data["index"].shape[0]
                 for j in reversed(range(n)):
-                    records.insert(0, {key: data[key][j] for key in _ARRAYS})
+                    records.insert(0, {key: _column(data, key)[j] for key in _ARRAYS})
                     if len(records) == count:
                         return records
         return records
@@ -119,8 +126,8 @@ class FrameStore:
             raise ValueError("no frame was finished; nothing to export")
         work = prepare_dir(self.out / ".frames" / "assembled")
         with np.load(self._shards[0][0]) as first:
-            shapes = {key: first[key].shape[1:] for key in _ARRAYS}
-            dtypes = {key: first[key].dtype for key in _ARRAYS}
+            shapes = {key: _column(first, key).shape[1:] for key in _ARRAYS}
+            dtypes = {key: _column(first, key).dtype for key in _ARRAYS}
         total = self.finished
         arrays = {
             key: np.lib.format.open_memmap(work / f"{key}.npy", mode="w+", dtype=dtypes[key], shape=(total, *shapes[key]))
@@ -130,7 +137,7 @@ class FrameStore:
         for path, n in self._shards:
             with np.load(path) as data:
                 for key in _ARRAYS:
-                    arrays[key][at : at + n] = data[key]
+                    arrays[key][at : at + n] = _column(data, key)
             at += n
         return Reconstruction(
             images=arrays["image"],
@@ -141,5 +148,13 @@ class FrameStore:
             pose_enc=arrays["pose_enc"],
             names=list(self._names),
             keyframe=np.asarray(arrays["keyframe"], dtype=bool),
+            timestamps=_timestamps(arrays["time"]),
             fps=fps,
         )
+
+
+def _timestamps(times: np.ndarray) -> np.ndarray | None:
+    """The frames' own times when every frame has one (video, live capture), else None:
+    the reconstruction then numbers them by the sampling rate."""
+    times = np.asarray(times, dtype=np.float64)
+    return times.copy() if times.size and np.isfinite(times).all() else None

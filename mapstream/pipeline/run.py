@@ -45,7 +45,7 @@ class RunOptions:
     mode: str = "streaming"
     image_size: int = 518
     preprocess: str = "crop"
-    fps: float = 10.0
+    fps: float | None = 10.0
     stride: int = 1
     first_k: int | None = None
     num_scale_frames: int = 8
@@ -82,10 +82,14 @@ class RunSummary:
 def _check_options(opts: RunOptions) -> None:
     """The options that would otherwise fail only once every frame has been processed."""
     check_formats(opts.formats)
-    if opts.voxel_size is not None and not opts.voxel_size > 0:
-        raise ValueError(f"voxel_size must be > 0 (or unset for no voxel grid), got {opts.voxel_size}")
+    if opts.voxel_size is not None and not 0 < opts.voxel_size < math.inf:
+        raise ValueError(f"voxel_size must be > 0 and finite (or unset for no voxel grid), got {opts.voxel_size}")
     if math.isnan(opts.conf_threshold):
         raise ValueError("conf_threshold is NaN; give a number (1.5 by default)")
+    if opts.fps is not None:
+        from ..io.video import sample_interval
+
+        sample_interval(None, opts.fps)  # its own error for a rate that keeps no frame
     if opts.num_scale_frames is not None and opts.num_scale_frames < 1:
         raise ValueError(f"num_scale_frames must be >= 1, got {opts.num_scale_frames}")
     if opts.keyframe_interval is not None:
@@ -99,7 +103,17 @@ def _check_options(opts: RunOptions) -> None:
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(
+                f"--device {name}: this PyTorch sees no CUDA GPU (torch {torch.__version__}, "
+                f"CUDA build: {torch.version.cuda or 'none'}); use --device cpu, or auto to take a GPU when there is one"
+            )
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"--device {name}: this machine has {count} CUDA GPU(s), numbered from 0")
+    return device
 
 
 def _source(opts: RunOptions):
@@ -141,7 +155,7 @@ def _keyframe_interval(opts: RunOptions, length: int | None):
     return max(1, math.ceil(length / TRAINED_VIEWS)) if opts.mode == "streaming" else 1
 
 
-def _record(pred: FramePrediction, frame: torch.Tensor) -> dict[str, Any]:
+def _record(pred: FramePrediction, frame: torch.Tensor, when: float | None) -> dict[str, Any]:
     image = (frame.permute(1, 2, 0).clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
     return {
         "image": image,
@@ -153,6 +167,7 @@ def _record(pred: FramePrediction, frame: torch.Tensor) -> dict[str, Any]:
         "keyframe": bool(pred.keyframe),
         "index": int(pred.index),
         "name": pred.name or f"frame_{pred.index:06d}",
+        "time": float("nan") if when is None else float(when),
     }
 
 
@@ -171,8 +186,8 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
 
     started = time.perf_counter()
     _check_options(opts)  # fail on a bad option before any heavy work
-    out = prepare_dir(opts.out)  # and on an unwritable output
     device = _device(opts.device)
+    out = prepare_dir(opts.out)  # and on an unwritable output
     source = _source(opts)
     model, model_desc, warnings = resolve_model(
         opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.backend
@@ -216,7 +231,8 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     anchors = store.last_records(overlap) if resume_at else []
     realign = _Realigner(anchors, resume_at - overlap) if resume_at else None
     offset = resume_at - overlap if realign is not None else 0
-    frames: dict[int, torch.Tensor] = {}  # inputs awaiting their prediction (scale phase)
+    # Inputs awaiting their prediction (scale phase), with the time the source gave them.
+    frames: dict[int, tuple[torch.Tensor, float | None]] = {}
     new = 0
 
     def emit(preds: list[FramePrediction]) -> None:
@@ -227,7 +243,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
                 pred = realign.take(pred, seq_index)
                 if pred is None:  # a re-fed frame: it only anchors the alignment
                     continue
-            store.add(_record(pred, frames.pop(seq_index)))
+            store.add(_record(pred, *frames.pop(seq_index)))
             new += 1
             bar.update(1)
 
@@ -239,7 +255,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         for index, (name, frame) in enumerate(source):
             if index < offset:
                 continue
-            frames[index] = frame
+            frames[index] = frame, source.last_time
             emit(session.step(frame, name=name))
             for stale in [i for i in frames if i < index - keep]:
                 frames.pop(stale)

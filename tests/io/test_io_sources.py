@@ -58,6 +58,9 @@ def test_images_of_mixed_shapes_come_out_padded_to_one_frame_shape_like_load_ima
 def test_folder_limits_and_glob(folder: Path) -> None:
     assert [n for n, _ in open_source(folder, stride=2)] == ["1.png", "10.png"]
     assert [n for n, _ in open_source(folder, first_k=1)] == ["1.png"]
+    files = open_source(folder, first_k=1)
+    list(files)
+    assert files.last_time is None  # image files carry no time
     globbed = open_source(str(folder / "*.png"), stride=2, image_size=56)
     assert [n for n, _ in globbed] == ["1.png", "10.png"] and len(globbed) == 2
     listed = open_source([folder / "10.png", folder / "1.png"], image_size=56)
@@ -81,8 +84,13 @@ def test_video_source(tmp_path: Path) -> None:
     source = open_source(path, fps=5, image_size=28)
     with pytest.raises(TypeError, match="not known"):
         len(source)
-    items = list(source)
+    assert source.last_time is None  # nothing yielded yet
+    items, times = [], []
+    for item in source:
+        items.append(item)
+        times.append(source.last_time)
     assert [n for n, _ in items] == ["clip_000000", "clip_000002", "clip_000004"]
+    assert times == pytest.approx([0.0, 0.2, 0.4])  # presentation times of frames 0, 2, 4 at 10 fps
     for (_, frame), value in zip(items, (0, 80, 160)):
         assert frame.shape == (3, 28, 28)
         assert torch.equal(frame, torch.full((3, 28, 28), value / 255))

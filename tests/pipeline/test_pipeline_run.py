@@ -153,13 +153,16 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
 
 @pytest.mark.parametrize("option, message", [
     (["--formats", "ply", "nope"], "unknown export formats ['nope']"),
-    (["--voxel-size", "0"], "voxel_size must be > 0"),
+    (["--voxel-size", "0"], "voxel_size must be > 0 and finite"),
     (["--conf-threshold", "nan"], "conf_threshold is NaN"),
     (["--num-scale-frames", "0"], "num_scale_frames must be >= 1, got 0"),
     (["--keyframe-interval", "-2"], "keyframe_interval must be >= 0, got -2"),
     (["--keyframe-interval", "every"], "--keyframe-interval takes an integer k"),
     (["--mode", "windowed", "--window-size", "0"], "window_size must be >= 1, got 0"),
     (["--mode", "windowed", "--overlap", "0"], "an overlap of 0 frames leaves consecutive windows no frame"),
+    (["--fps", "0"], "fps must be > 0 (or None for every frame), got 0.0"),
+    (["--fps", "nan"], "fps must be > 0 (or None for every frame), got nan"),
+    (["--voxel-size", "inf"], "voxel_size must be > 0 and finite"),
 ])
 def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path, capsys, monkeypatch, option, message):
     """Options that the export reads at the end, or the session once the model is loaded,
@@ -226,3 +229,44 @@ def test_missing_sky_model_is_a_warning_not_a_failure(tmp_path, capsys, monkeypa
     out = tmp_path / "out"
     assert run_cli(str(photos(tmp_path, 3)), "--out", str(out), "--sky-mask", "--formats", "npz") == 0
     assert "sky masking skipped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("device, gpus, message", [
+    ("cuda", 0, "--device cuda: this PyTorch sees no CUDA GPU"),
+    ("cuda:2", 2, "--device cuda:2: this machine has 2 CUDA GPU(s), numbered from 0"),
+])
+def test_a_cuda_device_that_is_not_there_is_told_before_any_work(tmp_path, capsys, monkeypatch, device, gpus, message):
+    """--device cuda without a usable GPU used to end in PyTorch's AssertionError
+    ("Torch not compiled with CUDA enabled") once the model was moved; now the run stops
+    first, says why and what to pass instead, and leaves no output folder behind."""
+    import importlib
+
+    pipeline = importlib.import_module("mapstream.pipeline.run")
+    monkeypatch.setattr(pipeline.torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(pipeline.torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(pipeline, "resolve_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    out = tmp_path / "o"
+    assert main(["run", str(photos(tmp_path, 3)), "--out", str(out), "--model", "tiny", "--device", device]) != 0
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_video_run_keeps_each_frames_own_time_in_the_trajectory(tmp_path, capsys):
+    """The TUM trajectory of a video is stamped with the kept frames' presentation times:
+    every other frame of a 10 fps clip is 0.2 s apart. (Numbering by --fps, as before,
+    ignored --stride and the rounding of the sampling interval.) Every frame is kept with
+    --fps None."""
+    av = pytest.importorskip("av")
+    clip = tmp_path / "clip.mkv"
+    photos_dir = photos(tmp_path, 7)
+    with av.open(str(clip), "w") as container:
+        stream = container.add_stream("ffv1", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 168, 126, "bgr0"
+        for path in sorted(photos_dir.glob("*.png")):
+            pixels = np.asarray(Image.open(path).convert("RGB").resize((168, 126)))
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode())
+    out = tmp_path / "run"
+    assert run_cli(str(clip), "--out", str(out), "--fps", "None", "--stride", "2", "--formats", "tum") == 0
+    rows = np.loadtxt(out / "trajectory_tum.txt", comments="#")
+    np.testing.assert_allclose(rows[:, 0], [0.0, 0.2, 0.4, 0.6], atol=1e-6)
