@@ -20,7 +20,15 @@ from typing import ClassVar
 
 import torch
 
-__all__ = ["AttentionBackend", "KeyNormHint"]
+__all__ = ["AttentionBackend", "KeyNormHint", "device_reasons"]
+
+
+def device_reasons(device: torch.device, *, cuda_only: bool) -> list[str]:
+    """Why no backend could run on `device` (a CUDA device this PyTorch does not see), and
+    with `cuda_only` why a CUDA-only backend cannot run there."""
+    if device.type == "cuda":
+        return [] if torch.cuda.is_available() else ["this PyTorch sees no CUDA GPU"]
+    return [f"needs a CUDA device (got {device.type})"] if cuda_only else []
 
 
 @dataclass(frozen=True)

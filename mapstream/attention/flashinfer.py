@@ -10,7 +10,7 @@ import importlib.util
 
 import torch
 
-from .backend import AttentionBackend, KeyNormHint
+from .backend import AttentionBackend, KeyNormHint, device_reasons
 
 __all__ = ["FlashInferBackend"]
 
@@ -21,9 +21,7 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:
-        reasons = []
-        if device.type != "cuda":
-            reasons.append(f"needs a CUDA device (got {device.type})")
+        reasons = device_reasons(device, cuda_only=True)
         if dtype not in (torch.float16, torch.bfloat16):
             reasons.append(f"needs fp16/bf16 K/V (got {dtype})")
         if importlib.util.find_spec("flashinfer") is None:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .backend import AttentionBackend, KeyNormHint
+from .backend import AttentionBackend, KeyNormHint, device_reasons
 
 __all__ = ["SDPABackend"]
 
@@ -25,7 +25,7 @@ class SDPABackend(AttentionBackend):
 
     @classmethod
     def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:
-        return []
+        return device_reasons(device, cuda_only=False)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_norm: KeyNormHint | None = None) -> torch.Tensor:
         # Compute in the cache's dtype: casting q is cheap, casting the cache is not.

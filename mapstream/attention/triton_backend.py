@@ -10,15 +10,13 @@ import importlib.util
 
 import torch
 
-from .backend import AttentionBackend, KeyNormHint
+from .backend import AttentionBackend, KeyNormHint, device_reasons
 
 __all__ = ["TritonBackend", "TritonRowsBackend"]
 
 
 def _triton_reasons(device: torch.device) -> list[str]:
-    reasons = []
-    if device.type != "cuda":
-        reasons.append(f"needs a CUDA device (got {device.type})")
+    reasons = device_reasons(device, cuda_only=True)
     if importlib.util.find_spec("triton") is None:
         reasons.append("the triton package is not installed")
     return reasons
@@ -61,7 +59,7 @@ class TritonBackend(_KernelBackend):
     @classmethod
     def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:
         reasons = _triton_reasons(device)
-        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        if device.type == "cuda" and not reasons and torch.cuda.get_device_capability(device) < (8, 0):
             reasons.append("needs compute capability 8.0 or newer (bf16 tensor cores)")
         if dtype not in (torch.float16, torch.bfloat16):
             reasons.append(f"needs fp16/bf16 K/V (got {dtype})")

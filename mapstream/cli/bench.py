@@ -59,6 +59,12 @@ class Bench:
         from ..attention import available_backends
         import torch
 
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "mapstream bench times steps on a CUDA GPU (CUDA events, the protocol of "
+                "shared/bench/README.md) and this PyTorch sees none; on a CPU, `mapstream run --demo` "
+                "runs the same model, slower"
+            )
         unknown = set(self.variants) - set(_VARIANT_ORDER)
         if unknown:
             raise SystemExit(f"unknown variant(s) {sorted(unknown)}; valid: {', '.join(_VARIANT_ORDER)}")

@@ -22,6 +22,17 @@ def test_every_backend_states_why_it_cannot_serve_a_cpu():
     assert "needs a CUDA device (got cpu)" in reasons["triton-rows"]
 
 
+def test_a_cuda_device_this_pytorch_does_not_see_is_a_reason_not_a_crash(monkeypatch):
+    """Asking for CUDA where PyTorch has none (a CPU build, no driver) used to raise
+    PyTorch's AssertionError from the capability query; every backend now says why."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reasons = available_backends(torch.device("cuda"), torch.bfloat16)
+    for name in ("sdpa", "triton", "triton-rows", "flashinfer"):
+        assert "this PyTorch sees no CUDA GPU" in reasons[name], name
+    with pytest.raises(ValueError, match="this PyTorch sees no CUDA GPU"):
+        select_backend("triton", torch.device("cuda"), torch.bfloat16)
+
+
 def test_camera_head_falls_back_to_sdpa_without_cudnn_off_cuda():
     head = mapstream.build_model("tiny").camera_head
     backend = head.attention_backend(torch.device("cpu"), torch.float32)

@@ -71,3 +71,14 @@ def test_reference_samples_keep_our_fused_kernels_out(monkeypatch):
     reference_samples(cfg, model)
     assert seen and not any(seen)
     assert fused_kernels_allowed()  # restored after the pass
+
+
+def test_bench_without_a_cuda_gpu_says_so(monkeypatch, capsys):
+    """The protocol times CUDA steps; without a GPU the command says what it needs and
+    what runs on a CPU instead (it used to end in PyTorch's AssertionError)."""
+    from mapstream.cli.main import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--out", "never.json"]) != 0
+    err = capsys.readouterr().err
+    assert "this PyTorch sees none" in err and "mapstream run --demo" in err
