@@ -108,9 +108,9 @@ class FrameStore:
         records: list[FrameRecord] = []
         for path, _ in reversed(self._shards):
             with np.load(path) as data:
-                n = data["index"].shape[0]
-                for j in reversed(range(n)):
-                    records.insert(0, {key: _column(data, key)[j] for key in _ARRAYS})
+                columns = {key: _column(data, key) for key in _ARRAYS}  # each read once
+                for j in reversed(range(columns["index"].shape[0])):
+                    records.insert(0, {key: column[j] for key, column in columns.items()})
                     if len(records) == count:
                         return records
         return records

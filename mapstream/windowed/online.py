@@ -77,6 +77,7 @@ class WindowedSession:
     ) -> None:
         if not isinstance(keyframe_interval, int):
             raise ValueError("windowed sessions need a fixed keyframe interval (an int)")
+        check_window_options(window_size, overlap_size)  # before the session takes any memory
         self._session = Session(
             model,
             num_scale_frames=num_scale_frames,
@@ -86,7 +87,6 @@ class WindowedSession:
             cache=cache,
             fast=fast,
         )
-        check_window_options(window_size, overlap_size)
         scale = self._session.num_scale_frames
         interval = max(keyframe_interval, 1)
         self.span = scale + max(window_size - scale, 0) * interval
