@@ -122,3 +122,52 @@ def test_webcam_without_opencv_says_what_to_install() -> None:
         open_source(0)
     with pytest.raises(ImportError, match="opencv"):
         open_source("rtsp://camera.local/stream")
+
+
+class _FakeCapture:
+    """cv2.VideoCapture over a list of BGR frames (a webcam without a webcam)."""
+
+    frames: list = []
+    opened = True
+
+    def __init__(self, device) -> None:
+        self.device, self.at, self.released = device, 0, False
+
+    def isOpened(self) -> bool:  # noqa: N802 - OpenCV's name
+        return self.opened
+
+    def read(self):
+        if self.at >= len(self.frames):
+            return False, None
+        self.at += 1
+        return True, self.frames[self.at - 1]
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_capture_source_reads_a_webcam_with_stride_first_k_and_capture_times(monkeypatch) -> None:
+    """A webcam index opens OpenCV's capture: BGR frames become RGB, --stride and --first-k
+    apply, names count the frames read, `last_time` is the seconds since the first frame was
+    read; a device that does not open says what to check."""
+    import sys
+    import types
+
+    bgr = [np.zeros((28, 28, 3), np.uint8) for _ in range(7)]
+    for i, frame in enumerate(bgr):
+        frame[..., 0] = 10 * i  # blue in OpenCV's order
+    monkeypatch.setattr(_FakeCapture, "frames", bgr)
+    monkeypatch.setitem(sys.modules, "cv2", types.SimpleNamespace(VideoCapture=_FakeCapture))
+    source = open_source(0, stride=2, first_k=3, image_size=28)
+    items, times = [], []
+    for item in source:
+        items.append(item)
+        times.append(source.last_time)
+    assert [n for n, _ in items] == ["frame_000000", "frame_000002", "frame_000004"]
+    for (_, frame), i in zip(items, (0, 2, 4)):
+        assert torch.equal(frame[2], torch.full((28, 28), 10 * i / 255))  # blue is the last RGB channel
+        assert frame[:2].abs().max() == 0
+    assert times[0] == 0.0 and times == sorted(times)
+    monkeypatch.setattr(_FakeCapture, "opened", False)
+    with pytest.raises(ValueError, match="cannot open capture device 'rtsp://cam/1'"):
+        list(open_source("rtsp://cam/1", image_size=28))
