@@ -163,6 +163,7 @@ class Session:
         self._buffer: list[torch.Tensor] = []
         self._names: list[str | None] = []
         self._scale = 0  # scale frames of the current sequence once the scale phase ran
+        self._size: tuple[int, int] | None = None  # the sequence's frame size once its scale phase ran
         self._count = 0  # frames of the current sequence that produced final predictions
         self.policy.reset()
 
@@ -280,14 +281,20 @@ class Session:
         )
         if frames.shape[:2] != (1, 1):
             raise ValueError(f"step takes one frame [3, H, W]; got shape {list(frame.shape)}")
-        if self.in_scale_phase and self._buffer and self._buffer[0].shape != frames.shape:
-            raise ValueError(
-                f"frame of size {tuple(frames.shape[-2:])} differs from the sequence's "
-                f"{tuple(self._buffer[0].shape[-2:])}; call reset() before changing resolution"
-            )
+        self._expect_size(frames)
         if not self.in_scale_phase:
             self._accepted = signature
         return frames
+
+    def _expect_size(self, frames: torch.Tensor) -> None:
+        """A sequence keeps one frame size (its first buffered frame's, then its scale
+        phase's): a frame of another size, even one of as many patches, is refused."""
+        expected = tuple(self._buffer[0].shape[-2:]) if self._buffer else self._size
+        size = tuple(frames.shape[-2:])
+        if expected is not None and size != expected:
+            raise ValueError(
+                f"frame of size {size} differs from the sequence's {expected}; call reset() before changing resolution"
+            )
 
     def _plan(self, keyframe: bool | None, name: str | None) -> "_StepPlan":
         """What the next single-frame step after the scale phase stores (decided now, or after
@@ -325,6 +332,7 @@ class Session:
         names = self._names
         self._buffer, self._names = [], []
         self._scale = self._count = frames.shape[1]
+        self._size = tuple(frames.shape[-2:])
         out = self._forward(frames, store=True, scale=self._scale)
         preds = self._split(out, names, first=0, store=True, scale=True)
         for pred in preds:
@@ -350,6 +358,7 @@ class Session:
                 f"a session is one stream: run takes one sequence (batch 1), got batch {images.shape[0]}; "
                 "model.inference_streaming takes a batch of independent sequences, or give each its own session"
             )
+        self._expect_size(images)
         num_frames = images.shape[1]
         outs = []
         start = 0
@@ -358,6 +367,7 @@ class Session:
             frames = torch.cat(self._buffer + [images[:, :start]], dim=1)
             self._buffer, self._names = [], []
             self._scale = self._count = frames.shape[1]
+            self._size = tuple(frames.shape[-2:])
             outs.append(self._forward(frames, store=True, scale=self._scale))
         if self.policy.needs_prediction:
             preds = [self.step(images[0, i]) for i in range(start, num_frames)]

@@ -229,6 +229,11 @@ def test_misuse_is_a_clear_error(model):
             s.step(torch.rand(3, 14, 28))  # another resolution mid-sequence
         s.reset()
         s.step(torch.rand(3, 14, 28))  # fine after a reset
+        s.step(torch.rand(3, 14, 28))  # the scale phase ran at 14 x 28
+        with pytest.raises(ValueError, match=r"frame of size \(28, 14\) differs from the sequence's \(14, 28\)"):
+            s.step(torch.rand(3, 28, 14))  # as many patches, another grid: refused too
+        with pytest.raises(ValueError, match="differs from the sequence's"):
+            s.run(torch.rand(2, 3, 28, 14))
         with pytest.raises(ValueError, match="one frame"):
             s.step(torch.rand(2, 3, 14, 28))
         with pytest.raises(ValueError, match="\\[0, 1\\]"):
