@@ -329,9 +329,8 @@ class StreamCacheManager:
             return
         if self.frames_stored or self._slot_frame or self._trajectory:
             raise CacheStateError(
-                f"{self.name}: frames of another shape ({layout.tokens_per_frame} tokens per frame, {dtype}, "
-                f"{device}) arrived in the middle of a sequence stored with "
-                f"{self.layout.tokens_per_frame if self.layout else '?'} tokens per frame; reset the cache "
+                f"{self.name}: frames of another shape ({_frame_shape(layout)}, {dtype}, {device}) arrived in "
+                f"the middle of a sequence stored with {_frame_shape(self.layout)}; reset the cache "
                 "(clean_kv_cache() / session.reset()) before changing resolution"
             )
         self.release()
@@ -499,3 +498,11 @@ FlashInferKVCacheManager = StreamCacheManager
 """The reference's name for its cache manager (`reset()`, `num_frames`), kept for code written
 against it. Here one manager serves every attention backend: the backends read what it makes
 visible."""
+
+
+def _frame_shape(layout: TokenLayout | None) -> str:
+    """A layout's frame in words for errors: "12 tokens per frame (2 x 5 patches)"."""
+    if layout is None:
+        return "? tokens per frame"
+    grid = f" ({layout.patch_grid[0]} x {layout.patch_grid[1]} patches)" if layout.patch_grid else ""
+    return f"{layout.tokens_per_frame} tokens per frame{grid}"

@@ -62,6 +62,9 @@ class TokenLayout:
     """All tokens of a frame (specials first, then patches)."""
     trajectory_tokens: int
     """Leading tokens of a frame kept after it leaves the window (0 = none)."""
+    patch_grid: tuple[int, int] | None = None
+    """The frame's patch rows and columns, where the tokens are an image's: a frame of
+    another grid with as many tokens (portrait after landscape) changes the resolution too."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.trajectory_tokens <= self.tokens_per_frame:

@@ -321,7 +321,7 @@ class GraphedStep:
 
     def _open_step(self, cache, store: bool):
         """Open the aggregator cache's step for the frame (a context manager yielding [step])."""
-        layout = self.agg.cache_layout(self.tokens_per_frame, cache)
+        layout = self.agg.cache_layout(self.tokens_per_frame, cache, self.grid)
         return open_steps(
             [cache], [store], num_frames=1, layout=lambda _: layout, dtype=_kv_dtype(self.special),
             device=self.frame.device,

@@ -256,7 +256,8 @@ class AggregatorStream(nn.Module):
         )
         selected: dict[int, torch.Tensor] = {}
         with open_steps(
-            caches, stores, num_frames=num_frames, layout=lambda cache: self.cache_layout(per_frame, cache),
+            caches, stores, num_frames=num_frames,
+            layout=lambda cache: self.cache_layout(per_frame, cache, (grid_h, grid_w)),
             dtype=kv_dtype(tokens), device=tokens.device,
         ) as steps:
             entered = self.enter_layer(0, tokens, frame_rotary, global_rotary, streams=streams)
@@ -349,7 +350,9 @@ class AggregatorStream(nn.Module):
             yield i, frame_out, out
             frame_out = next_frame_out
 
-    def cache_layout(self, tokens_per_frame: int, cache: StreamCacheManager) -> TokenLayout:
+    def cache_layout(
+        self, tokens_per_frame: int, cache: StreamCacheManager, patch_grid: tuple[int, int]
+    ) -> TokenLayout:
         c = self.config
         return TokenLayout(
             num_layers=c.depth,
@@ -357,6 +360,7 @@ class AggregatorStream(nn.Module):
             head_dim=c.head_dim,
             tokens_per_frame=tokens_per_frame,
             trajectory_tokens=_TRAJECTORY_TOKENS[cache.spec.trajectory_keep](c.num_special_tokens),
+            patch_grid=patch_grid,
         )
 
 

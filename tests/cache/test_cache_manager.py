@@ -186,6 +186,12 @@ def test_resolution_change_mid_sequence_is_refused_and_allowed_after_reset():
     other = TokenLayout(2, 1, 1, TPF + 1, SPECIAL)
     with pytest.raises(CacheStateError, match="reset the cache"):
         mgr.begin_step(1, store=True, layout=other, dtype=torch.float64, device=torch.device("cpu"))
+    # As many tokens a frame but another patch grid (portrait after landscape) is a change too.
+    wide, tall = (TokenLayout(2, 1, 1, TPF, SPECIAL, patch_grid=g) for g in ((1, TPF - SPECIAL), (TPF - SPECIAL, 1)))
+    mgr.reset()
+    mgr.finish_step(mgr.begin_step(1, store=True, layout=wide, dtype=torch.float64, device=torch.device("cpu")))
+    with pytest.raises(CacheStateError, match=rf"\({TPF} tokens per frame \({TPF - SPECIAL} x 1 patches\).*stored with {TPF} tokens per frame \(1 x {TPF - SPECIAL} patches\)"):
+        mgr.begin_step(1, store=True, layout=tall, dtype=torch.float64, device=torch.device("cpu"))
     mgr.reset()
     step = mgr.begin_step(1, store=True, layout=other, dtype=torch.float64, device=torch.device("cpu"))
     mgr.finish_step(step)

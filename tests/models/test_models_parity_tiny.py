@@ -109,6 +109,9 @@ def test_resolution_change_without_clean_is_a_clear_error(tiny_weights):
     model.clean_kv_cache()
     out = model(other, num_frame_for_scale=2)  # after a clean, a new resolution is fine
     assert out["depth"].shape == (1, 1, 56, 112, 1)
+    # The same patches in another grid (112 x 56 after 56 x 112) is a resolution change too.
+    with pytest.raises(RuntimeError, match=r"reset the cache.*"):
+        model(other.transpose(-1, -2).contiguous(), num_frame_for_scale=2)
 
 
 def test_intermediates_match_golden(tiny_weights):
