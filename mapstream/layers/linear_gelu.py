@@ -20,7 +20,7 @@ from torch import nn
 
 from ..attention.fused import fused_kernels_allowed
 
-__all__ = ["linear_gelu"]
+__all__ = ["half_product_dtype", "linear_gelu"]
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -28,7 +28,7 @@ _HALF = (torch.bfloat16, torch.float16)
 def linear_gelu(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     """gelu(linear(x)) for x [..., in]: exact GELU, or on CUDA in half precision (see the
     module docstring) one cuBLASLt product with a tanh-GELU epilogue."""
-    dtype = _product_dtype(x, linear)
+    dtype = half_product_dtype(x, linear)
     if dtype is None:
         return F.gelu(linear(x))
     rows = x.reshape(-1, x.shape[-1]).to(dtype)
@@ -36,8 +36,10 @@ def linear_gelu(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def _product_dtype(x: torch.Tensor, linear: nn.Linear) -> torch.dtype | None:
-    """The half dtype the product runs in when the epilogue may serve it, else None."""
+def half_product_dtype(x: torch.Tensor, linear: nn.Linear) -> torch.dtype | None:
+    """The half dtype a biased product of x on CUDA runs in (autocast's, else the weights'),
+    or None where it is not half precision, is empty or our fast forms are off
+    (`plain_pytorch()`): the products this epilogue and `split_linear` serve."""
     if not (x.is_cuda and linear.bias is not None and fused_kernels_allowed()):
         return None
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else linear.weight.dtype

@@ -19,11 +19,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention.fused import fused_kernels_allowed
+from .linear_gelu import half_product_dtype
 
 __all__ = ["split_linear", "split_pays"]
 
-_HALF = (torch.bfloat16, torch.float16)
 _TILE = 128
 MIN_DEPTH = 2048
 """The shortest reduction (input features) split; the projection's 1024 did not gain."""
@@ -51,15 +50,13 @@ def split_linear(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor | None:
     """linear(x) for x [..., in] as two half-depth products summed in fp32, or None where the
     split does not serve (not traced by torch.compile, not CUDA, not half precision, or a
     product that already fills the chip)."""
-    if not (enabled and torch.compiler.is_compiling() and x.is_cuda and fused_kernels_allowed()):
+    if not (enabled and torch.compiler.is_compiling()) or x.shape[-1] != linear.in_features:
         return None
-    if linear.bias is None or x.shape[-1] != linear.in_features:
-        return None
-    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else linear.weight.dtype
-    if dtype not in _HALF or x.dtype not in (dtype, torch.float32):
+    dtype = half_product_dtype(x, linear)  # the same products as the MLP's GELU epilogue serves
+    if dtype is None:
         return None
     rows = x.numel() // x.shape[-1]
-    if rows == 0 or not split_pays(rows, linear, _multiprocessors(x.device.index)):
+    if not split_pays(rows, linear, _multiprocessors(x.device.index)):
         return None
     k, n = linear.in_features, linear.out_features
     flat = x.reshape(rows, k).to(dtype)
