@@ -26,7 +26,7 @@ from .config import CacheConfig
 from .keyframes import KeyframePolicy, make_policy
 from .models.aggregator import kv_dtype
 from .models.gct import GCTStream, StreamState
-from .validation import ValueCheck, check_images, keyframe_flag
+from .validation import ValueCheck, check_images, check_scale_frames, keyframe_flag
 
 __all__ = ["Session", "FramePrediction", "SessionClosedError", "resolve_precision"]
 
@@ -136,8 +136,7 @@ class Session:
     ) -> None:
         self.model = model
         scale = num_scale_frames if num_scale_frames is not None else model._default_scale_frames()
-        if scale < 1:
-            raise ValueError(f"num_scale_frames must be >= 1, got {scale}")
+        check_scale_frames(scale)
         if state is not None and cache is not None:
             raise ValueError("pass either a cache policy or a state, not both")
         self.num_scale_frames = scale

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["ValueCheck", "check_images", "keyframe_flag"]
+__all__ = ["ValueCheck", "check_images", "check_scale_frames", "keyframe_flag"]
 
 
 def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = True) -> torch.Tensor:
@@ -113,3 +113,9 @@ def keyframe_flag(keyframe) -> bool | None:
     if isinstance(keyframe, np.bool_) or (isinstance(keyframe, int) and keyframe in (0, 1)):
         return bool(keyframe)
     raise TypeError(f"keyframe must be True, False or None (the policy decides), got {keyframe!r}")
+
+
+def check_scale_frames(num_scale_frames: int) -> None:
+    """ValueError for a scale phase of no frame (every sequence starts with at least one)."""
+    if num_scale_frames < 1:
+        raise ValueError(f"num_scale_frames must be >= 1, got {num_scale_frames}")

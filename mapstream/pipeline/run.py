@@ -23,6 +23,7 @@ from ..export import ALL_FORMATS, check_formats, export_all, runtime_versions, w
 from ..geometry import invert_se3
 from ..keyframes import make_policy
 from ..session import FramePrediction
+from ..validation import check_scale_frames
 from ..windowed import WindowedSession, pairwise_alignment
 from ..windowed.online import check_window_options, predictions_as_window, warp_prediction
 from .frame_store import FrameStore
@@ -90,8 +91,8 @@ def _check_options(opts: RunOptions) -> None:
         from ..io.video import sample_interval
 
         sample_interval(None, opts.fps)  # its own error for a rate that keeps no frame
-    if opts.num_scale_frames is not None and opts.num_scale_frames < 1:
-        raise ValueError(f"num_scale_frames must be >= 1, got {opts.num_scale_frames}")
+    if opts.num_scale_frames is not None:
+        check_scale_frames(opts.num_scale_frames)
     if opts.keyframe_interval is not None:
         make_policy(opts.keyframe_interval)  # its own error for a bad interval
     if opts.mode not in ("streaming", "windowed"):
@@ -218,13 +219,11 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
             keyframe_interval=interval if isinstance(interval, int) else 1, output_device="cpu", precision=precision,
             fast=opts.fast and device.type == "cuda",
         )
-    elif opts.mode == "streaming":
+    else:  # "streaming" (`_check_options` took no other mode)
         session = model.session(
             num_scale_frames=opts.num_scale_frames, keyframe_interval=interval, output_device="cpu", precision=precision,
             fast=opts.fast and device.type == "cuda",
         )
-    else:
-        raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
 
     resume_at = store.finished
     overlap = min(resume_at, max(opts.num_scale_frames, 2))

@@ -22,7 +22,7 @@ import torch
 from ..geometry import invert_se3, pose_encoding_to_extri_intri
 from ..session import FramePrediction, Session
 from .align import Sim3, pairwise_alignment, warp_predictions
-from .plan import effective_overlap
+from .plan import check_window_size, effective_overlap
 
 __all__ = ["WindowedSession", "check_window_options", "warp_prediction", "predictions_as_window"]
 
@@ -40,8 +40,7 @@ class _Pending:
 
 def check_window_options(window_size: int, overlap_size: int | None) -> None:
     """A clear error for window options no online windowed session can run with."""
-    if window_size < 1:  # as the offline plan says it
-        raise ValueError(f"window_size must be >= 1, got {window_size}")
+    check_window_size(window_size)
     if overlap_size is not None and overlap_size < 1:
         raise ValueError(
             f"an overlap of {overlap_size} frames leaves consecutive windows no frame to align them on; "

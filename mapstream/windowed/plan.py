@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-__all__ = ["WindowPlan", "plan_windows", "effective_overlap"]
+__all__ = ["WindowPlan", "check_window_size", "plan_windows", "effective_overlap"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,12 @@ def effective_overlap(
     return min(overlap, num_frames - 1) if num_frames > 1 else 0
 
 
+def check_window_size(window_size: int) -> None:
+    """ValueError for a window of no cache slot (offline plans and online sessions alike)."""
+    if window_size < 1:
+        raise ValueError(f"window_size must be >= 1, got {window_size}")
+
+
 def plan_windows(
     num_frames: int,
     *,
@@ -59,8 +65,7 @@ def plan_windows(
 ) -> WindowPlan:
     if num_frames < 1:
         raise ValueError("no frames to plan windows for")
-    if window_size < 1:
-        raise ValueError(f"window_size must be >= 1, got {window_size}")
+    check_window_size(window_size)
     scale = min(max(scale_frames, 1), num_frames)
     overlap = effective_overlap(
         num_frames,
