@@ -20,6 +20,7 @@ class Run:
     """
 
     input: tyro.conf.Positional[Optional[str]] = None
+    """Image folder, video file, glob, webcam index or stream URL (leave out with --demo)."""
     out: Path = Path("runs/latest")
     """Output folder (created; an interrupted run there is resumed)."""
     demo: bool = False
@@ -29,38 +30,55 @@ class Run:
     checkpoint_file: str = "lingbot-map-long.pt"
     """File inside the repo/folder given by --model."""
     mode: Literal["streaming", "windowed"] = "streaming"
+    """streaming: one cache over the whole input; windowed: overlapping windows joined by Sim(3) (docs/WINDOWED.md)."""
     image_size: int = 518
     """Target width (crop mode); sides become multiples of 14."""
     preprocess: Literal["crop", "pad"] = "crop"
+    """crop: width --image-size, taller frames centre-cropped to square; pad: longest side, padded white to square."""
     fps: Optional[float] = 10.0
     """Video sampling rate (frames per second kept; None keeps every frame)."""
     stride: int = 1
+    """Keep every n-th frame (after --fps sampling for videos)."""
     first_k: Optional[int] = None
+    """Keep at most this many frames (counted after --stride)."""
     num_scale_frames: int = 8
+    """Frames that open a sequence together and stay in every later frame's attention (the scale anchors)."""
     keyframe_interval: Optional[str] = None
-    """Integer k (every k-th frame stored), "auto" (by image motion), or unset: ceil(N/320)
-    for inputs of known length N, "auto" for live inputs."""
+    """Store every k-th frame (k), by image motion ("auto"), or unset: ceil(N/320) for N frames, "auto" when live."""
+    sliding_window: int = 64
+    """Stored frames the cache keeps after the scale frames, oldest leaving first (kv_cache_sliding_window)."""
+    trajectory_capacity: Optional[int] = 1024
+    """Evicted frames whose special tokens stay visible; thinned when full; None keeps all (memory grows)."""
+    camera_iterations: int = 4
+    """Refinement passes of the camera head (1 is faster and keeps a 4x smaller camera cache)."""
     window_size: int = 64
+    """Windowed mode: stored frames per window (scale frames + keyframes)."""
     overlap: int = 16
+    """Windowed mode: frames two windows share, used to align them."""
     device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (the first CUDA GPU when there is one, else the CPU)."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Trunk precision; auto: bf16 on GPUs that have it, fp16 on older ones, fp32 on the CPU (heads stay fp32)."""
     backend: Literal["auto", "sdpa", "flashinfer", "triton"] = "auto"
+    """Attention over the cache; auto: the first usable of triton, flashinfer, sdpa (see `mapstream info`)."""
     compile: bool = False
     """torch.compile the per-frame static parts (slow start, faster frames on GPUs)."""
     low_precision_heads: bool = False
-    """Run the heads in --precision too (bf16/fp16) instead of fp32 as the reference does:
-    0.5-1.0 ms a frame faster on an H200, outputs within bf16 rounding (docs/BENCHMARKS.md,
-    2026-11-30 session 4)."""
+    """Heads in --precision too, not fp32 as the reference: ~0.5-1 ms a frame faster on an H200."""
     formats: tuple[str, ...] = ALL_FORMATS
+    """Outputs to write (default: all of them)."""
     conf_threshold: float = 1.5
+    """Point cloud: keep pixels whose depth confidence is above this (confidence is > 1)."""
     voxel_size: Optional[float] = None
+    """Point cloud: average the points on a grid of this edge, in world units (None: no grid)."""
     sky_mask: bool = False
     """Segment the sky (ONNX model) and leave it out of the point cloud; masks are cached."""
     sky_model: Optional[str] = None
     """Sky-segmentation ONNX file (default: $MAPSTREAM_SKY_MODEL, else the hub's skyseg.onnx)."""
-    no_resume: bool = False
-    """Start over even if the output folder holds a finished part of this run."""
+    resume: bool = True
+    """Continue an interrupted run found in --out, keeping its finished frames; --no-resume starts over."""
     quiet: bool = False
+    """No progress bar."""
 
     def main(self) -> int:
         from ..pipeline import RunOptions, run
@@ -77,9 +95,10 @@ class Run:
             input=self.input, out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
             image_size=self.image_size, preprocess=self.preprocess, fps=self.fps, stride=self.stride,
             first_k=self.first_k, num_scale_frames=self.num_scale_frames, keyframe_interval=interval,
-            window_size=self.window_size, overlap=self.overlap, device=self.device, precision=self.precision,
-            backend=self.backend, formats=self.formats, conf_threshold=self.conf_threshold,
-            voxel_size=self.voxel_size, resume=not self.no_resume, demo=self.demo,
+            sliding_window=self.sliding_window, trajectory_capacity=self.trajectory_capacity,
+            camera_iterations=self.camera_iterations, window_size=self.window_size, overlap=self.overlap,
+            device=self.device, precision=self.precision, backend=self.backend, formats=self.formats,
+            conf_threshold=self.conf_threshold, voxel_size=self.voxel_size, resume=self.resume, demo=self.demo,
             sky_mask=self.sky_mask, sky_model=self.sky_model, compile=self.compile,
             low_precision_heads=self.low_precision_heads,
         )

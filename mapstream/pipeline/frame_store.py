@@ -40,11 +40,14 @@ def _column(data, key: str) -> np.ndarray:
 class FrameStore:
     def __init__(
         self, out_dir: Path, config: dict[str, Any], *, shard_frames: int = 64, shard_seconds: float = 2.0,
-        resume: bool = True,
+        resume: bool = True, recorded_later: dict[str, Any] | None = None,
     ) -> None:
         self.out = prepare_dir(out_dir)
         self.dir = prepare_dir(self.out / ".frames")
         self.config = config
+        # Settings that progress files written before they were recorded ran with: such a
+        # run still resumes when this one uses the same values.
+        self.recorded_later = dict(recorded_later or {})
         self.shard_frames = shard_frames
         self.shard_seconds = shard_seconds  # an interruption loses at most this much work
         self._last_flush = time.monotonic()
@@ -60,7 +63,7 @@ class FrameStore:
                 old.unlink()
 
     def _resume(self, progress: dict[str, Any]) -> None:
-        if progress.get("config") != self.config:
+        if {**self.recorded_later, **progress.get("config", {})} != self.config:
             log.warning("existing outputs in %s come from another configuration; starting over", self.out)
             for old in self.dir.glob("shard_*.npz"):
                 old.unlink()

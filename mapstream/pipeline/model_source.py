@@ -30,31 +30,32 @@ def cached_official_checkpoint(filename: str = DEFAULT_CHECKPOINT) -> Path | Non
     return Path(path) if isinstance(path, str) else None
 
 
-def _tiny(device: torch.device, backend: str):
+def _tiny(device: torch.device, backend: str, overrides: dict):
     import mapstream
 
     log.warning(TINY_WARNING)
-    model = mapstream.fill_synthetic_(mapstream.build_model("tiny", backend=backend))
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny", backend=backend, **overrides))
     return model.to(device).eval(), "tiny (synthetic weights)", [TINY_WARNING]
 
 
 def resolve_model(
-    spec: str, *, filename: str, device: torch.device, demo: bool = False, backend: str = "auto"
+    spec: str, *, filename: str, device: torch.device, demo: bool = False, backend: str = "auto", **overrides,
 ):
     """Returns (model, description, warnings).
 
     `spec` is "tiny", a checkpoint path, a folder, or a hub repo id. With `demo`, the official
     checkpoint is used only if it is already cached; otherwise the tiny preset (loudly).
+    `overrides`: runtime settings of the model's configuration (e.g. camera_num_iterations).
     """
     from ..models.checkpoint import load_model
 
     if spec == "tiny":
-        return _tiny(device, backend)
+        return _tiny(device, backend, overrides)
     if demo and spec == DEFAULT_REPO:
         cached = cached_official_checkpoint(filename)
         if cached is None:
-            return _tiny(device, backend)
+            return _tiny(device, backend, overrides)
         spec = str(cached)
     if Path(spec).is_file():
-        return load_model(spec, device=device, backend=backend), spec, []
-    return load_model(spec, filename=filename, device=device, backend=backend), f"{spec} ({filename})", []
+        return load_model(spec, device=device, backend=backend, **overrides), spec, []
+    return load_model(spec, filename=filename, device=device, backend=backend, **overrides), f"{spec} ({filename})", []

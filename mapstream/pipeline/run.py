@@ -12,13 +12,14 @@ import logging
 import math
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..config import CacheConfig
 from ..export import ALL_FORMATS, check_formats, export_all, runtime_versions, write_run_json
 from ..geometry import invert_se3
 from ..keyframes import make_policy
@@ -34,6 +35,8 @@ __all__ = ["RunOptions", "RunSummary", "run"]
 log = logging.getLogger(__name__)
 
 TRAINED_VIEWS = 320
+# Run settings that older run folders did not record, with the value those runs used.
+_RECORDED_LATER = {"cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024, "camera_iterations": 4}
 DEMO_HW = (112, 196)  # the reference's rule: keyframe interval ceil(N / 320) for long inputs
 
 
@@ -51,6 +54,9 @@ class RunOptions:
     first_k: int | None = None
     num_scale_frames: int = 8
     keyframe_interval: int | str | None = None
+    sliding_window: int = 64  # stored frames the streaming cache keeps after the scale frames
+    trajectory_capacity: int | None = 1024  # evicted frames whose special tokens are kept (None: all)
+    camera_iterations: int = 4  # the camera head's refinement passes
     window_size: int = 64
     overlap: int = 16
     device: str = "auto"
@@ -93,12 +99,25 @@ def _check_options(opts: RunOptions) -> None:
         sample_interval(None, opts.fps)  # its own error for a rate that keeps no frame
     if opts.num_scale_frames is not None:
         check_scale_frames(opts.num_scale_frames)
+    _cache_config(CacheConfig(), opts)  # its own errors for a bad window or capacity
+    if opts.camera_iterations < 1:
+        raise ValueError(f"camera_iterations must be >= 1, got {opts.camera_iterations}")
     if opts.keyframe_interval is not None:
         make_policy(opts.keyframe_interval)  # its own error for a bad interval
     if opts.mode not in ("streaming", "windowed"):
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
     if opts.mode == "windowed":
         check_window_options(opts.window_size, opts.overlap)
+
+
+def _cache_config(base: CacheConfig, opts: RunOptions) -> CacheConfig:
+    """The run's cache policy. The scale frames of the cache are the run's scale frames, as
+    in the reference demo (its --num_scale_frames sets kv_cache_scale_frames too)."""
+    scale = base.scale_frames if opts.num_scale_frames is None else opts.num_scale_frames
+    return replace(
+        base, scale_frames=scale, sliding_window=opts.sliding_window,
+        trajectory_capacity=opts.trajectory_capacity,
+    )
 
 
 def _device(name: str) -> torch.device:
@@ -191,8 +210,10 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     out = prepare_dir(opts.out)  # and on an unwritable output
     source = _source(opts)
     model, model_desc, warnings = resolve_model(
-        opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.backend
+        opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.backend,
+        camera_num_iterations=opts.camera_iterations,
     )
+    cache = _cache_config(model.cache_config, opts)
     from ..session import resolve_precision
 
     precision = resolve_precision(opts.precision, device)
@@ -208,21 +229,24 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         "image_size": opts.image_size, "preprocess": opts.preprocess, "fps": opts.fps, "stride": opts.stride,
         "first_k": opts.first_k, "num_scale_frames": opts.num_scale_frames, "keyframe_interval": interval,
         "window_size": opts.window_size, "overlap": opts.overlap, "precision": precision,
+        "cache_scale_frames": cache.scale_frames, "sliding_window": cache.sliding_window,
+        "trajectory_capacity": cache.trajectory_capacity,
+        "camera_iterations": opts.camera_iterations,
         "heads_precision": str(model.head_dtype).removeprefix("torch."),
     }
-    store = FrameStore(out, config, resume=opts.resume)
+    store = FrameStore(out, config, resume=opts.resume, recorded_later=_RECORDED_LATER)
     loaded = time.perf_counter()
 
     if opts.mode == "windowed":
         session = WindowedSession(
             model, window_size=opts.window_size, overlap_size=opts.overlap, num_scale_frames=opts.num_scale_frames,
             keyframe_interval=interval if isinstance(interval, int) else 1, output_device="cpu", precision=precision,
-            fast=opts.fast and device.type == "cuda",
+            cache=cache, fast=opts.fast and device.type == "cuda",
         )
     else:  # "streaming" (`_check_options` took no other mode)
         session = model.session(
             num_scale_frames=opts.num_scale_frames, keyframe_interval=interval, output_device="cpu", precision=precision,
-            fast=opts.fast and device.type == "cuda",
+            cache=cache, fast=opts.fast and device.type == "cuda",
         )
 
     resume_at = store.finished

@@ -127,6 +127,74 @@ def test_low_precision_heads_run_in_bf16_and_are_recorded(tmp_path):
     assert rel < 5e-2, rel
 
 
+def test_cache_and_camera_options_are_the_sessions(tmp_path):
+    """The run's predictions are a library session's with the same settings: --num-scale-frames
+    sets the cache's scale frames too (as the reference demo's flag sets kv_cache_scale_frames),
+    --sliding-window and --trajectory-capacity the rest of the cache policy (9 frames with 2
+    scale frames and a window of 2 evict 5, past a capacity of 2), --camera-iterations the
+    camera head. Each setting changes the outputs, so none may be dropped on the way."""
+    import torch
+
+    import mapstream
+    from mapstream.config import CacheConfig
+
+    src = photos(tmp_path, 9)
+    out = tmp_path / "out"
+    options = ["--sliding-window", "2", "--trajectory-capacity", "2", "--camera-iterations", "1"]
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz", "--keyframe-interval", "1", *options) == 0
+    got = np.load(out / "predictions.npz")
+    frames = mapstream.load_images(sorted(src.glob("*.png")), image_size=140)
+
+    def session_outputs(cache: CacheConfig, iterations: int) -> tuple[np.ndarray, np.ndarray]:
+        model = mapstream.fill_synthetic_(mapstream.build_model("tiny", camera_num_iterations=iterations)).eval()
+        with model.session(num_scale_frames=2, keyframe_interval=1, cache=cache) as session:
+            preds = session.run_frames(frames)
+        return torch.stack([p.pose_enc for p in preds]).numpy(), torch.stack([p.depth for p in preds]).numpy()
+
+    chosen = CacheConfig(scale_frames=2, sliding_window=2, trajectory_capacity=2)
+    pose, depth = session_outputs(chosen, 1)
+    np.testing.assert_allclose(got["pose_enc"], pose, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["depth"], depth.reshape(got["depth"].shape), rtol=1e-5, atol=1e-6)
+    config = json.loads((out / "run.json").read_text())["config"]
+    assert (config["cache_scale_frames"], config["sliding_window"], config["trajectory_capacity"]) == (2, 2, 2)
+    assert config["camera_iterations"] == 1
+    for other, iterations in [
+        (CacheConfig(scale_frames=8, sliding_window=2, trajectory_capacity=2), 1),
+        (CacheConfig(scale_frames=2, sliding_window=64, trajectory_capacity=2), 1),
+        (CacheConfig(scale_frames=2, sliding_window=2, trajectory_capacity=None), 1),
+        (chosen, 4),
+    ]:
+        assert not np.allclose(session_outputs(other, iterations)[0], pose, rtol=1e-5, atol=1e-6), (other, iterations)
+
+
+def test_a_run_folder_from_before_the_cache_options_resumes(tmp_path):
+    """Older progress files lack the cache and camera settings. Those runs kept 8 scale frames
+    in the cache, a window of 64, a capacity of 1024 and 4 camera passes: a run with these
+    resumes them, a run with others starts over, and so does one with --num-scale-frames 2,
+    whose cache now keeps 2 scale frames."""
+    src = photos(tmp_path, 6)
+
+    def older(out):
+        progress = json.loads((out / "progress.json").read_text())
+        for key in ("cache_scale_frames", "sliding_window", "trajectory_capacity", "camera_iterations"):
+            progress["config"].pop(key, None)
+        (out / "progress.json").write_text(json.dumps(progress))
+
+    def new_frames(out, *options, scale="2") -> int:
+        args = ["run", str(src), "--out", str(out), "--model", "tiny", "--image-size", "140", "--quiet"]
+        assert main([*args, "--formats", "npz", "--num-scale-frames", scale, *options]) == 0
+        return json.loads((out / "run.json").read_text())["new_frames"]
+
+    assert new_frames(tmp_path / "a", scale="8") == 6
+    older(tmp_path / "a")
+    assert new_frames(tmp_path / "a", scale="8") == 0
+    older(tmp_path / "a")
+    assert new_frames(tmp_path / "a", "--sliding-window", "3", scale="8") == 6
+    assert new_frames(tmp_path / "b") == 6
+    older(tmp_path / "b")
+    assert new_frames(tmp_path / "b") == 6
+
+
 def test_demo_runs_offline(tmp_path):
     out = tmp_path / "demo"
     assert main(["run", "--demo", "--out", str(out), "--quiet", "--formats", "npz", "tum"]) == 0
@@ -163,6 +231,9 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
     (["--fps", "0"], "fps must be > 0 (or None for every frame), got 0.0"),
     (["--fps", "nan"], "fps must be > 0 (or None for every frame), got nan"),
     (["--voxel-size", "inf"], "voxel_size must be > 0 and finite"),
+    (["--sliding-window", "0"], "sliding_window >= 1, got 8, 0"),
+    (["--trajectory-capacity", "1"], "trajectory_capacity must be >= 2 or None"),
+    (["--camera-iterations", "0"], "camera_iterations must be >= 1, got 0"),
 ])
 def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path, capsys, monkeypatch, option, message):
     """Options that the export reads at the end, or the session once the model is loaded,
