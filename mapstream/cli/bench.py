@@ -34,9 +34,13 @@ class Bench:
     backends: tuple[str, ...] = ("sdpa", "flashinfer", "triton")
     """Attention backends to measure (unavailable ones are reported and skipped)."""
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """The trunk's precision (the heads stay fp32 except in the bf16-heads variants)."""
     stream_frames: int = 192
+    """Frames streamed one at a time after the scale frames."""
     scale_frames: int = 8
+    """Frames of the scale phase (processed together first)."""
     window: int = 64
+    """The cache's sliding window in stored frames."""
     images: str | None = None
     """Folder of photos to stream instead of random frames."""
     out: Path = Path("bench.json")
