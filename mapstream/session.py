@@ -262,7 +262,8 @@ class Session:
             return self._provisional() if self.provisional else []
         plan = self._plan(keyframe, name)
         graphs = started if started is not None else self._graphed_step(frames)
-        return self._complete(plan, self._forward(frames, store=plan.store, scale=self._scale, graphs=graphs))
+        with self.state.step(plan.store):  # through the outputs' copy and the frame's count
+            return self._complete(plan, self._forward(frames, store=plan.store, scale=self._scale, graphs=graphs))
 
     def _check_frame(self, frame: torch.Tensor, *, values: bool = True) -> torch.Tensor:
         """A valid frame for this sequence as [1, 1, 3, H, W], or a clear error (values:
@@ -311,9 +312,10 @@ class Session:
         self._count += 1
         pred = self._split(out, [plan.name], first=plan.index, store=plan.store, scale=False)[0]
         if plan.decide_after and self.policy.decide(plan.index, self._scale, pred):
-            self.state.aggregator.store_last()
-            if self.state.camera is not None:
-                self.state.camera.store_last()
+            with self.state.step(store=True):  # both caches take the frame, or neither is used again
+                self.state.aggregator.store_last()
+                if self.state.camera is not None:
+                    self.state.camera.store_last()
             pred.keyframe = True
             self.policy.stored(plan.index, pred)
         elif plan.store:
@@ -332,8 +334,9 @@ class Session:
         self._buffer, self._names = [], []
         self._scale = self._count = frames.shape[1]
         self._size = tuple(frames.shape[-2:])
-        out = self._forward(frames, store=True, scale=self._scale)
-        preds = self._split(out, names, first=0, store=True, scale=True)
+        with self.state.step(store=True):
+            out = self._forward(frames, store=True, scale=self._scale)
+            preds = self._split(out, names, first=0, store=True, scale=True)
         for pred in preds:
             self.policy.stored(pred.index, pred)
         return preds

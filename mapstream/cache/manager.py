@@ -432,6 +432,15 @@ class StreamCacheManager:
             else:
                 self.frames_seen -= step.num_frames
 
+    def step_failed(self, *, stored: bool) -> None:
+        """A step that this cache took part in failed, here or in a cache that moves with it
+        (`StreamState.step`): after a stored one the caches may disagree, so this one refuses
+        further steps until `reset`; after an unstored one it stays valid, but the failed
+        frame is not promoted by `store_last`."""
+        self._spare_valid = False
+        if stored:
+            self._broken = True
+
     def _store_one(self, frame_id: int, index: int, ops: list[_Op]) -> None:
         spec = self.spec
         if len(self._anchors) < spec.anchor_frames:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -49,6 +49,22 @@ class StreamState:
         self.aggregator.release()
         if self.camera is not None:
             self.camera.release()
+
+    @contextlib.contextmanager
+    def step(self, store: bool) -> Iterator[None]:
+        """The scope of one step over both caches, which must hold the same frames. Each cache
+        commits its own part when it is done, so a step that raises after the aggregator's
+        part (in the camera head, a dense head, the copy of the outputs) would leave a stored
+        frame in one cache only, or in both for a call that returned nothing. Then both refuse
+        further steps until `reset`; a failed unstored step leaves them valid, but its frame
+        can no longer be promoted with `store_last`."""
+        try:
+            yield
+        except BaseException:
+            for cache in (self.aggregator, self.camera):
+                if cache is not None:
+                    cache.step_failed(stored=store)
+            raise
 
     @property
     def frames_stored(self) -> int:
@@ -252,17 +268,19 @@ class GCTStream(nn.Module):
         nfs = num_frame_for_scale if num_frame_for_scale is not None else self._default_scale_frames()
         backend = self.attention_backend(images.device, kv_dtype(images))
         if graphs is not None and images.shape[1] == 1 and trace is None:
-            out = graphs(images, state, store=keyframe, backend=backend)
+            with state.step(keyframe):
+                out = graphs(images, state, store=keyframe, backend=backend)
             if not self.training:
                 out["images"] = images
             return out
-        layers, patch_start = self.aggregator(
-            images, num_frame_for_scale=nfs, cache=state.aggregator, store=keyframe, backend=backend, trace=trace
-        )
-        out, poses = self._heads(
-            layers, images, patch_start,
-            lambda tokens: self.camera_head(tokens, cache=state.camera, store=keyframe, trace=trace), trace,
-        )
+        with state.step(keyframe):
+            layers, patch_start = self.aggregator(
+                images, num_frame_for_scale=nfs, cache=state.aggregator, store=keyframe, backend=backend, trace=trace
+            )
+            out, poses = self._heads(
+                layers, images, patch_start,
+                lambda tokens: self.camera_head(tokens, cache=state.camera, store=keyframe, trace=trace), trace,
+            )
         if poses is not None:
             out["pose_enc_list"] = poses
         if not self.training:
@@ -290,17 +308,20 @@ class GCTStream(nn.Module):
             images = images.unsqueeze(1)
         images = check_images(images, self.config.patch_size, check_values=validate)
         backend = self.attention_backend(images.device, kv_dtype(images))
-        layers, patch_start = self.aggregator.forward_streams(
-            images, num_frame_for_scale=num_frame_for_scale, caches=[s.aggregator for s in states],
-            stores=keyframes, backend=backend,
-        )
-        out, _ = self._heads(
-            layers, images, patch_start,
-            lambda tokens: self.camera_head.forward_streams(
-                tokens, caches=[s.camera for s in states], stores=list(keyframes)
-            ),
-            None,
-        )
+        with contextlib.ExitStack() as steps:
+            for state, store in zip(states, keyframes, strict=True):
+                steps.enter_context(state.step(store))
+            layers, patch_start = self.aggregator.forward_streams(
+                images, num_frame_for_scale=num_frame_for_scale, caches=[s.aggregator for s in states],
+                stores=keyframes, backend=backend,
+            )
+            out, _ = self._heads(
+                layers, images, patch_start,
+                lambda tokens: self.camera_head.forward_streams(
+                    tokens, caches=[s.camera for s in states], stores=list(keyframes)
+                ),
+                None,
+            )
         return out
 
     def _heads(self, layers, images, patch_start, camera, trace):

@@ -127,6 +127,63 @@ def test_clean_kv_cache_gives_fresh_model_outputs_bit_for_bit(model):
     assert torch.equal(clean["pose_enc"], want["pose_enc"][:, :2])
 
 
+
+@pytest.mark.parametrize("keyframe", [True, False], ids=["stored", "unstored"])
+@pytest.mark.parametrize("where", ["camera_head", "depth_head"])
+def test_a_step_failing_after_the_aggregator_never_leaves_the_caches_apart(model, monkeypatch, where, keyframe):
+    """A forward that raises after the aggregator's cache took its part (in the camera head,
+    between the two caches; in the depth head, after both) must not be silently continued:
+    had it stored its frame, the two caches (or the caller, who got no output) would
+    disagree from then on, so both refuse further steps until clean_kv_cache. An unstored
+    frame leaves both as they were, and the next frame gets what it gets without the
+    failure. The same holds for a session, until its reset."""
+    from mapstream.cache import CacheStateError
+
+    x = frames_of(5, seed=3)
+    state = model.default_state
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt(f"interrupted in the {where}")
+
+    model.clean_kv_cache()
+    model(x[None, :2], num_frame_for_scale=2)
+    want_next = model(x[None, 3:4], num_frame_for_scale=2, keyframe=True)
+    model.clean_kv_cache()
+    model(x[None, :2], num_frame_for_scale=2)
+    before = (state.aggregator.visible_frames(), state.camera.visible_frames())
+    with monkeypatch.context() as m:
+        m.setattr(getattr(model, where), "forward", fail)
+        with pytest.raises(KeyboardInterrupt):
+            model(x[None, 2:3], num_frame_for_scale=2, keyframe=keyframe)
+    if keyframe:
+        for _ in range(2):  # and it keeps refusing
+            with pytest.raises(CacheStateError, match="failed part-way"):
+                model(x[None, 3:4], num_frame_for_scale=2)
+    else:
+        assert (state.aggregator.visible_frames(), state.camera.visible_frames()) == before
+        got = model(x[None, 3:4], num_frame_for_scale=2, keyframe=True)
+        assert torch.equal(got["pose_enc"], want_next["pose_enc"]) and torch.equal(got["depth"], want_next["depth"])
+    model.clean_kv_cache()
+    fresh = model(x[None, :2], num_frame_for_scale=2)
+    model.clean_kv_cache()
+    assert torch.equal(fresh["pose_enc"], model(x[None, :2], num_frame_for_scale=2)["pose_enc"])
+    model.clean_kv_cache()
+
+    with model.session(num_scale_frames=2, keyframe_interval=1 if keyframe else 2) as session:
+        session.run_frames(x[:3])  # scale frames 0-1, frame 2 stored either way
+        with monkeypatch.context() as m:
+            m.setattr(getattr(model, where), "forward", fail)
+            with pytest.raises(KeyboardInterrupt):
+                session.step(x[3])  # stored with interval 1, not with 2
+        if keyframe:
+            with pytest.raises(CacheStateError, match="failed part-way"):
+                session.step(x[4])
+            session.reset()
+            assert [p.index for p in session.run_frames(x[:3])] == [0, 1, 2]
+        else:
+            assert session.step(x[4])[0].index == 3
+
+
 def test_the_reference_cache_manager_names_reach_the_default_cache(model):
     """Code written against the reference resets `aggregator.kv_cache_manager` (a
     `FlashInferKVCacheManager`) and reads its `num_frames`; here they are the default cache."""
