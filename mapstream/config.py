@@ -140,13 +140,21 @@ _CACHE_ALIASES = {
     "kv_cache_include_scale_frames": "include_scale_frames",
     "kv_cache_camera_only": "camera_only",
 }
-# Reference arguments that are accepted and have no effect at inference (training leftovers).
+# Reference arguments that are accepted and have no effect at inference (training leftovers,
+# the kernel choice, and the camera RoPE's base, which only matters with the camera RoPE on).
 _INERT = {
     "use_sdpa", "sliding_window_size", "num_random_frames", "attend_to_special_tokens",
     "attend_to_scale_frames", "enable_stream_inference", "use_scale_token", "enable_track",
-    "enable_normalize", "pretrained_path", "use_gradient_checkpoint", "patch_embed",
-    "enable_local_point", "enable_camera_3d_rope", "num_frame_for_scale", "camera_rope_theta",
-    "pred_normalization",
+    "enable_normalize", "pretrained_path", "use_gradient_checkpoint", "num_frame_for_scale",
+    "camera_rope_theta",
+}
+# Reference arguments that change the network away from the official one with any other value:
+# accepted at that value (inert), refused otherwise rather than silently building another model.
+_OFFICIAL_ONLY = {
+    "patch_embed": ("dinov2_vitl14_reg", "other DINOv2 sizes are set by embed_dim, vit_depth and vit_num_heads"),
+    "enable_camera_3d_rope": (False, "the official checkpoints' camera head has no positional encoding"),
+    "enable_local_point": (False, "the official checkpoints have no local point head"),
+    "pred_normalization": (False, "the reference calls a method it does not define when it is on"),
 }
 
 
@@ -229,6 +237,11 @@ def split_overrides(
                 value = tuple(value)
             m_kw[key] = value
         elif key in _INERT:
+            inert.append(key)
+        elif key in _OFFICIAL_ONLY:
+            official, why = _OFFICIAL_ONLY[key]
+            if value != official:
+                raise ValueError(f"{key}={value!r} is not supported, only {official!r}: {why}")
             inert.append(key)
         else:
             valid = sorted(model_fields | cache_fields | set(_CACHE_ALIASES))

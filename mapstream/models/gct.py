@@ -99,7 +99,7 @@ class GCTStream(nn.Module):
         preset = get_preset("lingbot-map")
         config, cache, inert = split_overrides(config or preset.model, cache or preset.cache, overrides)
         if inert:
-            log.debug("ignoring reference arguments with no effect at inference: %s", ", ".join(inert))
+            log.info("ignoring reference arguments with no effect at inference: %s", ", ".join(inert))
         self.config = config
         self.cache_config = cache
         self.backend_name = backend

@@ -82,3 +82,22 @@ def test_reference_constructor_arguments_port_unchanged():
     assert model.cache_config.sliding_window == kwargs["kv_cache_sliding_window"]
     with pytest.raises(ValueError, match="Unknown model argument 'kv_cache_sliding_windw'"):
         mapstream.GCTStream(kv_cache_sliding_windw=3)
+
+
+@pytest.mark.parametrize("argument, value, official", [
+    ("patch_embed", "dinov2_vits14_reg", "dinov2_vitl14_reg"),
+    ("enable_camera_3d_rope", True, False),
+    ("enable_local_point", True, False),
+    ("pred_normalization", True, False),
+])
+def test_reference_arguments_that_would_build_another_network_are_refused(argument, value, official, caplog):
+    """These reference arguments change the network (another ViT, a camera RoPE, a local point
+    head) or crash the reference (prediction normalisation). Only their official value is
+    accepted, as a no-op; any other is an error instead of the official network built anyway."""
+    with pytest.raises(ValueError, match=f"{argument}={value!r} is not supported, only {official!r}"):
+        mapstream.build_model("tiny", **{argument: value})
+    with caplog.at_level("INFO", logger="mapstream.models.gct"):
+        model = mapstream.build_model("tiny", **{argument: official})
+    assert argument in caplog.text  # told it has no effect
+    keys = [(k, v.shape) for k, v in model.state_dict().items()]
+    assert keys == [(k, v.shape) for k, v in mapstream.build_model("tiny").state_dict().items()]
