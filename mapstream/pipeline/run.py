@@ -27,6 +27,7 @@ from ..session import FramePrediction
 from ..validation import check_scale_frames
 from ..windowed import WindowedSession, pairwise_alignment
 from ..windowed.online import check_window_options, predictions_as_window, warp_prediction
+from ..windowed.plan import check_keyframe_interval
 from .frame_store import FrameStore
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 
@@ -108,6 +109,8 @@ def _check_options(opts: RunOptions) -> None:
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
     if opts.mode == "windowed":
         check_window_options(opts.window_size, opts.overlap)
+        if opts.keyframe_interval is not None:
+            check_keyframe_interval(opts.keyframe_interval)
 
 
 def _cache_config(base: CacheConfig, opts: RunOptions) -> CacheConfig:
@@ -240,7 +243,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     if opts.mode == "windowed":
         session = WindowedSession(
             model, window_size=opts.window_size, overlap_size=opts.overlap, num_scale_frames=opts.num_scale_frames,
-            keyframe_interval=interval if isinstance(interval, int) else 1, output_device="cpu", precision=precision,
+            keyframe_interval=interval, output_device="cpu", precision=precision,
             cache=cache, fast=opts.fast and device.type == "cuda",
         )
     else:  # "streaming" (`_check_options` took no other mode)

@@ -9,7 +9,7 @@ import torch
 from ..models.gct import each_sequence
 from ..validation import check_images
 from .align import Sim3, pairwise_alignment, stitch_windows, warp_predictions
-from .plan import WindowPlan, plan_windows
+from .plan import WindowPlan, plan_windows, warn_if_windows_evict
 
 __all__ = ["inference_windowed", "run_window", "FRAME_SCALE", "FRAME_KEYFRAME", "FRAME_OTHER"]
 
@@ -89,6 +89,8 @@ def _windowed_sequence(
         output_device=output_device,
         precision=precision,
     )
+    spec = session.state.aggregator.spec
+    warn_if_windows_evict(max(window_size, plan.scale_frames), spec.anchor_frames + spec.window_frames)
     try:
         raw = [run_window(session, images[:, start:end]) for start, end in plan.windows]
     finally:

@@ -22,7 +22,7 @@ import torch
 from ..geometry import invert_se3, pose_encoding_to_extri_intri
 from ..session import FramePrediction, Session
 from .align import Sim3, pairwise_alignment, warp_predictions
-from .plan import check_window_size, effective_overlap
+from .plan import check_keyframe_interval, check_window_size, effective_overlap, warn_if_windows_evict
 
 __all__ = ["WindowedSession", "check_window_options", "warp_prediction", "predictions_as_window"]
 
@@ -74,8 +74,7 @@ class WindowedSession:
         cache=None,
         fast: bool = False,
     ) -> None:
-        if not isinstance(keyframe_interval, int):
-            raise ValueError("windowed sessions need a fixed keyframe interval (an int)")
+        check_keyframe_interval(keyframe_interval)
         check_window_options(window_size, overlap_size)  # before the session takes any memory
         self._session = Session(
             model,
@@ -87,6 +86,8 @@ class WindowedSession:
             fast=fast,
         )
         scale = self._session.num_scale_frames
+        spec = self._session.state.aggregator.spec
+        warn_if_windows_evict(max(window_size, scale), spec.anchor_frames + spec.window_frames)
         interval = max(keyframe_interval, 1)
         self.span = scale + max(window_size - scale, 0) * interval
         overlap = effective_overlap(

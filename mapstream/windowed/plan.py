@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-__all__ = ["WindowPlan", "check_window_size", "plan_windows", "effective_overlap"]
+__all__ = [
+    "WindowPlan", "check_keyframe_interval", "check_window_size", "effective_overlap", "plan_windows",
+    "warn_if_windows_evict",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,29 @@ def check_window_size(window_size: int) -> None:
         raise ValueError(f"window_size must be >= 1, got {window_size}")
 
 
+def check_keyframe_interval(keyframe_interval) -> None:
+    """ValueError unless the interval is fixed: windows are planned from it before any frame
+    is seen, which motion-based keyframes ("auto", decided per frame) cannot serve."""
+    if isinstance(keyframe_interval, bool) or not isinstance(keyframe_interval, int) or keyframe_interval < 0:
+        raise ValueError(
+            f"windowed inference needs a fixed keyframe interval (an int >= 0), got {keyframe_interval!r}; "
+            "motion-based keyframes ('auto') are for streaming mode"
+        )
+
+
+def warn_if_windows_evict(window_size: int, kept_frames: int) -> None:
+    """Log a warning when a window stores more frames than the cache keeps (its anchors and
+    sliding window, `kept_frames`): the oldest keyframes of each window then leave it before
+    the window ends. The reference does so silently (its LIMITS 13); the outputs are its."""
+    if window_size > kept_frames:
+        log.warning(
+            "windows of %d stored frames exceed the %d the cache keeps (scale frames + sliding window): "
+            "each window evicts its oldest keyframes, as the reference does; raise the sliding window "
+            "(--sliding-window, kv_cache_sliding_window) by %d to keep whole windows",
+            window_size, kept_frames, window_size - kept_frames,
+        )
+
+
 def plan_windows(
     num_frames: int,
     *,
@@ -66,6 +92,7 @@ def plan_windows(
     if num_frames < 1:
         raise ValueError("no frames to plan windows for")
     check_window_size(window_size)
+    check_keyframe_interval(keyframe_interval)
     scale = min(max(scale_frames, 1), num_frames)
     overlap = effective_overlap(
         num_frames,

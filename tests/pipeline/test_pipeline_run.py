@@ -234,6 +234,7 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
     (["--sliding-window", "0"], "sliding_window >= 1, got 8, 0"),
     (["--trajectory-capacity", "1"], "trajectory_capacity must be >= 2 or None"),
     (["--camera-iterations", "0"], "camera_iterations must be >= 1, got 0"),
+    (["--mode", "windowed", "--keyframe-interval", "auto"], "windowed inference needs a fixed keyframe interval"),
 ])
 def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path, capsys, monkeypatch, option, message):
     """Options that the export reads at the end, or the session once the model is loaded,

@@ -111,3 +111,39 @@ def test_online_windows_refuse_what_the_offline_plan_refuses_and_an_overlap_of_n
         model.inference_windowed(frames_of(9), window_size=window_size, overlap_size=2, num_scale_frames=2)
     with pytest.raises(ValueError, match=message):
         WindowedSession(model, window_size=window_size, overlap_size=overlap, num_scale_frames=2)
+
+
+@pytest.mark.parametrize("interval", ["auto", 1.5, True, -1])
+def test_windows_need_a_fixed_keyframe_interval(model, interval):
+    """Windows are planned from the interval before any frame is seen: motion-based keyframes
+    are refused offline (once a TypeError from inside the plan) and online alike."""
+    message = "windowed inference needs a fixed keyframe interval"
+    with pytest.raises(ValueError, match=message):
+        model.inference_windowed(frames_of(9), window_size=4, overlap_size=2, num_scale_frames=2,
+                                 keyframe_interval=interval)
+    with pytest.raises(ValueError, match=message):
+        WindowedSession(model, window_size=4, overlap_size=2, num_scale_frames=2, keyframe_interval=interval)
+
+
+@pytest.mark.parametrize("window_size, warned", [(6, True), (4, False), (2, False)])
+def test_windows_that_outgrow_the_cache_say_so_and_keep_the_reference_outputs(window_size, warned, caplog):
+    """A window of more stored frames than the cache's scale frames and sliding window evicts
+    its own oldest keyframes, as the reference does (its outputs are kept), now with a
+    warning that says by how much to raise the sliding window; offline and online alike."""
+    small = mapstream.fill_synthetic_(
+        mapstream.build_model("tiny", kv_cache_scale_frames=2, kv_cache_sliding_window=2)
+    ).eval()
+    wide = mapstream.fill_synthetic_(
+        mapstream.build_model("tiny", kv_cache_scale_frames=2, kv_cache_sliding_window=8)
+    ).eval()
+    x = frames_of(10, seed=4)
+    options = dict(window_size=window_size, overlap_size=2, num_scale_frames=2)
+    with caplog.at_level("WARNING", logger="mapstream.windowed.plan"):
+        evicting = small.inference_windowed(x, **options)
+    assert ("by 2 to keep whole windows" in caplog.text) == warned
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mapstream.windowed.plan"):
+        WindowedSession(small, **options).close()
+    assert ("exceed the 4 the cache keeps" in caplog.text) == warned
+    whole = wide.inference_windowed(x, **options)
+    assert torch.equal(evicting["pose_enc"], whole["pose_enc"]) != warned  # eviction changes the outputs
