@@ -810,3 +810,22 @@ def test_fast_true_steps_in_pieces_off_cuda_and_the_named_modes_are_kept(model):
     assert {fast: s.whole_step for fast, s in modes.items()} == {False: False, True: False, "pieces": False, "whole": True}
     for s in modes.values():
         s.close()
+
+
+@pytest.mark.parametrize("option, anchors, window, trajectory, tokens", [
+    ({}, [0, 1], [6, 7], [2, 3, 4, 5], 6),
+    ({"camera_only": True}, [0, 1], [6, 7], [2, 3, 4, 5], 1),
+    ({"cross_frame_special": False}, [0, 1], [6, 7], [2, 3, 4, 5], 0),
+    ({"include_scale_frames": False}, [], [4, 5, 6, 7], [0, 1, 2, 3], 6),
+])
+def test_the_reference_retention_options_hold_on_every_backend(model, option, anchors, window, trajectory, tokens):
+    """Eight frames with 2 scale frames and a window of 2: what each of the reference's
+    kv_cache_* options keeps (docs/ARCHITECTURE.md), in both caches; the trajectory's frames
+    leave `tokens` tokens each (all 6 special tokens, the camera token, or none)."""
+    cache = CacheConfig(scale_frames=2, sliding_window=2, **option)
+    with model.session(num_scale_frames=2, cache=cache) as session:
+        session.run_frames(frames_of(8, seed=5))
+        for part in (session.state.aggregator, session.state.camera):
+            assert part.visible_frames() == {"anchors": anchors, "window": window, "trajectory": trajectory}
+        layout = session.state.aggregator.layout
+        assert layout.trajectory_tokens == tokens
