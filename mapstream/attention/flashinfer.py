@@ -25,7 +25,7 @@ class FlashInferBackend(AttentionBackend):
         if dtype not in (torch.float16, torch.bfloat16):
             reasons.append(f"needs fp16/bf16 K/V (got {dtype})")
         if importlib.util.find_spec("flashinfer") is None:
-            reasons.append("the flashinfer package is not installed")
+            reasons.append("the flashinfer package is not installed (pip install flashinfer-python, or use backend auto / triton / sdpa)")
         return reasons
 
     def __init__(self) -> None:

@@ -46,6 +46,9 @@ def test_auto_falls_back_to_sdpa_and_named_backends_explain_refusals():
         select_backend("triton", torch.device("cpu"), torch.bfloat16)
     with pytest.raises(ValueError, match="Unknown attention backend: 'flash'. Valid options are: auto, sdpa"):
         select_backend("flash", torch.device("cpu"), torch.bfloat16)
+    if importlib.util.find_spec("flashinfer") is None:  # how to get it, or what to use instead
+        with pytest.raises(ValueError, match=r"not installed \(pip install flashinfer-python, or use backend auto"):
+            select_backend("flashinfer", torch.device("cpu"), torch.bfloat16)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")

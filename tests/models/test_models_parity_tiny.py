@@ -194,3 +194,19 @@ def test_rope3d_time_columns_update_a_frame_table_to_any_time(time_index, as_ten
     table.cos[:, : cos.numel()].copy_(cos)
     table.sin[:, : sin.numel()].copy_(sin)
     assert torch.equal(table.cos, want.cos) and torch.equal(table.sin, want.sin)
+
+
+def test_the_rope_table_size_limits_nothing_but_the_frame_grid():
+    """LIMITS 1: the reference's 3D RoPE reads a table of max_frame_num rows, so it crashed once
+    that many frames were stored, and on a frame grid wider than max_frame_num - 6. Angles are
+    computed from positions here: a table of 9 rows streams 20 stored frames with the outputs
+    of the default 1024, and a grid that would not fit is a clear error before any work."""
+    x = torch.rand(20, 3, 28, 42, generator=torch.Generator().manual_seed(6))  # a 2 x 3 patch grid
+    small = mapstream.fill_synthetic_(mapstream.build_model("tiny", max_frame_num=9)).eval()
+    default = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+    got = small.inference_streaming(x, num_scale_frames=2)
+    want = default.inference_streaming(x, num_scale_frames=2)
+    assert torch.equal(got["pose_enc"], want["pose_enc"]) and torch.equal(got["depth"], want["depth"])
+    too_small = mapstream.fill_synthetic_(mapstream.build_model("tiny", max_frame_num=8)).eval()
+    with pytest.raises(ValueError, match="max_frame_num=8 is too small for a 2x3 patch grid.*needs max_frame_num >= 9"):
+        too_small.inference_streaming(x[:3], num_scale_frames=2)

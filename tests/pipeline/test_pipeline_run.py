@@ -342,3 +342,22 @@ def test_a_video_run_keeps_each_frames_own_time_in_the_trajectory(tmp_path, caps
     assert run_cli(str(clip), "--out", str(out), "--fps", "None", "--stride", "2", "--formats", "tum") == 0
     rows = np.loadtxt(out / "trajectory_tum.txt", comments="#")
     np.testing.assert_allclose(rows[:, 0], [0.0, 0.2, 0.4, 0.6], atol=1e-6)
+
+
+def test_no_input_is_told_what_to_give(tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path / "o"), "--model", "tiny", "--quiet"]) != 0
+    assert "no input: give a folder, video, glob, webcam index or URL (or --demo)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode, length, given, expected", [
+    ("streaming", 320, None, 1), ("streaming", 321, None, 2), ("streaming", 1000, None, 4),
+    ("streaming", None, None, "auto"), ("windowed", 1000, None, 1), ("windowed", None, None, 1),
+    ("streaming", 1000, 3, 3), ("streaming", None, "auto", "auto"),
+])
+def test_an_unset_keyframe_interval_keeps_the_stored_frames_within_the_trained_views(tmp_path, mode, length, given, expected):
+    """The reference demo's rule, ceil(N / 320) for N frames; motion-based keyframes for a live
+    input of unknown length; windowed runs store every frame of their windows."""
+    from mapstream.pipeline.run import RunOptions, _keyframe_interval
+
+    opts = RunOptions(input="x", out=tmp_path, mode=mode, keyframe_interval=given)
+    assert _keyframe_interval(opts, length) == expected

@@ -829,3 +829,17 @@ def test_the_reference_retention_options_hold_on_every_backend(model, option, an
             assert part.visible_frames() == {"anchors": anchors, "window": window, "trajectory": trajectory}
         layout = session.state.aggregator.layout
         assert layout.trajectory_tokens == tokens
+
+
+def test_casting_for_inference_keeps_the_input_normalisation_in_fp32():
+    """LIMITS 26: the reference's bf16 cast rounded the ImageNet mean and std (0.485 became
+    0.484375), shifting every input. Here the cast reaches weights only: the constants stay
+    fp32, so a bf16 model normalises its input exactly as an fp32 one."""
+    from mapstream.models.aggregator import _IMAGENET_MEAN, _IMAGENET_STD
+
+    model = mapstream.build_model("tiny").cast_for_inference("bf16")
+    agg = model.aggregator
+    assert agg._resnet_mean.dtype == agg._resnet_std.dtype == torch.float32
+    assert agg._resnet_mean.flatten().tolist() == torch.tensor(_IMAGENET_MEAN).tolist()
+    assert agg._resnet_std.flatten().tolist() == torch.tensor(_IMAGENET_STD).tolist()
+    assert next(agg.frame_blocks.parameters()).dtype == torch.bfloat16  # the weights were cast

@@ -147,3 +147,8 @@ def test_windows_that_outgrow_the_cache_say_so_and_keep_the_reference_outputs(wi
     assert ("exceed the 4 the cache keeps" in caplog.text) == warned
     whole = wide.inference_windowed(x, **options)
     assert torch.equal(evicting["pose_enc"], whole["pose_enc"]) != warned  # eviction changes the outputs
+
+
+def test_only_the_median_scale_estimator_exists(model):
+    with pytest.raises(ValueError, match="scale_mode must be 'median'"):
+        model.inference_windowed(frames_of(6), window_size=4, overlap_size=2, num_scale_frames=2, scale_mode="mean")
