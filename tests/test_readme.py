@@ -22,3 +22,18 @@ def test_readme_starts_with_the_two_commands():
 def test_ci_runs_the_readme_test_command():
     ci = (REPO / ".ci" / "run").read_text()
     assert _blocks()[1] in ci.splitlines()
+
+
+def test_every_test_the_limits_document_cites_exists():
+    """docs/REFERENCE_LIMITS.md names the tests that prove each behaviour (`file::name`, or
+    `::name` for another test of the file before it): none may be renamed away unnoticed."""
+    text = (REPO / "docs" / "REFERENCE_LIMITS.md").read_text()
+    cited, last = [], None
+    for path, name in re.findall(r"`(\w+/test_\w+\.py)?(?:::(\w+))?`", text):
+        last = path or last
+        if path or name:
+            cited.append((last, name))
+    assert len(cited) > 30
+    for path, name in cited:
+        source = (REPO / "tests" / path).read_text()
+        assert not name or f"def {name}(" in source, f"{path}::{name}"
