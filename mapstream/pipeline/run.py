@@ -35,10 +35,10 @@ __all__ = ["RunOptions", "RunSummary", "run"]
 
 log = logging.getLogger(__name__)
 
-TRAINED_VIEWS = 320
+TRAINED_VIEWS = 320  # the reference's rule: keyframe interval ceil(N / 320) for long inputs
+DEMO_HW = (112, 196)  # the size the demo renders its frames at
 # Run settings that older run folders did not record, with the value those runs used.
 _RECORDED_LATER = {"cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024, "camera_iterations": 4}
-DEMO_HW = (112, 196)  # the reference's rule: keyframe interval ceil(N / 320) for long inputs
 
 
 @dataclass

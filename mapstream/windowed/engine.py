@@ -89,8 +89,9 @@ def _windowed_sequence(
         output_device=output_device,
         precision=precision,
     )
-    spec = session.state.aggregator.spec
-    warn_if_windows_evict(max(window_size, plan.scale_frames), spec.anchor_frames + spec.window_frames)
+    longest = max(end - start for start, end in plan.windows)
+    keyframes = -(-max(longest - plan.scale_frames, 0) // max(keyframe_interval, 1))
+    warn_if_windows_evict(plan.scale_frames + keyframes, session.state.aggregator.spec)
     try:
         raw = [run_window(session, images[:, start:end]) for start, end in plan.windows]
     finally:

@@ -86,8 +86,7 @@ class WindowedSession:
             fast=fast,
         )
         scale = self._session.num_scale_frames
-        spec = self._session.state.aggregator.spec
-        warn_if_windows_evict(max(window_size, scale), spec.anchor_frames + spec.window_frames)
+        warn_if_windows_evict(max(window_size, scale), self._session.state.aggregator.spec)
         interval = max(keyframe_interval, 1)
         self.span = scale + max(window_size - scale, 0) * interval
         overlap = effective_overlap(

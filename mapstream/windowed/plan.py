@@ -67,16 +67,18 @@ def check_keyframe_interval(keyframe_interval) -> None:
         )
 
 
-def warn_if_windows_evict(window_size: int, kept_frames: int) -> None:
-    """Log a warning when a window stores more frames than the cache keeps (its anchors and
-    sliding window, `kept_frames`): the oldest keyframes of each window then leave it before
-    the window ends. The reference does so silently (its LIMITS 13); the outputs are its."""
-    if window_size > kept_frames:
+def warn_if_windows_evict(stored_frames: int, spec) -> None:
+    """Log a warning when a window stores more frames (`stored_frames`: scale frames and
+    keyframes) than the cache keeps (the anchors and sliding window of its `CacheSpec`): the
+    oldest keyframes of each window then leave it before the window ends. The reference does
+    so silently (its LIMITS 13); the outputs are its."""
+    kept = spec.anchor_frames + spec.window_frames
+    if stored_frames > kept:
         log.warning(
             "windows of %d stored frames exceed the %d the cache keeps (scale frames + sliding window): "
             "each window evicts its oldest keyframes, as the reference does; raise the sliding window "
             "(--sliding-window, kv_cache_sliding_window) by %d to keep whole windows",
-            window_size, kept_frames, window_size - kept_frames,
+            stored_frames, kept, stored_frames - kept,
         )
 
 
