@@ -22,8 +22,14 @@ def _commands():
 def main(argv: list[str] | None = None) -> int:
     import tyro
 
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args in (["--version"], ["-V"]):
+        from .. import __version__
+
+        print(f"mapstream {__version__}")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    command = tyro.cli(_commands(), args=argv, prog="mapstream")
+    command = tyro.cli(_commands(), args=args, prog="mapstream")
     try:
         return int(command.main() or 0)
     except (ValueError, OSError, RuntimeError) as err:

@@ -361,3 +361,11 @@ def test_an_unset_keyframe_interval_keeps_the_stored_frames_within_the_trained_v
 
     opts = RunOptions(input="x", out=tmp_path, mode=mode, keyframe_interval=given)
     assert _keyframe_interval(opts, length) == expected
+
+
+def test_the_command_line_tells_its_version(capsys):
+    import mapstream
+
+    for flag in ("--version", "-V"):
+        assert main([flag]) == 0
+        assert capsys.readouterr().out.strip() == f"mapstream {mapstream.__version__}"
