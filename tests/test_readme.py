@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import re
 
-from conftest import REPO
+import shutil
+
+import pytest
+
+from conftest import DATA, REPO
 
 
 def _blocks() -> list[str]:
@@ -37,3 +41,28 @@ def test_every_test_the_limits_document_cites_exists():
     for path, name in cited:
         source = (REPO / "tests" / path).read_text()
         assert not name or f"def {name}(" in source, f"{path}::{name}"
+
+
+def test_the_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The README's first Python example, unchanged, on ten photos in my_frames/; only the
+    checkpoint is the tiny preset's (nothing can be downloaded here)."""
+    import mapstream
+
+    photos = sorted((DATA / "courthouse").glob("*.png"))[:10]
+    if len(photos) < 10:
+        pytest.skip("the courthouse photos are not there")
+    (tmp_path / "my_frames").mkdir()
+    for photo in photos:
+        shutil.copy(photo, tmp_path / "my_frames" / photo.name)
+    monkeypatch.chdir(tmp_path)
+    tiny = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+    monkeypatch.setattr(mapstream, "load_model", lambda *args, **kwargs: tiny)
+    code = re.findall(r"```python\n(.*?)\n```", (REPO / "README.md").read_text(), flags=re.S)[0]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in printed] == [str(i) for i in range(10)]
+    frames = namespace["frames"]
+    out = namespace["out"]
+    assert out["pose_enc"].shape == (1, 10, 9)
+    assert out["depth"].shape == (1, 10, *frames.shape[-2:], 1)
