@@ -8,12 +8,14 @@ full), phase-1 ms, peak GPU memory, and a per-stage breakdown from a separate pa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -92,15 +94,33 @@ class _StageTimer:
         elif name == "dpt.output_conv2_logits":
             self.marks.append(("depth", self._event()))
 
+    @contextlib.contextmanager
+    def watching(self, frame_blocks) -> Iterator[None]:
+        """Mark where each frame block starts and ends. The trunk's trace points come after
+        whole layers (a step runs a global block's tail and the next frame block as one
+        piece), so these marks are what separates the frame blocks' time from the rest."""
+        hooks = []
+        for block in frame_blocks:
+            hooks.append(block.register_forward_pre_hook(lambda *_: self.marks.append(("frame_start", self._event()))))
+            hooks.append(block.register_forward_hook(lambda *_: self.marks.append(("frame_end", self._event()))))
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+
     def stages(self) -> dict[str, float]:
+        """Milliseconds per stage; an interval counts for the stage of the mark that ends it.
+        Inside the trunk, the time between frame blocks is the global blocks' (their
+        projections, MLPs and cache attention)."""
         out = {"patch_embed": 0.0, "frame_blocks": 0.0, "global_blocks": 0.0, "camera_head": 0.0, "depth_head": 0.0}
         for (prev, e0), (name, e1) in zip(self.marks, self.marks[1:]):
             ms = e0.elapsed_time(e1)
             if name == "agg.patch_tokens":
                 out["patch_embed"] += ms
-            elif name.startswith("agg.frame_blocks."):
+            elif name == "frame_end":
                 out["frame_blocks"] += ms
-            elif name.startswith("agg.global_blocks."):
+            elif name == "frame_start" or name.startswith(("agg.frame_blocks.", "agg.global_blocks.")):
                 out["global_blocks"] += ms
             elif name == "camera":
                 out["camera_head"] += ms
@@ -196,7 +216,10 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         for i in range(cfg.scale_frames, cfg.scale_frames + min(cfg.stream_frames, 40)):
             timer.start()
             frame = frames[i][None, None]
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.precision != "fp32"):
+            # The session's own precision (an fp16 cache refuses bf16 frames).
+            half = torch.float16 if cfg.precision == "fp16" else torch.bfloat16
+            with torch.autocast("cuda", dtype=half, enabled=cfg.precision != "fp32"), \
+                    timer.watching(model.aggregator.frame_blocks):
                 model(frame, num_frame_for_scale=cfg.scale_frames, state=session.state, trace=timer, validate=False)
             torch.cuda.synchronize()
             stages.append(timer.stages())

@@ -82,3 +82,37 @@ def test_bench_without_a_cuda_gpu_says_so(monkeypatch, capsys):
     assert main(["bench", "--out", "never.json"]) != 0
     err = capsys.readouterr().err
     assert "this PyTorch sees none" in err and "mapstream run --demo" in err
+
+
+def test_stage_times_separate_the_frame_blocks_from_the_global_blocks(monkeypatch):
+    """The trunk's trace points come after whole layers, so the breakdown once counted every
+    layer as frame-block time and left the global blocks near zero. With the frame blocks'
+    own start and end marks, each mark one tick after the last (a fake clock on the CPU):
+    the tiny model's 5 frame blocks take one tick each, and the 15 intervals between them
+    and the layer marks are the global blocks'."""
+    import itertools
+
+    from mapstream.bench import _StageTimer
+
+    clock = itertools.count()
+
+    class Tick:
+        def __init__(self) -> None:
+            self.t = next(clock)
+
+        def elapsed_time(self, other: "Tick") -> float:
+            return float(other.t - self.t)
+
+    monkeypatch.setattr(_StageTimer, "_event", staticmethod(Tick))
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+    x = torch.rand(3, 3, 28, 42, generator=torch.Generator().manual_seed(0))
+    timer = _StageTimer()
+    with model.session(num_scale_frames=2) as session:
+        session.run_frames(x[:2])
+        timer.start()
+        with timer.watching(model.aggregator.frame_blocks):
+            model(x[None, 2:3], num_frame_for_scale=2, state=session.state, trace=timer, validate=False)
+    stages = timer.stages()
+    assert stages["patch_embed"] == 1.0 and stages["frame_blocks"] == 5.0 and stages["global_blocks"] == 15.0
+    assert stages["camera_head"] >= 1.0 and stages["depth_head"] == 1.0
+    assert all(not block._forward_hooks and not block._forward_pre_hooks for block in model.aggregator.frame_blocks)
