@@ -51,6 +51,14 @@ def natural_sort_key(name: str) -> tuple[list, str]:
     return key, name  # raw name breaks ties ("010" vs "10", "A" vs "a") deterministically
 
 
+def check_selection(stride: int, first_k: int | None) -> None:
+    """ValueError for a frame selection that keeps nothing (every input kind shares it)."""
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
+    if first_k is not None and first_k < 1:
+        raise ValueError(f"first_k must be >= 1 or None, got {first_k}")
+
+
 def list_images(
     folder: str | os.PathLike,
     *,
@@ -71,10 +79,7 @@ def list_images(
         FileNotFoundError: ``folder`` does not exist or is not a directory.
         ValueError: no file with one of ``extensions`` in it, or bad ``first_k``/``stride``.
     """
-    if stride < 1:
-        raise ValueError(f"stride must be >= 1, got {stride}")
-    if first_k is not None and first_k < 1:
-        raise ValueError(f"first_k must be >= 1 or None, got {first_k}")
+    check_selection(stride, first_k)
     root = Path(folder)
     if not root.exists():
         raise FileNotFoundError(f"image folder not found: {root}")

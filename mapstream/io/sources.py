@@ -28,6 +28,7 @@ from PIL import Image
 from mapstream.io.images import (
     Mode,
     check_preprocess_args,
+    check_selection,
     list_images,
     natural_sort_key,
     open_image,
@@ -36,7 +37,7 @@ from mapstream.io.images import (
     preprocess_image,
     preprocessed_height,
 )
-from mapstream.io.video import VIDEO_EXTENSIONS, iter_video_frames
+from mapstream.io.video import VIDEO_EXTENSIONS, iter_video_frames, probe_video, sample_interval
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +46,27 @@ NamedImages = Callable[[], Iterator[tuple[str, Image.Image]] | Iterator[tuple[st
 frame was shown or captured."""
 
 
+def _video_frames_kept(path, fps: float | None, stride: int, first_k: int | None) -> int | None:
+    """How many frames `iter_video_frames` will yield, from the container's frame count or
+    duration (None when the header has neither): every `interval`-th decoded frame, then
+    every `stride`-th, then at most `first_k`."""
+    info = probe_video(path)
+    frames = info.estimated_frames
+    if frames is None:
+        return None
+    kept = -(-frames // sample_interval(info.src_fps, fps))
+    kept = -(-kept // stride)
+    return kept if first_k is None else min(kept, first_k)
+
+
 class FrameSource:
     """Iterable of ``(name, frame)``; ``frame`` is ``[3, H, W]`` float32 in [0, 1].
 
     ``length`` is the frame count when known in advance (files), else None (video, webcam);
-    ``len()`` raises TypeError when it is None.  Iterating again restarts from the first frame
-    (a webcam restarts capturing).
+    ``len()`` raises TypeError when it is None. ``expected_length`` is the best estimate
+    before reading: the length, or for a video the count its header implies (the container
+    may be wrong by a few frames), else None (live).  Iterating again restarts from the first
+    frame (a webcam restarts capturing).
     """
 
     def __init__(
@@ -59,6 +75,7 @@ class FrameSource:
         *,
         length: int | None,
         description: str,
+        expected_length: int | None = None,
         mode: Mode = "crop",
         image_size: int = 518,
         patch_size: int = 14,
@@ -68,6 +85,7 @@ class FrameSource:
         check_preprocess_args(mode, image_size, patch_size)  # before any frame is read
         self._frames = frames
         self.length = length
+        self.expected_length = length if length is not None else expected_length
         self.description = description
         self.mode, self.image_size, self.patch_size = mode, image_size, patch_size
         self.pad_height = pad_height
@@ -99,10 +117,7 @@ class FrameSource:
         **preprocess: Any,
     ) -> FrameSource:
         """Image files in the given order (stride, then first_k)."""
-        if stride < 1:
-            raise ValueError(f"stride must be >= 1, got {stride}")
-        if first_k is not None and first_k < 1:
-            raise ValueError(f"first_k must be >= 1 or None, got {first_k}")
+        check_selection(stride, first_k)
         files = [Path(p) for p in paths][::stride][:first_k]
         if not files:
             raise ValueError("no image paths given")
@@ -147,13 +162,17 @@ class FrameSource:
         `last_time` the frame's presentation time."""
         if not Path(path).is_file():
             raise FileNotFoundError(f"video file not found: {path}")
+        check_selection(stride, first_k)
         stem = Path(path).stem
 
         def frames() -> Iterator[tuple[str, Image.Image, float | None]]:
             for f in iter_video_frames(path, fps=fps, stride=stride, first_k=first_k):
                 yield f"{stem}_{f.index:06d}", f.image, f.time
 
-        return cls(frames, length=None, description=f"video {path}", **preprocess)
+        return cls(
+            frames, length=None, expected_length=_video_frames_kept(path, fps, stride, first_k),
+            description=f"video {path}", **preprocess,
+        )
 
     @classmethod
     def from_capture(

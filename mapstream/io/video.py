@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from PIL import Image
 
-from mapstream.io.images import Mode, preprocess_image
+from mapstream.io.images import Mode, check_selection, preprocess_image
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ class VideoFrame(NamedTuple):
 
 @dataclass(frozen=True)
 class VideoInfo:
-    """What the container says about its first video stream (``frames`` may be None)."""
+    """What the container says about its first video stream (``frames`` and ``duration``,
+    in seconds, may be None)."""
 
     path: Path
     src_fps: float | None
@@ -49,6 +50,17 @@ class VideoInfo:
     width: int
     height: int
     codec: str
+    duration: float | None = None
+
+    @property
+    def estimated_frames(self) -> int | None:
+        """The frame count, or the duration times the rate where the container stores no
+        count (Matroska); None when neither is known."""
+        if self.frames is not None:
+            return self.frames
+        if self.duration is not None and self.src_fps:
+            return round(self.duration * self.src_fps)
+        return None
 
 
 def _import_av() -> Any:
@@ -93,6 +105,7 @@ def probe_video(path: str | os.PathLike) -> VideoInfo:
         return VideoInfo(
             path=Path(path), src_fps=_stream_fps(stream), frames=stream.frames or None,
             width=ctx.width, height=ctx.height, codec=ctx.name,
+            duration=container.duration / 1e6 if container.duration else None,  # microseconds
         )
     finally:
         container.close()
@@ -138,10 +151,7 @@ def iter_video_frames(
         FileNotFoundError: no such file.
         ValueError: not a decodable video, or a decoding error (names file and frame).
     """
-    if stride < 1:
-        raise ValueError(f"stride must be >= 1, got {stride}")
-    if first_k is not None and first_k < 1:
-        raise ValueError(f"first_k must be >= 1 or None, got {first_k}")
+    check_selection(stride, first_k)
     av = _import_av()
     container, stream = _open(path)
     with container:

@@ -226,7 +226,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         from ..models.compile import compile_model
 
         compile_model(model)
-    interval = _keyframe_interval(opts, source.length)
+    interval = _keyframe_interval(opts, source.expected_length)
     config = {
         "input": opts.input if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
         "image_size": opts.image_size, "preprocess": opts.preprocess, "fps": opts.fps, "stride": opts.stride,
@@ -275,7 +275,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=source.length, initial=resume_at, unit="frame", disable=not progress, desc="mapstream")
+    bar = tqdm(total=source.expected_length, initial=resume_at, unit="frame", disable=not progress, desc="mapstream")
     keep = 4 * max(opts.num_scale_frames, opts.overlap, 8)
     try:
         for index, (name, frame) in enumerate(source):

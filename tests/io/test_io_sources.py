@@ -171,3 +171,22 @@ def test_capture_source_reads_a_webcam_with_stride_first_k_and_capture_times(mon
     monkeypatch.setattr(_FakeCapture, "opened", False)
     with pytest.raises(ValueError, match="cannot open capture device 'rtsp://cam/1'"):
         list(open_source("rtsp://cam/1", image_size=28))
+
+
+@pytest.mark.parametrize("container, codec, pix_fmt", [("clip.mp4", "mpeg4", "yuv420p"), ("clip.mkv", "ffv1", "bgr0")])
+@pytest.mark.parametrize("fps, stride, first_k", [(None, 1, None), (10, 1, None), (7, 2, None), (10, 3, 4), (None, 5, 100)])
+def test_a_videos_expected_length_is_what_it_yields(tmp_path: Path, container, codec, pix_fmt, fps, stride, first_k) -> None:
+    """A video's length is not known for sure before decoding, but its header gives the
+    frame count (MP4) or the duration (Matroska, which stores no count): the estimate the
+    run's keyframe rule and progress bar use. 47 frames at 30 fps."""
+    av = pytest.importorskip("av")
+    path = tmp_path / container
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=30)
+        stream.width, stream.height, stream.pix_fmt = 32, 28, pix_fmt
+        for i in range(47):
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(np.full((28, 32, 3), i, np.uint8), format="rgb24")))
+        out.mux(stream.encode())
+    source = open_source(path, fps=fps, stride=stride, first_k=first_k, image_size=28)
+    assert source.length is None
+    assert source.expected_length == sum(1 for _ in source)

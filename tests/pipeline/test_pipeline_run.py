@@ -342,6 +342,9 @@ def test_a_video_run_keeps_each_frames_own_time_in_the_trajectory(tmp_path, caps
     assert run_cli(str(clip), "--out", str(out), "--fps", "None", "--stride", "2", "--formats", "tum") == 0
     rows = np.loadtxt(out / "trajectory_tum.txt", comments="#")
     np.testing.assert_allclose(rows[:, 0], [0.0, 0.2, 0.4, 0.6], atol=1e-6)
+    # A video file is not live: its header's length sets the reference's keyframe rule
+    # (ceil(4 / 320) = 1, every frame stored), not the motion-based one.
+    assert json.loads((out / "run.json").read_text())["config"]["keyframe_interval"] == 1
 
 
 def test_no_input_is_told_what_to_give(tmp_path, capsys):
