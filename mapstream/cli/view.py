@@ -36,8 +36,8 @@ class View:
     """Initial point size in world units (default: the median size of a pixel at its depth)."""
     downsample: Literal[1, 2, 4, 8, 16, 32] = 1
     """Initially keep one point in this many."""
-    hide_sky: bool = False
-    """Initially hide sky points (when the run has a sky mask)."""
+    hide_sky: bool = True
+    """Initially hide sky points (when the run has a sky mask), as the reference does; a checkbox shows them."""
     block: bool = True
     """Serve until Ctrl-C; --no-block builds the scene, prints the address and exits (a smoke test)."""
 

@@ -276,7 +276,8 @@ def _pickle_refusal(path: Path, objects: list[str]) -> str:
         f"{path} holds pickled Python objects besides tensors ({', '.join(objects)}); loading them would "
         "run code stored in the file, so mapstream refused. If you trust where the file comes from, pass "
         "trust_pickle=True (or allow those types with torch.serialization.add_safe_globals); "
-        "convert_checkpoint() then writes a .safetensors copy that needs no trust."
+        "convert_checkpoint() then writes a .safetensors copy that needs no trust. On the command line: "
+        f"mapstream convert {path} --trust-pickle, then use the .safetensors file it writes."
     )
 
 

@@ -61,8 +61,9 @@ class ViewerOptions:
     """Initially keep one point in this many (one of 1, 2, 4, ... 32)."""
     frame_mode: FrameMode = "up to t"
     """Initial scrubber mode: frames up to t, only frame t, or all frames."""
-    hide_sky: bool = False
-    """Initially hide points under the sky mask (when the run has one)."""
+    hide_sky: bool = True
+    """Initially hide points under the sky mask (when the run has one), as the reference's
+    viewer does with sky masking on."""
     play_fps: float = 8.0
     """Frames per second of the "play" button."""
     thumbnail_size: int = 160
@@ -86,6 +87,8 @@ class ViewerHandles:
     show_cameras: Any
     reset_view: Any
     status: Any
+    step: Any = None
+    camera_size: Any = None
     point_clouds: list[Any] = field(default_factory=list)
     frustums: list[Any] = field(default_factory=list)
     trajectory: Any | None = None
@@ -194,6 +197,7 @@ class ViewerApp:
         assert self.server is not None
         server, recon, options, framing = self.server, self.recon, self.options, self.framing
         n = len(recon)
+        self._frustum_scale = 0.03 * framing.extent
         server.scene.set_up_direction(tuple(framing.up))
         server.initial_camera.position = tuple(framing.camera_position)
         server.initial_camera.look_at = tuple(framing.look_at)
@@ -204,6 +208,7 @@ class ViewerApp:
         with gui.add_folder("Frames"):
             frame = gui.add_slider("frame", min=0, max=max(n - 1, 1), step=1, initial_value=n - 1, disabled=n == 1)
             frame_mode = gui.add_dropdown("show", get_args(FrameMode), initial_value=options.frame_mode)
+            step = gui.add_button_group("step", ("prev", "next"), disabled=n == 1)
             play = gui.add_checkbox("play", False, disabled=n == 1)
             fps = gui.add_slider("fps", min=1, max=30, step=1, initial_value=int(round(options.play_fps)))
         conf_max = float(np.percentile(self.pool.conf, 99)) if len(self.pool) else 2.0
@@ -221,11 +226,12 @@ class ViewerApp:
             hide_sky = gui.add_checkbox("hide sky", options.hide_sky) if self.pool.has_sky_mask else None
         with gui.add_folder("Cameras"):
             show_cameras = gui.add_checkbox("show cameras", True)
+            camera_size = gui.add_slider("camera size", min=0.1, max=10.0, step=0.1, initial_value=1.0)
             reset_view = gui.add_button("reset view")
         handles = ViewerHandles(
             frame=frame, frame_mode=frame_mode, play=play, fps=fps, conf_threshold=conf_threshold,
             point_size=point_size, downsample=downsample, hide_sky=hide_sky, show_cameras=show_cameras,
-            reset_view=reset_view, status=status,
+            reset_view=reset_view, status=status, step=step, camera_size=camera_size,
         )
 
         colors = trajectory_colors(n)
@@ -233,7 +239,7 @@ class ViewerApp:
         for i in range(n):
             fov, aspect, wxyz, position = frustum_params(recon, i)
             handles.frustums.append(server.scene.add_camera_frustum(
-                f"/cameras/frame_{i:06d}", fov=fov, aspect=aspect, scale=0.03 * framing.extent,
+                f"/cameras/frame_{i:06d}", fov=fov, aspect=aspect, scale=self._frustum_scale,
                 thickness=0.002 * framing.extent, color=tuple(int(c) for c in colors[i]),
                 image=recon.images[i, ::stride, ::stride], wxyz=wxyz, position=position,
             ))
@@ -258,6 +264,10 @@ class ViewerApp:
             control.on_update(lambda _event: self.refresh_frames())
         point_size.on_update(lambda _event: self._set_point_size())
         reset_view.on_click(lambda _event: self.reset_view())
+        step.on_click(lambda _event: self.step_frame(-1 if step.value == "prev" else 1))
+        camera_size.on_update(lambda _event: self._set_camera_size())
+        for i, frustum in enumerate(handles.frustums):
+            frustum.on_click(lambda _event, i=i: self.show_frame(i))
 
     def _visible_frames(self) -> np.ndarray:
         assert self.handles is not None
@@ -299,6 +309,23 @@ class ViewerApp:
             if handles.trajectory is not None:
                 handles.trajectory.visible = show_cameras
             self._update_status()
+
+    def show_frame(self, i: int) -> None:
+        """Move the scrubber to frame `i` (clamped); what a click on a camera does."""
+        if self.handles is not None:
+            self.handles.frame.value = min(max(int(i), 0), len(self.recon) - 1)
+
+    def step_frame(self, delta: int) -> None:
+        """Move the scrubber by `delta` frames, wrapping around ("prev" / "next")."""
+        if self.handles is not None:
+            self.handles.frame.value = (int(self.handles.frame.value) + delta) % len(self.recon)
+
+    def _set_camera_size(self) -> None:
+        with self._lock:
+            if self.handles is not None:
+                scale = self._frustum_scale * float(self.handles.camera_size.value)
+                for frustum in self.handles.frustums:
+                    frustum.scale = scale
 
     def _set_point_size(self) -> None:
         with self._lock:

@@ -299,6 +299,7 @@ def test_pickled_objects_need_trust(tmp_path, ref):
     with pytest.raises(CheckpointError) as err:
         load_model(tmp_path / "args.pt", preset="tiny")
     assert "argparse.Namespace" in str(err.value) and "trust_pickle=True" in str(err.value)
+    assert f"mapstream convert {tmp_path / 'args.pt'} --trust-pickle" in str(err.value)  # a CLI user's way
     assert_same(load_model(tmp_path / "args.pt", preset="tiny", trust_pickle=True), ref)
 
 

@@ -59,6 +59,10 @@ def test_controls_drive_the_shown_points(free_port: int) -> None:
     with ViewerApp(recon, ViewerOptions(conf_threshold=3.0), port=free_port) as app:
         handles = app.handles
         assert handles is not None and handles.hide_sky is not None
+        # A run with a sky mask opens with the sky hidden, as the reference's viewer shows it.
+        assert handles.hide_sky.value is True
+        assert app.shown_point_count == int(((app.pool.conf > 3.0) & ~app.pool.sky).sum())
+        handles.hide_sky.value = False
         assert len(handles.point_clouds) == len(handles.frustums) == N
         assert handles.frame.value == N - 1 and handles.frame_mode.value == "up to t"
         expected = int((app.pool.conf > 3.0).sum())
@@ -143,3 +147,23 @@ def test_play_advances_the_scrubber_and_single_frame_runs_work(free_port: int) -
     with ViewerApp(make_recon(n=1, sky=False), port=free_port) as app:
         assert app.handles is not None and app.handles.hide_sky is None and app.handles.frame.disabled
         assert app.shown_point_count == int((app.pool.conf > 1.5).sum()) > 0
+
+
+def test_frames_step_and_jump_and_cameras_resize(free_port: int) -> None:
+    """"prev" / "next" step the scrubber (wrapping around), a click on a camera shows its
+    frame (`show_frame`, clamped), and "camera size" scales every frustum."""
+    with ViewerApp(make_recon(), port=free_port) as app:
+        handles = app.handles
+        assert handles is not None and handles.step is not None and handles.frame.value == N - 1
+        app.step_frame(1)
+        assert handles.frame.value == 0
+        app.step_frame(-1)
+        assert handles.frame.value == N - 1
+        app.show_frame(1)
+        assert handles.frame.value == 1
+        assert [c.visible for c in handles.point_clouds] == [True, True] + [False] * (N - 2)
+        app.show_frame(99)
+        assert handles.frame.value == N - 1
+        base = handles.frustums[0].scale
+        handles.camera_size.value = 2.5
+        assert all(f.scale == pytest.approx(2.5 * base) for f in handles.frustums)
