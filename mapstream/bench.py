@@ -129,6 +129,19 @@ class _StageTimer:
         return out
 
 
+def windowed_means(per_frame: list[float], half_width: int = 30) -> dict[str, float]:
+    """The reference profiler's windowed averages: the mean step time within ±`half_width`
+    frames of 10% (at least frame 10), 50% and 90% of the stream, keyed "10%", "50%", "90%"
+    (frames counted from the first streamed one; fewer frames than that: the nearest ones)."""
+    n = len(per_frame)
+    out = {}
+    for label, share in (("10%", 0.1), ("50%", 0.5), ("90%", 0.9)):
+        centre = min(max(int(n * share), 10 if share == 0.1 else 0), n - 1)
+        window = per_frame[max(centre - half_width, 0) : centre + half_width + 1]
+        out[label] = sum(window) / len(window)
+    return out
+
+
 def build_bench_model(cfg: BenchConfig, device: torch.device):
     import mapstream
 
@@ -201,6 +214,8 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         "steady_fps": 1000.0 / steady_ms,
         "steady_ms_min": min(steady),
         "steady_ms_max": max(steady),
+        "windowed_ms": windowed_means(per_frame),
+        "per_frame_ms": [round(ms, 4) for ms in per_frame],
         "phase1_ms": phase1,
         "peak_memory_gib": peak / 2**30,
         # Row blocks the fixed-reference attention had to compute again, per global block

@@ -41,6 +41,8 @@ class Bench:
     """Frames of the scale phase (processed together first)."""
     window: int = 64
     """The cache's sliding window in stored frames."""
+    camera_iterations: int = 4
+    """Refinement passes of the camera head (the protocol's 4; 1 is faster)."""
     images: str | None = None
     """Folder of photos to stream instead of random frames."""
     out: Path = Path("bench.json")
@@ -90,6 +92,7 @@ class Bench:
             cfg = BenchConfig(
                 width=width, height=height, backend=backend, precision=self.precision,
                 stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
+                camera_iterations=self.camera_iterations,
                 images=self.images, stage_breakdown=self.stages and variant == "eager",
                 fast=False if variant == "eager" else _step_mode(variant),
                 heads_precision=self.precision if variant.endswith("bf16-heads") else "fp32",

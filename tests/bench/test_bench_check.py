@@ -116,3 +116,14 @@ def test_stage_times_separate_the_frame_blocks_from_the_global_blocks(monkeypatc
     assert stages["patch_embed"] == 1.0 and stages["frame_blocks"] == 5.0 and stages["global_blocks"] == 15.0
     assert stages["camera_head"] >= 1.0 and stages["depth_head"] == 1.0
     assert all(not block._forward_hooks and not block._forward_pre_hooks for block in model.aggregator.frame_blocks)
+
+
+def test_windowed_means_average_thirty_frames_either_side_of_10_50_and_90_percent():
+    """The reference profiler's windowed averages (APP.md §8), on step times equal to their
+    frame index: each is its window's centre (where the window fits) or the mean of what fits."""
+    from mapstream.bench import windowed_means
+
+    steps = [float(i) for i in range(192)]
+    # 10% of 192 is frame 19: the window [0, 49] is cut at the start, its mean 24.5.
+    assert windowed_means(steps) == {"10%": 24.5, "50%": 96.0, "90%": pytest.approx((142 + 191) / 2)}
+    assert windowed_means([5.0] * 12)["10%"] == 5.0  # "at least frame 10", clamped to the stream
