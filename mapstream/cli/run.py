@@ -55,6 +55,8 @@ class Run:
     """Windowed mode: stored frames per window (scale frames + keyframes)."""
     overlap: int = 16
     """Windowed mode: frames two windows share, used to align them."""
+    overlap_keyframes: Optional[int] = None
+    """Windowed mode: the overlap in keyframes instead, k x interval frames (at least the scale frames)."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (the first CUDA GPU when there is one, else the CPU)."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
@@ -97,6 +99,7 @@ class Run:
             first_k=self.first_k, num_scale_frames=self.num_scale_frames, keyframe_interval=interval,
             sliding_window=self.sliding_window, trajectory_capacity=self.trajectory_capacity,
             camera_iterations=self.camera_iterations, window_size=self.window_size, overlap=self.overlap,
+            overlap_keyframes=self.overlap_keyframes,
             device=self.device, precision=self.precision, backend=self.backend, formats=self.formats,
             conf_threshold=self.conf_threshold, voxel_size=self.voxel_size, resume=self.resume, demo=self.demo,
             sky_mask=self.sky_mask, sky_model=self.sky_model, compile=self.compile,

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ALL_FORMATS", "check_formats", "export_all"]
 
-ALL_FORMATS: tuple[str, ...] = ("npz", "tum", "ply", "glb", "depth", "colmap", "nerfstudio", "summary")
+ALL_FORMATS: tuple[str, ...] = ("npz", "tum", "ply", "glb", "depth", "images", "colmap", "nerfstudio", "summary")
 
 
 def check_formats(formats: Iterable[str]) -> None:
@@ -115,7 +115,7 @@ def export_all(
         timed("glb", lambda: write_glb(recon, out / "scene.glb", points=cloud))
     if "depth" in wanted:
         timed("depth", lambda: write_depth_maps(recon, out, mask_sky=mask_sky))
-    if "colmap" in wanted or "nerfstudio" in wanted:
+    if any(f in wanted for f in ("images", "colmap", "nerfstudio")):  # the frames as the model saw them
         timed("images", lambda: {"images": _images(recon, out / "images")})
     if "colmap" in wanted:
         colmap_options = CloudOptions(

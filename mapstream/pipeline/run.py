@@ -38,7 +38,10 @@ log = logging.getLogger(__name__)
 TRAINED_VIEWS = 320  # the reference's rule: keyframe interval ceil(N / 320) for long inputs
 DEMO_HW = (112, 196)  # the size the demo renders its frames at
 # Run settings that older run folders did not record, with the value those runs used.
-_RECORDED_LATER = {"cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024, "camera_iterations": 4}
+_RECORDED_LATER = {
+    "overlap_keyframes": None, "cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024,
+    "camera_iterations": 4,
+}
 
 
 @dataclass
@@ -60,6 +63,7 @@ class RunOptions:
     camera_iterations: int = 4  # the camera head's refinement passes
     window_size: int = 64
     overlap: int = 16
+    overlap_keyframes: int | None = None  # windowed: overlap in keyframes (overrides overlap)
     device: str = "auto"
     precision: str = "auto"
     backend: str = "auto"
@@ -109,6 +113,8 @@ def _check_options(opts: RunOptions) -> None:
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
     if opts.mode == "windowed":
         check_window_options(opts.window_size, opts.overlap)
+        if opts.overlap_keyframes is not None and opts.overlap_keyframes < 1:
+            raise ValueError(f"overlap_keyframes must be >= 1 (or unset), got {opts.overlap_keyframes}")
         if opts.keyframe_interval is not None:
             check_keyframe_interval(opts.keyframe_interval)
 
@@ -231,7 +237,8 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         "input": opts.input if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
         "image_size": opts.image_size, "preprocess": opts.preprocess, "fps": opts.fps, "stride": opts.stride,
         "first_k": opts.first_k, "num_scale_frames": opts.num_scale_frames, "keyframe_interval": interval,
-        "window_size": opts.window_size, "overlap": opts.overlap, "precision": precision,
+        "window_size": opts.window_size, "overlap": opts.overlap, "overlap_keyframes": opts.overlap_keyframes,
+        "precision": precision,
         "cache_scale_frames": cache.scale_frames, "sliding_window": cache.sliding_window,
         "trajectory_capacity": cache.trajectory_capacity,
         "camera_iterations": opts.camera_iterations,
@@ -242,7 +249,8 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
 
     if opts.mode == "windowed":
         session = WindowedSession(
-            model, window_size=opts.window_size, overlap_size=opts.overlap, num_scale_frames=opts.num_scale_frames,
+            model, window_size=opts.window_size, overlap_size=opts.overlap, overlap_keyframes=opts.overlap_keyframes,
+            num_scale_frames=opts.num_scale_frames,
             keyframe_interval=interval, output_device="cpu", precision=precision,
             cache=cache, fast=opts.fast and device.type == "cuda",
         )
@@ -276,7 +284,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     from tqdm.auto import tqdm
 
     bar = tqdm(total=source.expected_length, initial=resume_at, unit="frame", disable=not progress, desc="mapstream")
-    keep = 4 * max(opts.num_scale_frames, opts.overlap, 8)
+    keep = 4 * max(opts.num_scale_frames, getattr(session, "overlap", 0), 8)
     try:
         for index, (name, frame) in enumerate(source):
             if index < offset:

@@ -139,6 +139,13 @@ def test_export_all_writes_every_format(tmp_path: Path) -> None:
         export_all(recon, tmp_path / "x", formats=["obj"])
     assert set(ALL_FORMATS) <= set(written)
 
+    # The frames alone, as the model saw them (the reference demo's --export_preprocessed), lossless.
+    images = export_all(recon, tmp_path / "images_only", formats=["images"])
+    assert set(images) == {"images"} and sorted(p.name for p in (tmp_path / "images_only").iterdir()) == ["images"]
+    files = sorted(images["images"].iterdir())
+    assert len(files) == N
+    np.testing.assert_array_equal(np.asarray(Image.open(files[0]).convert("RGB")), recon.images[0])
+
 
 def test_export_all_single_frame_without_sky(tmp_path: Path) -> None:
     recon = make_recon(sky=False).select([2])

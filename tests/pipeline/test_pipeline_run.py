@@ -176,7 +176,7 @@ def test_a_run_folder_from_before_the_cache_options_resumes(tmp_path):
 
     def older(out):
         progress = json.loads((out / "progress.json").read_text())
-        for key in ("cache_scale_frames", "sliding_window", "trajectory_capacity", "camera_iterations"):
+        for key in ("overlap_keyframes", "cache_scale_frames", "sliding_window", "trajectory_capacity", "camera_iterations"):
             progress["config"].pop(key, None)
         (out / "progress.json").write_text(json.dumps(progress))
 
@@ -235,6 +235,7 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
     (["--trajectory-capacity", "1"], "trajectory_capacity must be >= 2 or None"),
     (["--camera-iterations", "0"], "camera_iterations must be >= 1, got 0"),
     (["--mode", "windowed", "--keyframe-interval", "auto"], "windowed inference needs a fixed keyframe interval"),
+    (["--mode", "windowed", "--overlap-keyframes", "0"], "overlap_keyframes must be >= 1 (or unset), got 0"),
 ])
 def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path, capsys, monkeypatch, option, message):
     """Options that the export reads at the end, or the session once the model is loaded,
@@ -372,3 +373,34 @@ def test_the_command_line_tells_its_version(capsys):
     for flag in ("--version", "-V"):
         assert main([flag]) == 0
         assert capsys.readouterr().out.strip() == f"mapstream {mapstream.__version__}"
+
+
+def test_a_windowed_run_is_the_librarys_windowed_session(tmp_path):
+    """`--mode windowed` with --overlap-keyframes gives what `WindowedSession` gives for the
+    same settings (10 photos, windows of 4 stored frames, an overlap of 3 keyframes of
+    interval 1: 3 frames, so the windows advance one frame at a time), and other than an
+    overlap of 2 frames gives."""
+    import torch
+
+    import mapstream
+    from mapstream.windowed import WindowedSession
+
+    src = photos(tmp_path, 10)
+    out = tmp_path / "out"
+    options = ["--mode", "windowed", "--window-size", "4", "--overlap-keyframes", "3", "--keyframe-interval", "1"]
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz", *options) == 0
+    got = np.load(out / "predictions.npz")
+    assert json.loads((out / "run.json").read_text())["config"]["overlap_keyframes"] == 3
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny", kv_cache_scale_frames=2)).eval()
+    frames = mapstream.load_images(sorted(src.glob("*.png")), image_size=140)
+
+    def session_poses(**overlap):
+        with WindowedSession(model, window_size=4, num_scale_frames=2, **overlap) as session:
+            preds = session.run_frames(frames)
+            return session.overlap, torch.stack([p.pose_enc for p in preds]), torch.stack([p.depth for p in preds])
+
+    overlap, pose, depth = session_poses(overlap_keyframes=3)
+    assert overlap == 3
+    np.testing.assert_allclose(got["pose_enc"], pose.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["depth"], depth.numpy(), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(session_poses(overlap_size=2)[1], pose, atol=1e-4)
