@@ -71,6 +71,8 @@ class Run:
     """Outputs to write (default: all of them)."""
     conf_threshold: float = 1.5
     """Point cloud: keep pixels whose depth confidence is above this (confidence is > 1)."""
+    conf_percentile: Optional[float] = None
+    """Point cloud: also keep only pixels whose confidence reaches this percentile (0-100) of the run's."""
     voxel_size: Optional[float] = None
     """Point cloud: average the points on a grid of this edge, in world units (None: no grid)."""
     sky_mask: bool = False
@@ -101,7 +103,7 @@ class Run:
             camera_iterations=self.camera_iterations, window_size=self.window_size, overlap=self.overlap,
             overlap_keyframes=self.overlap_keyframes,
             device=self.device, precision=self.precision, backend=self.backend, formats=self.formats,
-            conf_threshold=self.conf_threshold, voxel_size=self.voxel_size, resume=self.resume, demo=self.demo,
+            conf_threshold=self.conf_threshold, conf_percentile=self.conf_percentile, voxel_size=self.voxel_size, resume=self.resume, demo=self.demo,
             sky_mask=self.sky_mask, sky_model=self.sky_model, compile=self.compile,
             low_precision_heads=self.low_precision_heads,
         )

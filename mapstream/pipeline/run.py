@@ -69,6 +69,7 @@ class RunOptions:
     backend: str = "auto"
     formats: tuple[str, ...] = ALL_FORMATS
     conf_threshold: float = 1.5
+    conf_percentile: float | None = None  # also keep only pixels above this percentile of confidence
     voxel_size: float | None = None
     resume: bool = True
     demo: bool = False
@@ -98,6 +99,8 @@ def _check_options(opts: RunOptions) -> None:
         raise ValueError(f"voxel_size must be > 0 and finite (or unset for no voxel grid), got {opts.voxel_size}")
     if math.isnan(opts.conf_threshold):
         raise ValueError("conf_threshold is NaN; give a number (1.5 by default)")
+    if opts.conf_percentile is not None and not 0 <= opts.conf_percentile <= 100:
+        raise ValueError(f"conf_percentile must be in [0, 100] (or unset), got {opts.conf_percentile}")
     if opts.fps is not None:
         from ..io.video import sample_interval
 
@@ -303,7 +306,10 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     recon = store.assemble(fps=opts.fps)
     if opts.sky_mask:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
-    outputs = export_all(recon, out, formats=opts.formats, conf_threshold=opts.conf_threshold, voxel_size=opts.voxel_size)
+    outputs = export_all(
+        recon, out, formats=opts.formats, conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile,
+        voxel_size=opts.voxel_size,
+    )
     exported = time.perf_counter()
     fps = new / max(inferred - loaded, 1e-9)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

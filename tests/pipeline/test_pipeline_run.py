@@ -236,6 +236,7 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
     (["--camera-iterations", "0"], "camera_iterations must be >= 1, got 0"),
     (["--mode", "windowed", "--keyframe-interval", "auto"], "windowed inference needs a fixed keyframe interval"),
     (["--mode", "windowed", "--overlap-keyframes", "0"], "overlap_keyframes must be >= 1 (or unset), got 0"),
+    (["--conf-percentile", "101"], "conf_percentile must be in [0, 100] (or unset), got 101.0"),
 ])
 def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path, capsys, monkeypatch, option, message):
     """Options that the export reads at the end, or the session once the model is loaded,
@@ -404,3 +405,17 @@ def test_a_windowed_run_is_the_librarys_windowed_session(tmp_path):
     np.testing.assert_allclose(got["pose_enc"], pose.numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["depth"], depth.numpy(), rtol=1e-4, atol=1e-5)
     assert not torch.allclose(session_poses(overlap_size=2)[1], pose, atol=1e-4)
+
+
+def test_a_confidence_percentile_thins_the_point_cloud(tmp_path):
+    """--conf-percentile 50 keeps the pixels at or above the run's median confidence (on top of
+    --conf-threshold, here 0 so that it alone decides): half the valid pixels, give or take ties."""
+    from plyfile import PlyData
+
+    src = photos(tmp_path, 4)
+    counts = {}
+    for extra in ((), ("--conf-percentile", "50")):
+        out = tmp_path / f"out{len(extra)}"
+        assert run_cli(str(src), "--out", str(out), "--formats", "ply", "--conf-threshold", "0", *extra) == 0
+        counts[len(extra)] = len(PlyData.read(str(out / "points.ply"))["vertex"].data)
+    assert 0.45 < counts[2] / counts[0] < 0.55, counts
