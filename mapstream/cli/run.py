@@ -35,6 +35,8 @@ class Run:
     """Target width (crop mode); sides become multiples of 14."""
     preprocess: Literal["crop", "pad"] = "crop"
     """crop: width --image-size, taller frames centre-cropped to square; pad: longest side, padded white to square."""
+    rotate: Literal[0, 90, 180, 270] = 0
+    """Turn every frame clockwise by this many degrees first (the reference's --rotate_clockwise_90 is 90)."""
     fps: Optional[float] = 10.0
     """Video sampling rate (frames per second kept; None keeps every frame)."""
     stride: int = 1
@@ -97,7 +99,7 @@ class Run:
                 ) from None
         opts = RunOptions(
             input=self.input, out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
-            image_size=self.image_size, preprocess=self.preprocess, fps=self.fps, stride=self.stride,
+            image_size=self.image_size, preprocess=self.preprocess, rotate=self.rotate, fps=self.fps, stride=self.stride,
             first_k=self.first_k, num_scale_frames=self.num_scale_frames, keyframe_interval=interval,
             sliding_window=self.sliding_window, trajectory_capacity=self.trajectory_capacity,
             camera_iterations=self.camera_iterations, window_size=self.window_size, overlap=self.overlap,

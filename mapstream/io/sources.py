@@ -59,6 +59,12 @@ def _video_frames_kept(path, fps: float | None, stride: int, first_k: int | None
     return kept if first_k is None else min(kept, first_k)
 
 
+# Clockwise quarter turns as PIL transposes (PIL's ROTATE_* turn counter-clockwise).
+_CLOCKWISE = {
+    0: None, 90: Image.Transpose.ROTATE_270, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_90,
+}
+
+
 class FrameSource:
     """Iterable of ``(name, frame)``; ``frame`` is ``[3, H, W]`` float32 in [0, 1].
 
@@ -80,9 +86,15 @@ class FrameSource:
         image_size: int = 518,
         patch_size: int = 14,
         pad_height: int | None = None,
+        rotate: int = 0,
     ) -> None:
-        """pad_height: pad shorter frames with white (centred) to this height."""
+        """pad_height: pad shorter frames with white (centred) to this height. rotate: turn
+        every image clockwise by this many degrees (0, 90, 180, 270) before preprocessing,
+        losslessly (the reference demo's --rotate_clockwise_90 is 90)."""
         check_preprocess_args(mode, image_size, patch_size)  # before any frame is read
+        if rotate not in _CLOCKWISE:
+            raise ValueError(f"rotate must be 0, 90, 180 or 270 (degrees clockwise), got {rotate!r}")
+        self.rotate = rotate
         self._frames = frames
         self.length = length
         self.expected_length = length if length is not None else expected_length
@@ -96,6 +108,8 @@ class FrameSource:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, image, *when in self._frames():
             self.last_time = when[0] if when else None
+            if self.rotate:
+                image = image.transpose(_CLOCKWISE[self.rotate])
             frame = preprocess_image(image, self.mode, self.image_size, self.patch_size)
             if self.pad_height is not None and frame.shape[1] < self.pad_height:
                 frame = pad_white(frame, self.pad_height, frame.shape[2])
@@ -127,7 +141,7 @@ class FrameSource:
                 yield f.name, open_image(f)
 
         source = cls(frames, length=len(files), description=f"{len(files)} image files", **preprocess)
-        source.pad_height = _common_height(files, source.mode, source.image_size, source.patch_size)
+        source.pad_height = _common_height(files, source.mode, source.image_size, source.patch_size, source.rotate)
         return source
 
     @classmethod
@@ -210,12 +224,15 @@ class FrameSource:
         return cls(frames, length=None, description=f"capture {device!r}", **preprocess)
 
 
-def _common_height(files: Sequence[Path], mode: Mode, image_size: int, patch_size: int) -> int | None:
+def _common_height(files: Sequence[Path], mode: Mode, image_size: int, patch_size: int, rotate: int) -> int | None:
     """The height to pad the files' frames to when they would differ (else None), from the
-    files' headers."""
+    files' headers (their sides swapped by a quarter turn)."""
     if mode != "crop":  # pad mode: every frame is image_size x image_size
         return None
-    heights = {preprocessed_height(*oriented_size(f), mode, image_size, patch_size) for f in files}
+    sizes = [oriented_size(f) for f in files]
+    if rotate in (90, 270):
+        sizes = [(h, w) for w, h in sizes]
+    heights = {preprocessed_height(w, h, mode, image_size, patch_size) for w, h in sizes}
     if len(heights) < 2:
         return None
     tallest = max(heights)

@@ -39,7 +39,7 @@ TRAINED_VIEWS = 320  # the reference's rule: keyframe interval ceil(N / 320) for
 DEMO_HW = (112, 196)  # the size the demo renders its frames at
 # Run settings that older run folders did not record, with the value those runs used.
 _RECORDED_LATER = {
-    "overlap_keyframes": None, "cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024,
+    "rotate": 0, "overlap_keyframes": None, "cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024,
     "camera_iterations": 4,
 }
 
@@ -53,6 +53,7 @@ class RunOptions:
     mode: str = "streaming"
     image_size: int = 518
     preprocess: str = "crop"
+    rotate: int = 0  # degrees clockwise, applied to every frame before preprocessing
     fps: float | None = 10.0
     stride: int = 1
     first_k: int | None = None
@@ -151,7 +152,9 @@ def _device(name: str) -> torch.device:
 def _source(opts: RunOptions):
     from ..io.sources import open_source
 
-    kwargs = dict(mode=opts.preprocess, image_size=opts.image_size, stride=opts.stride, first_k=opts.first_k)
+    kwargs = dict(
+        mode=opts.preprocess, image_size=opts.image_size, stride=opts.stride, first_k=opts.first_k, rotate=opts.rotate
+    )
     if opts.demo:
         folder = _demo_input(opts.out / "input", opts.demo_frames)
         kwargs["image_size"] = DEMO_HW[1]  # the demo runs at its rendered size
@@ -238,7 +241,8 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     interval = _keyframe_interval(opts, source.expected_length)
     config = {
         "input": opts.input if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
-        "image_size": opts.image_size, "preprocess": opts.preprocess, "fps": opts.fps, "stride": opts.stride,
+        "image_size": opts.image_size, "preprocess": opts.preprocess, "rotate": opts.rotate, "fps": opts.fps,
+        "stride": opts.stride,
         "first_k": opts.first_k, "num_scale_frames": opts.num_scale_frames, "keyframe_interval": interval,
         "window_size": opts.window_size, "overlap": opts.overlap, "overlap_keyframes": opts.overlap_keyframes,
         "precision": precision,

@@ -176,7 +176,8 @@ def test_a_run_folder_from_before_the_cache_options_resumes(tmp_path):
 
     def older(out):
         progress = json.loads((out / "progress.json").read_text())
-        for key in ("overlap_keyframes", "cache_scale_frames", "sliding_window", "trajectory_capacity", "camera_iterations"):
+        later = ("rotate", "overlap_keyframes", "cache_scale_frames", "sliding_window", "trajectory_capacity")
+        for key in (*later, "camera_iterations"):
             progress["config"].pop(key, None)
         (out / "progress.json").write_text(json.dumps(progress))
 
@@ -419,3 +420,22 @@ def test_a_confidence_percentile_thins_the_point_cloud(tmp_path):
         assert run_cli(str(src), "--out", str(out), "--formats", "ply", "--conf-threshold", "0", *extra) == 0
         counts[len(extra)] = len(PlyData.read(str(out / "points.ply"))["vertex"].data)
     assert 0.45 < counts[2] / counts[0] < 0.55, counts
+
+
+def test_a_run_can_turn_its_frames(tmp_path):
+    """--rotate 90 turns every frame clockwise before preprocessing: landscape photos become
+    portrait ones, cropped to 140 x 140, and the run records it."""
+    import torch
+
+    from mapstream.io import preprocess_image
+    from mapstream.io.sources import _CLOCKWISE
+
+    src = photos(tmp_path, 3)
+    out = tmp_path / "out"
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz", "--rotate", "90") == 0
+    images = np.load(out / "predictions.npz")["images"]
+    first = Image.open(sorted(src.glob("*.png"))[0]).convert("RGB")
+    assert first.width > first.height and images.shape == (3, 140, 140, 3)
+    want = preprocess_image(first.transpose(_CLOCKWISE[90]), "crop", 140)
+    np.testing.assert_array_equal(images[0], (want.permute(1, 2, 0) * 255 + 0.5).to(dtype=torch.uint8).numpy())
+    assert json.loads((out / "run.json").read_text())["config"]["rotate"] == 90
