@@ -32,9 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     command = tyro.cli(_commands(), args=args, prog="mapstream")
     try:
         return int(command.main() or 0)
-    except (ValueError, OSError, RuntimeError) as err:
+    except (ValueError, OSError, RuntimeError, ImportError) as err:  # ImportError: an optional package
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; a run keeps the frames it finished and resumes from them when run again", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ memory-mapped arrays (bounded RAM however long the run) for the exporters.
 from __future__ import annotations
 
 import json
+import zipfile
 import logging
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..export.atomic import atomic_path, atomic_write_text, prepare_dir
+from ..export.atomic import atomic_path, atomic_write_text, prepare_dir, remove_stale_temp_files
 from ..export.reconstruction import Reconstruction
 
 __all__ = ["FrameStore", "FrameRecord"]
@@ -37,6 +38,32 @@ def _column(data, key: str) -> np.ndarray:
     return data[key]
 
 
+def _read_progress(path: Path) -> dict[str, Any] | None:
+    """The progress record of an earlier run in the folder, or None when there is none or it
+    cannot be read (then the run starts over, and says so)."""
+    if not path.exists():
+        return None
+    try:
+        progress = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        log.warning("%s is unreadable (%s); starting over", path, exc)
+        return None
+    if not isinstance(progress, dict):
+        log.warning("%s is not a progress record; starting over", path)
+        return None
+    return progress
+
+
+def _readable(shard: Path) -> bool:
+    """Whether a shard can be opened (a file cut short by an interruption cannot)."""
+    try:
+        with np.load(shard) as data:
+            return "index" in data.files
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        log.warning("finished-frames file %s is damaged (%s); its frames are computed again", shard, exc)
+        return False
+
+
 class FrameStore:
     def __init__(
         self, out_dir: Path, config: dict[str, Any], *, shard_frames: int = 64, shard_seconds: float = 2.0,
@@ -55,9 +82,10 @@ class FrameStore:
         self._shards: list[tuple[Path, int]] = []  # (path, frames)
         self._names: list[str] = []
         self.finished = 0
-        progress = self.out / "progress.json"
-        if resume and progress.exists():
-            self._resume(json.loads(progress.read_text()))
+        remove_stale_temp_files(self.dir)  # half-written shards of an interrupted run
+        progress = _read_progress(self.out / "progress.json") if resume else None
+        if progress is not None:
+            self._resume(progress)
         else:
             for old in self.dir.glob("shard_*.npz"):
                 old.unlink()
@@ -69,11 +97,15 @@ class FrameStore:
                 old.unlink()
             return
         for entry in progress.get("shards", []):
-            path = self.dir / entry["file"]
-            if not path.exists():
+            try:
+                path, frames, names = self.dir / entry["file"], int(entry["frames"]), list(entry["names"])
+            except (TypeError, KeyError, ValueError):
+                log.warning("progress.json in %s lists a shard it does not describe; resuming before it", self.out)
                 break
-            self._shards.append((path, entry["frames"]))
-            self._names.extend(entry["names"])
+            if not _readable(path) or len(names) != frames:
+                break  # lost or damaged with the interruption: its frames are computed again
+            self._shards.append((path, frames))
+            self._names.extend(names)
         self.finished = sum(n for _, n in self._shards)
         log.info("resuming: %d frames already finished in %s", self.finished, self.out)
 

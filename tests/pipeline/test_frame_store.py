@@ -43,3 +43,40 @@ def test_a_store_written_before_frames_had_times_resumes(tmp_path):
     recon = resumed.assemble(fps=4)
     np.testing.assert_allclose(recon.timestamps, [0.0, 0.25, 0.5])  # not every frame has a time
     assert recon.names == ["f0", "f1", "f2"]
+
+
+def _three_shards(folder):
+    store = FrameStore(folder, {"c": 1}, shard_frames=2)
+    for i in range(6):
+        store.add(record(i, float(i)))
+    store.flush()
+    return sorted((folder / ".frames").glob("shard_*.npz"))
+
+
+def test_a_folder_damaged_by_an_interruption_resumes_what_is_intact(tmp_path):
+    """A run killed mid-write may leave a shard cut short, its temp file, or a progress record
+    that is not one: the next run keeps the intact shards before the damage, computes the
+    rest again, and cleans the temp files (each once a traceback, or frames lost)."""
+    import json
+
+    shards = _three_shards(tmp_path / "cut")
+    shards[1].write_bytes(shards[1].read_bytes()[:100])  # cut short
+    (tmp_path / "cut" / ".frames" / ".shard_000003.npz.tmp-1a2b").write_bytes(b"half")
+    resumed = FrameStore(tmp_path / "cut", {"c": 1})
+    assert resumed.finished == 2 and [r["index"] for r in resumed.last_records(2)] == [0, 1]
+    assert not list((tmp_path / "cut" / ".frames").glob(".*tmp*"))
+    for i in range(2, 4):
+        resumed.add(record(i, float(i)))
+    assert resumed.assemble().names == ["f0", "f1", "f2", "f3"]
+
+    for name, text in [("json", "{not json"), ("list", "[]"), ("entry", None)]:
+        folder = tmp_path / name
+        _three_shards(folder)
+        progress = folder / "progress.json"
+        if text is None:  # a shard entry without its names
+            record_ = json.loads(progress.read_text())
+            del record_["shards"][1]["names"]
+            text = json.dumps(record_)
+        progress.write_text(text)
+        again = FrameStore(folder, {"c": 1})
+        assert again.finished == (2 if name == "entry" else 0), name

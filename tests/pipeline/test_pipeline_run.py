@@ -84,7 +84,7 @@ def test_run_writes_every_output_readable_by_other_tools(tmp_path, capsys):
     assert "torch" in json.dumps(info["versions"])
 
 
-def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch):
+def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch, capsys):
     frames = photos(tmp_path)
     out = tmp_path / "out"
     from mapstream import session as session_module
@@ -99,8 +99,8 @@ def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch
         return real_step(self, frame, **kw)
 
     monkeypatch.setattr(session_module.Session, "step", failing_step)
-    with pytest.raises(KeyboardInterrupt):
-        run_cli(str(frames), "--out", str(out))
+    assert run_cli(str(frames), "--out", str(out)) == 130  # Ctrl-C: told, not a traceback
+    assert "interrupted; a run keeps the frames it finished" in capsys.readouterr().err
     progress = json.loads((out / "progress.json").read_text())
     assert progress["frames"] == 7
     monkeypatch.setattr(session_module.Session, "step", real_step)
