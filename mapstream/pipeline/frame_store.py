@@ -13,7 +13,7 @@ import zipfile
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -68,6 +68,7 @@ class FrameStore:
     def __init__(
         self, out_dir: Path, config: dict[str, Any], *, shard_frames: int = 64, shard_seconds: float = 2.0,
         resume: bool = True, recorded_later: dict[str, Any] | None = None,
+        same_as_now: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.out = prepare_dir(out_dir)
         self.dir = prepare_dir(self.out / ".frames")
@@ -75,6 +76,8 @@ class FrameStore:
         # Settings that progress files written before they were recorded ran with: such a
         # run still resumes when this one uses the same values.
         self.recorded_later = dict(recorded_later or {})
+        # How an earlier run's recorded settings read today (e.g. its input path resolved).
+        self.same_as_now = same_as_now or (lambda config: config)
         self.shard_frames = shard_frames
         self.shard_seconds = shard_seconds  # an interruption loses at most this much work
         self._last_flush = time.monotonic()
@@ -91,7 +94,7 @@ class FrameStore:
                 old.unlink()
 
     def _resume(self, progress: dict[str, Any]) -> None:
-        if {**self.recorded_later, **progress.get("config", {})} != self.config:
+        if self.same_as_now({**self.recorded_later, **progress.get("config", {})}) != self.config:
             log.warning("existing outputs in %s come from another configuration; starting over", self.out)
             for old in self.dir.glob("shard_*.npz"):
                 old.unlink()

@@ -133,6 +133,14 @@ def _cache_config(base: CacheConfig, opts: RunOptions) -> CacheConfig:
     )
 
 
+def _input_key(spec: str | None) -> str | None:
+    """The input as the run records it: an existing path resolved, so that `frames`,
+    `./frames` and its absolute path are one input (a run resumes whichever is given)."""
+    if spec is None or "://" in spec or not Path(spec).exists():
+        return spec
+    return str(Path(spec).resolve())
+
+
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -240,7 +248,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         compile_model(model)
     interval = _keyframe_interval(opts, source.expected_length)
     config = {
-        "input": opts.input if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
+        "input": _input_key(opts.input) if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
         "image_size": opts.image_size, "preprocess": opts.preprocess, "rotate": opts.rotate, "fps": opts.fps,
         "stride": opts.stride,
         "first_k": opts.first_k, "num_scale_frames": opts.num_scale_frames, "keyframe_interval": interval,
@@ -251,7 +259,10 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         "camera_iterations": opts.camera_iterations,
         "heads_precision": str(model.head_dtype).removeprefix("torch."),
     }
-    store = FrameStore(out, config, resume=opts.resume, recorded_later=_RECORDED_LATER)
+    store = FrameStore(
+        out, config, resume=opts.resume, recorded_later=_RECORDED_LATER,
+        same_as_now=lambda old: {**old, "input": _input_key(old.get("input"))},
+    )
     loaded = time.perf_counter()
 
     if opts.mode == "windowed":

@@ -439,3 +439,25 @@ def test_a_run_can_turn_its_frames(tmp_path):
     want = preprocess_image(first.transpose(_CLOCKWISE[90]), "crop", 140)
     np.testing.assert_array_equal(images[0], (want.permute(1, 2, 0) * 255 + 0.5).to(dtype=torch.uint8).numpy())
     assert json.loads((out / "run.json").read_text())["config"]["rotate"] == 90
+
+
+def test_one_input_named_three_ways_is_one_run(tmp_path, monkeypatch):
+    """`frames`, `./frames` and the absolute path are the same input: a rerun resumes (it used
+    to start over and delete the finished frames), also from a folder that recorded the
+    input as it was typed."""
+    src = photos(tmp_path, 4)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+
+    def new_frames(spec) -> int:
+        assert run_cli(spec, "--out", str(out), "--formats", "npz") == 0
+        return json.loads((out / "run.json").read_text())["new_frames"]
+
+    assert new_frames("frames") == 4
+    assert new_frames("./frames") == 0
+    assert new_frames(str(src)) == 0
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["config"]["input"] == str(src.resolve())
+    progress["config"]["input"] = "frames"  # as earlier versions recorded it
+    (out / "progress.json").write_text(json.dumps(progress))
+    assert new_frames("./frames/") == 0
