@@ -181,7 +181,8 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         end.record()
         torch.cuda.synchronize()
         phase1 = start.elapsed_time(end)
-        assert all(torch.isfinite(p.pose_enc).all() and torch.isfinite(p.depth).all() for p in preds)
+        if not all(torch.isfinite(p.pose_enc).all() and torch.isfinite(p.depth).all() for p in preds):
+            raise RuntimeError("non-finite prediction in the scale phase")
         per_frame = []
         for i in range(cfg.scale_frames, cfg.scale_frames + n_stream):
             start.record()

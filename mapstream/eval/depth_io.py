@@ -123,7 +123,10 @@ def read_depth(path: str | Path, *, png_scale: float = 1000.0) -> np.ndarray:
     if suffix == ".exr":
         depth = _read_exr(path)
     elif suffix == ".npy":
-        depth = np.load(path, allow_pickle=False)
+        try:
+            depth = np.load(path, allow_pickle=False)
+        except (EOFError, ValueError) as exc:  # cut short, or holds objects
+            raise ValueError(f"cannot read depth file {path}: {exc}") from None
     elif suffix == ".png":
         with Image.open(path) as im:
             raw = np.asarray(im)

@@ -21,6 +21,7 @@ here: evaluation uses the npz).
 """
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
@@ -88,8 +89,12 @@ def read_predictions(path: str | Path) -> Predictions:
     npz_path = path / PREDICTIONS_FILE if path.is_dir() else path
     if not npz_path.is_file():
         raise FileNotFoundError(f"no {PREDICTIONS_FILE} in {path} (is it a `mapstream run` output folder?)")
-    with np.load(npz_path, allow_pickle=False) as z:
-        data = {k: z[k] for k in z.files}
+    try:
+        with np.load(npz_path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # cut short, or not ours
+        raise ValueError(f"{npz_path} is damaged or not a predictions file ({type(exc).__name__}: {exc}); "
+                         "write it again with `mapstream run`") from None
     for key in ("K", "names"):
         if key not in data:
             raise ValueError(f"{npz_path}: missing array {key!r} (has {sorted(data)})")

@@ -529,12 +529,16 @@ def convert_checkpoint(
         "parameters": str(sum(t.numel() for t in state_dict.values())),
     }
     dst = Path(dst).expanduser()
+    if dst.is_dir():
+        dst = dst / path.with_suffix(".safetensors").name
+    if dst.exists() and dst.resolve() == path.resolve():
+        raise ValueError(f"{dst} is the checkpoint being converted; give another output path")
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private (0600)
         save_file(state_dict, tmp, metadata=metadata)
+        os.chmod(tmp, 0o666 & ~_umask())  # as any new file (mkstemp's, and save_file's, are private)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, dst)

@@ -144,7 +144,12 @@ def _input_key(spec: str | None) -> str | None:
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"--device {name}: not a device name ({exc}); use cpu, cuda, cuda:N or auto") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name}: mapstream runs on the CPU or a CUDA GPU; use cpu, cuda, cuda:N or auto")
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

@@ -13,6 +13,7 @@ Needs ``pip install 'mapstream[viewer]'`` (viser); viser is imported only here.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any, get_args
@@ -117,6 +118,13 @@ class ViewerApp:
             raise ValueError(f"downsample must be one of {', '.join(DOWNSAMPLE_CHOICES)}, got {self.options.downsample}")
         if self.options.frame_mode not in get_args(FrameMode):
             raise ValueError(f"frame_mode must be one of {get_args(FrameMode)}, got {self.options.frame_mode!r}")
+        if not math.isfinite(self.options.conf_threshold):
+            raise ValueError(f"conf_threshold must be a number (confidence is > 1), got {self.options.conf_threshold}")
+        size = self.options.point_size
+        if size is not None and not 0 < size < math.inf:
+            raise ValueError(f"point_size must be > 0 (world units), or unset for the pixel footprint; got {size}")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in 0..65535 (0: any free port), got {port}")
         self.host, self.requested_port, self.title = host, port, title
         self.pool = build_point_pool(recon, self.options.max_points, self.options.seed)
         self.framing = scene_framing(recon, self.pool)

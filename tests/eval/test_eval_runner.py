@@ -135,6 +135,13 @@ def test_eval_main(scene, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> N
     assert eval_main(str(tmp_path / "missing"), str(root), None, "sim3") == 2
     assert eval_main(str(run), str(root), str(tmp_path / "y.json"), "affine") == 2
     assert "align must be" in caplog.text
+    # A predictions file cut short (a copy interrupted): told with its path, not a traceback.
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "predictions.npz").write_bytes((run / "predictions.npz").read_bytes()[:200])
+    with caplog.at_level(logging.ERROR, logger="mapstream.eval.runner"):
+        assert eval_main(str(cut), str(root), None, "sim3") == 2
+    assert f"{cut / 'predictions.npz'} is damaged or not a predictions file" in caplog.text
 
 
 def test_degenerate_trajectory_is_reported_not_fatal(scene, tmp_path: Path) -> None:

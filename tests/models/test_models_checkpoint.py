@@ -114,6 +114,28 @@ def test_convert(tmp_path, pt_file, ref):
     assert meta["mapstream_version"] == mapstream.__version__
     assert meta["parameters"] == str(TINY_PARAMS) and meta["tensors"] == str(len(ref))
     assert_same(load_model(dst, preset="tiny"), ref)
+    assert dst.stat().st_mode & 0o777 == 0o666 & ~_current_umask()  # as any new file, not private
+
+
+def _current_umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_convert_into_a_folder_and_never_over_its_source(tmp_path, pt_file, ref):
+    """A folder as the output gets `<source stem>.safetensors` inside it; the source itself
+    as the output is refused (it used to be overwritten with the converted copy)."""
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    assert convert_checkpoint(pt_file, folder) == folder / "ckpt.safetensors"
+    assert_same(load_model(folder / "ckpt.safetensors", preset="tiny"), ref)
+    before = pt_file.read_bytes()
+    with pytest.raises(ValueError, match="is the checkpoint being converted"):
+        convert_checkpoint(pt_file, pt_file)
+    assert pt_file.read_bytes() == before
 
 
 def test_convert_keeps_old_file_on_failure(tmp_path):

@@ -238,6 +238,8 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
     (["--mode", "windowed", "--keyframe-interval", "auto"], "windowed inference needs a fixed keyframe interval"),
     (["--mode", "windowed", "--overlap-keyframes", "0"], "overlap_keyframes must be >= 1 (or unset), got 0"),
     (["--conf-percentile", "101"], "conf_percentile must be in [0, 100] (or unset), got 101.0"),
+    (["--device", "mps"], "--device mps: mapstream runs on the CPU or a CUDA GPU"),
+    (["--device", "gpu0"], "--device gpu0: not a device name"),
 ])
 def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path, capsys, monkeypatch, option, message):
     """Options that the export reads at the end, or the session once the model is loaded,

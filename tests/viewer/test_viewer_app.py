@@ -94,6 +94,15 @@ def test_options_are_validated() -> None:
         ViewerApp(make_recon(), ViewerOptions(downsample=3))
     with pytest.raises(ValueError, match="frame_mode"):
         ViewerApp(make_recon(), ViewerOptions(frame_mode="later"))  # type: ignore[arg-type]
+    # Each was a slider's error naming none of the options, or (the port) a hang.
+    with pytest.raises(ValueError, match="conf_threshold must be a number"):
+        ViewerApp(make_recon(), ViewerOptions(conf_threshold=float("nan")))
+    for size in (-1.0, 0.0, float("inf")):
+        with pytest.raises(ValueError, match="point_size must be > 0"):
+            ViewerApp(make_recon(), ViewerOptions(point_size=size))
+    for port in (-1, 99999):
+        with pytest.raises(ValueError, match="port must be in 0..65535"):
+            ViewerApp(make_recon(), port=port)
 
 
 def test_load_run_errors(tmp_path: Path) -> None:
