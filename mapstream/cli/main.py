@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mapstream {__version__}")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)  # library warnings (e.g. windowed alignment) print as log lines
     command = tyro.cli(_commands(), args=args, prog="mapstream")
     try:
         return int(command.main() or 0)

@@ -93,7 +93,7 @@ def list_images(
     if not files:
         raise ValueError(
             f"no images in {root}: looked for files ending in {', '.join(sorted(exts))} "
-            "(case-insensitive); convert images of other types, or pass extensions=... to list_images"
+            "(case-insensitive); convert images of other types (or, in Python, pass extensions=... to list_images)"
         )
     files.sort(key=lambda p: natural_sort_key(p.name))
     files = files[::stride]

@@ -140,8 +140,8 @@ class LoadReport:
         if self.non_finite:
             hints.append("NaN or Inf weights make every prediction NaN: the file is damaged or comes from a "
                          "diverged training run; download or copy it again")
-        hints.append("pass strict=False to load the matching tensors anyway (missing ones keep their "
-                     "initial values, as do those holding NaN or Inf; unexpected ones are ignored)")
+        hints.append("in Python, load_model(..., strict=False) loads the matching tensors anyway (missing ones "
+                     "keep their initial values, as do those holding NaN or Inf; unexpected ones are ignored)")
         return hints
 
 
@@ -349,7 +349,7 @@ def resolve_checkpoint(
             found = sorted(p.name for p in path.iterdir() if p.suffix in (".pt", ".pth", ".safetensors"))
             raise FileNotFoundError(
                 f"Checkpoint file not found: {file}. Checkpoints in {path}: {', '.join(found) or 'none'}; "
-                "choose one with filename=..."
+                "choose one with filename=... (--checkpoint-file on the command line)"
             )
         return file
     if filename is not None:
