@@ -99,15 +99,15 @@ class Run:
                 ) from None
         opts = RunOptions(
             input=self.input, out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
-            image_size=self.image_size, preprocess=self.preprocess, rotate=self.rotate, fps=self.fps, stride=self.stride,
-            first_k=self.first_k, num_scale_frames=self.num_scale_frames, keyframe_interval=interval,
-            sliding_window=self.sliding_window, trajectory_capacity=self.trajectory_capacity,
-            camera_iterations=self.camera_iterations, window_size=self.window_size, overlap=self.overlap,
-            overlap_keyframes=self.overlap_keyframes,
+            image_size=self.image_size, preprocess=self.preprocess, rotate=self.rotate, fps=self.fps,
+            stride=self.stride, first_k=self.first_k, num_scale_frames=self.num_scale_frames,
+            keyframe_interval=interval, sliding_window=self.sliding_window,
+            trajectory_capacity=self.trajectory_capacity, camera_iterations=self.camera_iterations,
+            window_size=self.window_size, overlap=self.overlap, overlap_keyframes=self.overlap_keyframes,
             device=self.device, precision=self.precision, backend=self.backend, formats=self.formats,
-            conf_threshold=self.conf_threshold, conf_percentile=self.conf_percentile, voxel_size=self.voxel_size, resume=self.resume, demo=self.demo,
-            sky_mask=self.sky_mask, sky_model=self.sky_model, compile=self.compile,
-            low_precision_heads=self.low_precision_heads,
+            conf_threshold=self.conf_threshold, conf_percentile=self.conf_percentile, voxel_size=self.voxel_size,
+            resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
+            compile=self.compile, low_precision_heads=self.low_precision_heads,
         )
         summary = run(opts, progress=not self.quiet)
         for warning in summary.warnings:

@@ -46,7 +46,7 @@ NamedImages = Callable[[], Iterator[tuple[str, Image.Image]] | Iterator[tuple[st
 frame was shown or captured."""
 
 
-def _video_frames_kept(path, fps: float | None, stride: int, first_k: int | None) -> int | None:
+def _video_frames_kept(path: str | os.PathLike, fps: float | None, stride: int, first_k: int | None) -> int | None:
     """How many frames `iter_video_frames` will yield, from the container's frame count or
     duration (None when the header has neither): every `interval`-th decoded frame, then
     every `stride`-th, then at most `first_k`."""

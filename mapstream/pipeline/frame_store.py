@@ -9,9 +9,9 @@ memory-mapped arrays (bounded RAM however long the run) for the exporters.
 from __future__ import annotations
 
 import json
-import zipfile
 import logging
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
