@@ -331,15 +331,21 @@ class Session:
             return []
         frames = torch.cat(self._buffer, dim=1)
         names = self._names
-        self._buffer, self._names = [], []
-        self._scale = self._count = frames.shape[1]
-        self._size = tuple(frames.shape[-2:])
         with self.state.step(store=True):
-            out = self._forward(frames, store=True, scale=self._scale)
+            out = self._scale_phase(frames)
             preds = self._split(out, names, first=0, store=True, scale=True)
         for pred in preds:
             self.policy.stored(pred.index, pred)
         return preds
+
+    def _scale_phase(self, frames: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Start the sequence with the scale phase on `frames` [1, S, 3, H, W] (the buffered
+        frames and any given with them): its outputs, the buffer emptied, the sequence's
+        scale frames, count and frame size set. Callers hold the state's step."""
+        self._buffer, self._names = [], []
+        self._scale = self._count = frames.shape[1]
+        self._size = tuple(frames.shape[-2:])
+        return self._forward(frames, store=True, scale=self._scale)
 
     def _provisional(self) -> list[FramePrediction]:
         frames = torch.cat(self._buffer, dim=1)
@@ -366,11 +372,8 @@ class Session:
         start = 0
         if self.in_scale_phase:
             start = min(self.num_scale_frames - len(self._buffer), num_frames)
-            frames = torch.cat(self._buffer + [images[:, :start]], dim=1)
-            self._buffer, self._names = [], []
-            self._scale = self._count = frames.shape[1]
-            self._size = tuple(frames.shape[-2:])
-            outs.append(self._forward(frames, store=True, scale=self._scale))
+            with self.state.step(store=True):
+                outs.append(self._scale_phase(torch.cat(self._buffer + [images[:, :start]], dim=1)))
         if self.policy.needs_prediction:
             preds = [self.step(images[0, i]) for i in range(start, num_frames)]
             stacked = self._stack(outs)
@@ -378,8 +381,9 @@ class Session:
         for i in range(start, num_frames):
             store = self.policy.decide(self._count, self._scale)
             frame = images[:, i : i + 1]
-            outs.append(self._forward(frame, store=store, scale=self._scale, graphs=self._graphed_step(frame)))
-            self._count += 1
+            with self.state.step(store):  # through the outputs' copy and the frame's count, as `step`
+                outs.append(self._forward(frame, store=store, scale=self._scale, graphs=self._graphed_step(frame)))
+                self._count += 1
         result = self._stack(outs)
         result["images"] = images.to(self.output_device) if self.output_device is not None else images
         return result

@@ -843,3 +843,32 @@ def test_casting_for_inference_keeps_the_input_normalisation_in_fp32():
     assert agg._resnet_mean.flatten().tolist() == torch.tensor(_IMAGENET_MEAN).tolist()
     assert agg._resnet_std.flatten().tolist() == torch.tensor(_IMAGENET_STD).tolist()
     assert next(agg.frame_blocks.parameters()).dtype == torch.bfloat16  # the weights were cast
+
+
+def test_a_whole_sequence_failing_after_a_stored_frames_outputs_are_copied_leaves_the_caches_refusing(model, monkeypatch):
+    """`run` takes each frame's step like `step` does: a failure in the copy of a stored
+    frame's outputs (to `output_device`), after both caches took the frame, makes them refuse
+    further steps until reset, in the scale phase and after it."""
+    from mapstream.cache import CacheStateError
+    from mapstream.session import Session
+
+    x = frames_of(5, seed=7)
+    for failing_call in (1, 3):  # the scale phase's copy, then the second streamed frame's
+        calls = {"n": 0}
+        real = Session._to_output
+
+        def copy_then_fail(self, out, real=real, calls=calls, failing_call=failing_call):
+            calls["n"] += 1
+            if calls["n"] == failing_call:
+                raise KeyboardInterrupt("interrupted while copying the outputs")
+            return real(self, out)
+
+        with model.session(num_scale_frames=2, output_device="cpu") as session:
+            with monkeypatch.context() as m:
+                m.setattr(Session, "_to_output", copy_then_fail)
+                with pytest.raises(KeyboardInterrupt):
+                    session.run(x)
+            with pytest.raises(CacheStateError, match="failed part-way"):
+                session.step(x[4])
+            session.reset()
+            assert session.run(x)["pose_enc"].shape == (1, 5, 9)
