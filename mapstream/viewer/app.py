@@ -205,7 +205,6 @@ class ViewerApp:
         assert self.server is not None
         server, recon, options, framing = self.server, self.recon, self.options, self.framing
         n = len(recon)
-        self._frustum_scale = 0.03 * framing.extent
         server.scene.set_up_direction(tuple(framing.up))
         server.initial_camera.position = tuple(framing.camera_position)
         server.initial_camera.look_at = tuple(framing.look_at)
@@ -247,7 +246,7 @@ class ViewerApp:
         for i in range(n):
             fov, aspect, wxyz, position = frustum_params(recon, i)
             handles.frustums.append(server.scene.add_camera_frustum(
-                f"/cameras/frame_{i:06d}", fov=fov, aspect=aspect, scale=self._frustum_scale,
+                f"/cameras/frame_{i:06d}", fov=fov, aspect=aspect, scale=self._frustum_scale(),
                 thickness=0.002 * framing.extent, color=tuple(int(c) for c in colors[i]),
                 image=recon.images[i, ::stride, ::stride], wxyz=wxyz, position=position,
             ))
@@ -328,10 +327,14 @@ class ViewerApp:
         if self.handles is not None:
             self.handles.frame.value = (int(self.handles.frame.value) + delta) % len(self.recon)
 
+    def _frustum_scale(self) -> float:
+        """A frustum's size at "camera size" 1: a small share of the scene's extent."""
+        return 0.03 * self.framing.extent
+
     def _set_camera_size(self) -> None:
         with self._lock:
             if self.handles is not None:
-                scale = self._frustum_scale * float(self.handles.camera_size.value)
+                scale = self._frustum_scale() * float(self.handles.camera_size.value)
                 for frustum in self.handles.frustums:
                     frustum.scale = scale
 
