@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
+from mapstream.export.atomic import atomic_path, atomic_write_text
 from mapstream.eval.depth_io import DEPTH_SUFFIXES, exr_available, read_depth, write_depth
 from mapstream.geometry.align import as_float64, as_pose4
 
@@ -177,7 +178,7 @@ def write_traj_txt(path: str | Path, timestamps: np.ndarray, T_world_cam: np.nda
         canonical_timestamp(t) + " " + " ".join(f"{v:.12g}" for v in M[:3].reshape(-1))
         for t, M in zip(ts, T)
     ]
-    Path(path).write_text("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def read_intrinsics_txt(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -200,7 +201,7 @@ def write_intrinsics_txt(path: str | Path, timestamps: np.ndarray, K: np.ndarray
         f"{canonical_timestamp(t)} {k[0, 0]:.12g} {k[1, 1]:.12g} {k[0, 2]:.12g} {k[1, 2]:.12g} {W} {H}"
         for t, k in zip(ts, K)
     ]
-    Path(path).write_text("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 # ----------------------------------------------------------------------------- TUM RGB-D
@@ -368,9 +369,9 @@ def write_benchmark_scene(
     write_traj_txt(out / "traj.txt", ts, T_world_cam)
     write_intrinsics_txt(out / "intrinsics.txt", ts, K, image_hw)
     if rgb is not None:
-        (out / "rgb").mkdir(exist_ok=True)
         for n, im in zip(names, np.asarray(rgb)):
-            Image.fromarray(np.asarray(im, dtype=np.uint8)).save(out / "rgb" / f"{n}.png")
+            with atomic_path(out / "rgb" / f"{n}.png") as tmp:
+                Image.fromarray(np.asarray(im, dtype=np.uint8)).save(tmp)
     if depth is not None:
         if depth_format == "auto":
             depth_format = "exr" if exr_available() else "npy"

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from mapstream.export.atomic import atomic_path
+
 __all__ = ["DEPTH_SUFFIXES", "exr_backend", "exr_available", "read_depth", "write_depth"]
 
 log = logging.getLogger(__name__)
@@ -158,16 +160,18 @@ def write_depth(path: str | Path, depth: np.ndarray, *, png_scale: float = 1000.
         raise ValueError(f"depth must be [H, W], got shape {d.shape}")
     d = np.where(np.isfinite(d) & (d > 0), d, np.float32(0))
     suffix = path.suffix.lower()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".exr":
-        _write_exr(path, d)
-    elif suffix == ".npy":
-        np.save(path, d)
-    elif suffix == ".png":
+    if suffix not in DEPTH_SUFFIXES:
+        raise ValueError(f"unsupported depth file {path} (expected one of {DEPTH_SUFFIXES})")
+    raw = None
+    if suffix == ".png":
         raw = np.round(d.astype(np.float64) * png_scale)
         if raw.max(initial=0) > 65535:
             raise ValueError(f"depth {d.max():.3f} m does not fit a 16-bit PNG at scale {png_scale}")
-        Image.fromarray(raw.astype(np.uint16)).save(path)
-    else:
-        raise ValueError(f"unsupported depth file {path} (expected one of {DEPTH_SUFFIXES})")
+    with atomic_path(path) as tmp:  # the temp file keeps the suffix, which picks the format
+        if suffix == ".exr":
+            _write_exr(tmp, d)
+        elif suffix == ".npy":
+            np.save(tmp, d)
+        else:
+            Image.fromarray(raw.astype(np.uint16)).save(tmp)
     return path

@@ -28,6 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mapstream.export.atomic import atomic_open, atomic_write_text
 from mapstream.geometry.align import as_float64, as_pose4
 
 __all__ = ["Predictions", "PREDICTIONS_FILE", "read_predictions", "write_predictions"]
@@ -166,19 +167,20 @@ def write_predictions(
     if depth_conf is None:
         depth_conf = np.full_like(depth, 2.0)
     path = run_dir / PREDICTIONS_FILE
-    np.savez(
-        path,
-        T_world_cam=T[:, :3].astype(np.float32),
-        T_cam_world=np.linalg.inv(T)[:, :3].astype(np.float32),
-        K=np.asarray(K, dtype=np.float32),
-        depth=depth,
-        depth_conf=np.asarray(depth_conf, dtype=np.float32),
-        names=np.asarray([str(n) for n in names]),
-        image_hw=np.asarray(depth.shape[1:], dtype=np.int64),
-    )
+    with atomic_open(path, "wb") as handle:  # a file object: savez adds no second suffix
+        np.savez(
+            handle,
+            T_world_cam=T[:, :3].astype(np.float32),
+            T_cam_world=np.linalg.inv(T)[:, :3].astype(np.float32),
+            K=np.asarray(K, dtype=np.float32),
+            depth=depth,
+            depth_conf=np.asarray(depth_conf, dtype=np.float32),
+            names=np.asarray([str(n) for n in names]),
+            image_hw=np.asarray(depth.shape[1:], dtype=np.int64),
+        )
     q = Rotation.from_matrix(T[:, :3, :3]).as_quat()  # (x, y, z, w)
     lines = [  # frame index as the timestamp
         f"{i} " + " ".join(f"{v:.9g}" for v in (*t, *qq)) for i, (t, qq) in enumerate(zip(T[:, :3, 3], q))
     ]
-    (run_dir / "trajectory_tum.txt").write_text("\n".join(lines) + "\n")
+    atomic_write_text(run_dir / "trajectory_tum.txt", "\n".join(lines) + "\n")
     return path

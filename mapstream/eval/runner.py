@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -35,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from mapstream.export.atomic import atomic_open
 from mapstream.eval.datasets import GroundTruthSequence, find_scenes, read_sequence
 from mapstream.eval.depth import DEPTH_METRIC_NAMES, depth_metrics
 from mapstream.eval.pointcloud import pointcloud_metrics
@@ -121,18 +120,9 @@ def _jsonable(x: Any) -> Any:
 def write_json_atomic(path: str | Path, data: Any) -> Path:
     """Write ``data`` as JSON to ``path`` atomically (temporary file in the same folder, then rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_jsonable(data), f, indent=2, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "w") as f:
+        json.dump(_jsonable(data), f, indent=2, allow_nan=False)
+        f.write("\n")
     return path
 
 

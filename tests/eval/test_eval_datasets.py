@@ -163,3 +163,50 @@ def test_predictions_contract(tmp_path: Path) -> None:
         read_predictions(tmp_path / "bad.npz")
     with pytest.raises(FileNotFoundError, match="predictions.npz"):
         read_predictions(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("fmt", ["npy", "png"])
+def test_eval_writers_interrupted_keep_the_previous_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    """Every eval writer goes through a temp file: a write that fails half-way leaves the
+    previous complete file (and no temp file) where a reader or a resumed run looks."""
+    import mapstream.eval.predictions as predictions_module
+    from mapstream.eval.runner import write_json_atomic
+
+    n, hw = 2, (4, 6)
+    T = np.tile(np.eye(4), (n, 1, 1))
+    K = np.array([[5.0, 0, 3], [0, 5.0, 2], [0, 0, 1]])
+    depth = np.full((n, *hw), 2.0, np.float32)
+    rgb = np.zeros((n, *hw, 3), np.uint8)
+    scene = tmp_path / "scene"
+    write_benchmark_scene(scene, np.array([0.0, 0.5]), T, K, hw, rgb=rgb, depth=depth, depth_format=fmt)
+    write_predictions(tmp_path / "run", names=["a", "b"], T_world_cam=T, K=np.repeat(K[None], n, 0), depth=depth)
+    write_json_atomic(tmp_path / "eval.json", {"ate": 1.0})
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    def fail(target, *args, **kwargs):
+        """A writer that gets half-way: some bytes written to its target, then an error."""
+        if hasattr(target, "write"):
+            target.write(b"half" if "b" in getattr(target, "mode", "b") else "half")
+        else:
+            Path(target).write_bytes(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "save", fail)
+    monkeypatch.setattr(Image.Image, "save", lambda self, target, *a, **k: fail(target))
+    monkeypatch.setattr(predictions_module.np, "savez", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_benchmark_scene(scene, np.array([0.0, 0.5]), T, K, hw, rgb=rgb + 1, depth=depth * 2, depth_format=fmt)
+    with pytest.raises(OSError, match="disk full"):
+        write_depth(scene / "depth" / f"000000000.000000.{fmt}", depth[0] * 3)
+    with pytest.raises(OSError, match="disk full"):
+        write_predictions(tmp_path / "run", names=["c", "d"], T_world_cam=T, K=np.repeat(K[None], n, 0), depth=depth)
+    monkeypatch.setattr("json.dump", lambda data, handle, **kwargs: fail(handle))
+    with pytest.raises(OSError, match="disk full"):
+        write_json_atomic(tmp_path / "eval.json", {"ate": 2.0})
+
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after.keys() == before.keys(), "a temp file was left behind or a file went missing"
+    changed = [p for p in before if after[p] != before[p]]
+    # (traj.txt and intrinsics.txt were written again before the failing image write, with
+    # the same poses and timestamps, so they read as before too.)
+    assert changed == []
