@@ -85,20 +85,23 @@ class FrameStore:
         self._shards: list[tuple[Path, int]] = []  # (path, frames)
         self._names: list[str] = []
         self.finished = 0
+        # Shards of an earlier run that this one does not continue. They stay, resumable by a
+        # run with their configuration, until this run has frames of its own to write: a rerun
+        # with another setting that is stopped at once loses nothing.
+        self._replaced: list[Path] = []
         remove_stale_temp_files(self.dir)  # half-written shards of an interrupted run
         progress = _read_progress(self.out / "progress.json") if resume else None
-        if progress is not None:
-            self._resume(progress)
-        else:
-            for old in self.dir.glob("shard_*.npz"):
-                old.unlink()
+        if progress is None or not self._resume(progress):
+            self._replaced = sorted(self.dir.glob("shard_*.npz"))
+            if self._replaced:
+                log.info("%d finished-frame files of an earlier run in %s are replaced once this run "
+                         "finishes its first frames", len(self._replaced), self.out)
 
-    def _resume(self, progress: dict[str, Any]) -> None:
+    def _resume(self, progress: dict[str, Any]) -> bool:
+        """Continue the earlier run of `progress` if it had this configuration (True)."""
         if self.same_as_now({**self.recorded_later, **progress.get("config", {})}) != self.config:
             log.warning("existing outputs in %s come from another configuration; starting over", self.out)
-            for old in self.dir.glob("shard_*.npz"):
-                old.unlink()
-            return
+            return False
         for entry in progress.get("shards", []):
             try:
                 path, frames, names = self.dir / entry["file"], int(entry["frames"]), list(entry["names"])
@@ -111,6 +114,7 @@ class FrameStore:
             self._names.extend(names)
         self.finished = sum(n for _, n in self._shards)
         log.info("resuming: %d frames already finished in %s", self.finished, self.out)
+        return True
 
     def add(self, record: FrameRecord) -> None:
         self._buffer.append(record)
@@ -122,6 +126,8 @@ class FrameStore:
         self._last_flush = time.monotonic()
         if not self._buffer:
             return
+        if self._replaced:
+            self._drop_replaced()
         path = self.dir / f"shard_{len(self._shards):06d}.npz"
         arrays = {key: np.stack([np.asarray(r[key]) for r in self._buffer]) for key in _ARRAYS}
         with atomic_path(path) as tmp:
@@ -139,6 +145,14 @@ class FrameStore:
         atomic_write_text(
             self.out / "progress.json", json.dumps({"config": self.config, "frames": self.finished, "shards": shards}, indent=1)
         )
+
+    def _drop_replaced(self) -> None:
+        """Forget the earlier run: first its progress record (so that no later run reads this
+        run's shards under its configuration), then its shards."""
+        atomic_write_text(self.out / "progress.json", json.dumps({"config": self.config, "frames": 0, "shards": []}))
+        for old in self._replaced:
+            old.unlink(missing_ok=True)
+        self._replaced = []
 
     def last_records(self, count: int) -> list[FrameRecord]:
         """The last `count` finished frames (for re-anchoring a resumed run)."""

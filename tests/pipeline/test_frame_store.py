@@ -80,3 +80,26 @@ def test_a_folder_damaged_by_an_interruption_resumes_what_is_intact(tmp_path):
         progress.write_text(text)
         again = FrameStore(folder, {"c": 1})
         assert again.finished == (2 if name == "entry" else 0), name
+
+
+def test_a_run_with_other_settings_keeps_the_earlier_runs_frames_until_it_has_its_own(tmp_path):
+    """A rerun into the same folder with another configuration (or --no-resume) starts over,
+    but the earlier run's finished frames stay resumable until the new run writes frames of
+    its own: stopped before that, nothing was lost. Once it writes, no run of the old
+    configuration reads its shards as the old run's."""
+    _three_shards(tmp_path)
+    other = FrameStore(tmp_path, {"c": 2}, shard_frames=2)
+    assert other.finished == 0
+    assert len(list((tmp_path / ".frames").glob("shard_*.npz"))) == 3
+    fresh = FrameStore(tmp_path, {"c": 1}, resume=False)
+    assert fresh.finished == 0
+    old = FrameStore(tmp_path, {"c": 1})  # the new runs wrote nothing: the old one resumes whole
+    assert old.finished == 6 and [r["index"] for r in old.last_records(6)] == list(range(6))
+
+    other = FrameStore(tmp_path, {"c": 2}, shard_frames=2)
+    other.add(record(10, 0.0))
+    other.add(record(11, 1.0))  # a full shard: written
+    assert [p.name for p in (tmp_path / ".frames").glob("shard_*.npz")] == ["shard_000000.npz"]
+    assert FrameStore(tmp_path, {"c": 1}).finished == 0  # the old configuration starts over
+    resumed = FrameStore(tmp_path, {"c": 2})
+    assert resumed.finished == 2 and resumed.assemble().names == ["f10", "f11"]
