@@ -362,21 +362,31 @@ class GraphedStep:
             )
         return [p.float() for p in poses]
 
-    def _open_camera_steps(self, state, store: bool):
-        """Open the camera cache's step for this frame (nothing without a camera head) and
-        load its write slots and key range into the camera DeviceStep; a context manager."""
+    def _camera_steps(self, state, store: bool):
+        """Open the camera cache's step for this frame (none without a camera head); a
+        context manager yielding the list of steps."""
         head = self.model.camera_head
         caches = [state.camera] if head is not None else []
-        steps = open_steps(
+        return open_steps(
             caches, [store] * len(caches), num_frames=1,
             layout=lambda _: head.cache_layout(2 * self.config.embed_dim), dtype=self.model.head_dtype,
             device=self.frame.device,
         )
-        return _prepared(steps, self.camera_device_step)
+
+    def _open_camera_steps(self, state, store: bool):
+        """`_camera_steps`, each loaded into the camera DeviceStep (write slots, key range)."""
+        return _prepared(self._camera_steps(state, store), self.camera_device_step)
 
     def _call_whole(self, state, store: bool, backend) -> dict[str, torch.Tensor]:
-        with self._open_step(state.aggregator, store) as (agg_step,), self._open_camera_steps(state, store):
-            self.agg_device_step.prepare(agg_step)
+        with contextlib.ExitStack() as steps:
+            # Planned on the current stream (a new lease allocates the arena there, where
+            # the graphs use it); the planned copies and offsets run beside graph 0.
+            (agg_step,) = steps.enter_context(self._open_step(state.aggregator, store))
+            camera_steps = steps.enter_context(self._camera_steps(state, store))
+            with self._beside_first_graph():
+                self.agg_device_step.prepare(agg_step)
+                for step in camera_steps:
+                    self.camera_device_step.prepare(step)
             # A graph holds the storage addresses, the backend and the key-norm hints (bounds
             # and counters) it was captured with.
             self._backend, self._key_norms = backend, self.agg.key_norms()
@@ -388,6 +398,25 @@ class GraphedStep:
             poses = [p.clone() for p in poses]
             out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
         return out
+
+    @contextlib.contextmanager
+    def _beside_first_graph(self):
+        """Queue the enclosed work on the second stream, after the frame's load (and so after
+        the previous step) but beside graph 0, and make the current stream wait for it. For
+        `DeviceStep.prepare`'s small kernels (trajectory moves, write offsets, key ranges): graph
+        0 reads no cache, and on the current stream they ran after it, ≈ 45 µs a step on an H200
+        (docs/BENCHMARKS.md, session 19). The temporaries they allocate belong to the second
+        stream, whose work alone uses them."""
+        if self.side_stream is None:
+            yield
+            return
+        current = torch.cuda.current_stream()
+        self.side_stream.wait_event(self._frame_loaded)
+        try:
+            with torch.cuda.stream(self.side_stream):
+                yield
+        finally:
+            current.wait_stream(self.side_stream)
 
     # ------------------------------------------------------------------ pieces mode
     def _call_pieces(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
