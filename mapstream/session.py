@@ -26,6 +26,7 @@ from .config import CacheConfig
 from .keyframes import KeyframePolicy, make_policy
 from .models.aggregator import kv_dtype
 from .models.gct import GCTStream, StreamState
+from .progress import progress_bar
 from .validation import ValueCheck, check_images, check_scale_frames, keyframe_flag
 
 __all__ = ["Session", "FramePrediction", "SessionClosedError", "resolve_precision"]
@@ -356,9 +357,10 @@ class Session:
         return [pred]
 
     @torch.no_grad()
-    def run(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+    def run(self, images: torch.Tensor, *, progress: bool | None = None) -> dict[str, torch.Tensor]:
         """Process a whole sequence [S, 3, H, W] or [1, S, 3, H, W] from the current state
-        and return stacked outputs like the reference's `inference_streaming`."""
+        and return stacked outputs like the reference's `inference_streaming`. progress: a
+        bar over the frames (None: when stderr is a terminal, `mapstream.progress`)."""
         self._check_open()
         images = check_images(images, self.model.config.patch_size)
         if images.shape[0] != 1:
@@ -368,14 +370,23 @@ class Session:
             )
         self._expect_size(images)
         num_frames = images.shape[1]
+        with progress_bar(num_frames, desc="streaming", progress=progress) as bar:
+            return self._run(images, bar)
+
+    def _run(self, images: torch.Tensor, bar) -> dict[str, torch.Tensor]:
+        num_frames = images.shape[1]
         outs = []
         start = 0
         if self.in_scale_phase:
             start = min(self.num_scale_frames - len(self._buffer), num_frames)
             with self.state.step(store=True):
                 outs.append(self._scale_phase(torch.cat(self._buffer + [images[:, :start]], dim=1)))
+            bar.update(start)
         if self.policy.needs_prediction:
-            preds = [self.step(images[0, i]) for i in range(start, num_frames)]
+            preds = []
+            for i in range(start, num_frames):
+                preds.append(self.step(images[0, i]))
+                bar.update(1)
             stacked = self._stack(outs)
             return self._merge(stacked, preds, images)
         for i in range(start, num_frames):
@@ -384,6 +395,7 @@ class Session:
             with self.state.step(store):  # through the outputs' copy and the frame's count, as `step`
                 outs.append(self._forward(frame, store=store, scale=self._scale, graphs=self._graphed_step(frame)))
                 self._count += 1
+            bar.update(1)
         result = self._stack(outs)
         result["images"] = images.to(self.output_device) if self.output_device is not None else images
         return result

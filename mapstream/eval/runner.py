@@ -41,6 +41,7 @@ from mapstream.eval.predictions import PREDICTIONS_FILE, Predictions, read_predi
 from mapstream.eval.trajectory import AUC_THRESHOLDS, PoseAUCResult, aggregate_auc, ate, pose_auc, rpe
 from mapstream.geometry import unproject_depth
 from mapstream.geometry.align import ALIGN_MODES, Sim3
+from mapstream.progress import progress_bar
 
 __all__ = ["EvalReport", "SceneReport", "evaluate", "match_frames", "format_table", "eval_main", "write_json_atomic"]
 
@@ -364,6 +365,7 @@ def evaluate(
     max_dt: float = 0.02,
     tum_camera: str = "default",
     out: str | Path | None = None,
+    progress: bool | None = None,
 ) -> EvalReport:
     """Evaluate run outputs against ground truth (see the module docstring).
 
@@ -385,6 +387,7 @@ def evaluate(
         max_dt: timestamp tolerance (s) for matching and TUM association.
         tum_camera: TUM intrinsics (``"default"``, ``"freiburg1"``... or ``"auto"``).
         out: write the report's JSON there (atomically).
+        progress: a bar over the scenes (None: when stderr is a terminal).
 
     Raises:
         ValueError / FileNotFoundError: bad arguments, or nothing to evaluate.
@@ -398,36 +401,45 @@ def evaluate(
                 match=match, max_dt=max_dt, tum_camera=tum_camera)
     scenes: list[SceneReport] = []
     pairs = _pair_scenes(pred_dir, gt)
-    for name, run, gt_src in pairs:
-        gt_path = str(gt_src.root) if isinstance(gt_src, GroundTruthSequence) else str(gt_src)
-        report = SceneReport(name, str(run) if run else "", gt_path)
-        scenes.append(report)
-        if run is None:
-            report.errors["scene"] = f"no run folder {pred_dir / name} with {PREDICTIONS_FILE}"
-            log.warning("%s", report.errors["scene"])
-            continue
-        try:
-            seq = gt_src if isinstance(gt_src, GroundTruthSequence) else read_sequence(
-                gt_src, max_dt=max_dt, camera=tum_camera)
-            pred = read_predictions(run)
-            pi, gi, report.match = match_frames(pred.names, seq, mode=match, max_dt=max_dt,
-                                                pred_timestamps=pred.timestamps)
-        except (OSError, ValueError) as err:
-            if len(pairs) == 1:
-                raise
-            report.errors["scene"] = str(err)  # one bad scene of a dataset: go on with the others
-            log.warning("%s: skipped: %s", name, err)
-            continue
-        report.num_frames = len(pi)
-        log.info("%s: %d frames matched by %s", name, len(pi), report.match)
-        _evaluate_scene(pred.subset(pi), seq.subset(gi), report, opts)
-        for group, msg in report.errors.items():
-            log.warning("%s: %s not computed: %s", name, group, msg)
+    with progress_bar(len(pairs), desc="eval", unit="scene", progress=progress) as bar:
+        for name, run, gt_src in pairs:
+            _evaluate_pair(name, run, gt_src, pred_dir, len(pairs), scenes, opts)
+            bar.update(1)
     result = EvalReport(scenes, _aggregate(scenes), _jsonable(opts))
     if out is not None:
         write_json_atomic(out, result.to_dict())
         log.info("wrote %s", out)
     return result
+
+
+def _evaluate_pair(name: str, run: Path | None, gt_src, pred_dir: Path, num_pairs: int,
+                   scenes: list[SceneReport], opts: dict[str, Any]) -> None:
+    """Evaluate one (run folder, ground truth) pair into a new report appended to `scenes`;
+    a bad scene of a dataset is reported and skipped, the only scene raises."""
+    gt_path = str(gt_src.root) if isinstance(gt_src, GroundTruthSequence) else str(gt_src)
+    report = SceneReport(name, str(run) if run else "", gt_path)
+    scenes.append(report)
+    if run is None:
+        report.errors["scene"] = f"no run folder {pred_dir / name} with {PREDICTIONS_FILE}"
+        log.warning("%s", report.errors["scene"])
+        return
+    try:
+        seq = gt_src if isinstance(gt_src, GroundTruthSequence) else read_sequence(
+            gt_src, max_dt=opts["max_dt"], camera=opts["tum_camera"])
+        pred = read_predictions(run)
+        pi, gi, report.match = match_frames(pred.names, seq, mode=opts["match"], max_dt=opts["max_dt"],
+                                            pred_timestamps=pred.timestamps)
+    except (OSError, ValueError) as err:
+        if num_pairs == 1:
+            raise
+        report.errors["scene"] = str(err)  # one bad scene of a dataset: go on with the others
+        log.warning("%s: skipped: %s", name, err)
+        return
+    report.num_frames = len(pi)
+    log.info("%s: %d frames matched by %s", name, len(pi), report.match)
+    _evaluate_scene(pred.subset(pi), seq.subset(gi), report, opts)
+    for group, msg in report.errors.items():
+        log.warning("%s: %s not computed: %s", name, group, msg)
 
 
 def _aggregate(scenes: list[SceneReport]) -> dict[str, dict[str, Any]]:

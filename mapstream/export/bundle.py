@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from mapstream.export.atomic import prepare_dir
@@ -31,10 +32,11 @@ from mapstream.export.depth import write_depth_maps
 from mapstream.export.frames import write_frame_images
 from mapstream.export.glb import write_glb
 from mapstream.export.nerfstudio import write_nerfstudio
-from mapstream.export.points import CloudOptions, build_point_cloud, subsample, write_ply
+from mapstream.export.points import CloudOptions, PointSet, build_point_cloud, subsample, write_ply
 from mapstream.export.reconstruction import Reconstruction
 from mapstream.export.summary import write_summary_figure
 from mapstream.export.trajectory import write_tum
+from mapstream.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ def export_all(
     max_points: int | None = 2_000_000,
     colmap_max_points: int | None = 100_000,
     seed: int = 0,
+    progress: bool | None = None,
 ) -> dict[str, Path]:
     """Write the requested ``formats`` (subset of :data:`ALL_FORMATS`) into ``out_dir``.
 
@@ -73,6 +76,7 @@ def export_all(
             cloud of the PLY and GLB (see :class:`~mapstream.export.points.CloudOptions`).
         colmap_max_points: size of the COLMAP ``points3D.txt`` subsample (same filters, no
             voxel averaging; drawn from the PLY cloud when that one is not voxel averaged).
+        progress: a bar over the outputs being written (None: when stderr is a terminal).
 
     Returns:
         Format name -> path: a file, or the folder (``depth``, ``depth_preview``, ``images``,
@@ -89,54 +93,64 @@ def export_all(
         conf_threshold=conf_threshold, conf_percentile=conf_percentile, mask_sky=mask_sky,
         voxel_size=voxel_size, max_points=max_points, seed=seed,
     )
+    steps = _plan(recon, out, wanted, options, colmap_max_points)
     written: dict[str, Path] = {}
-    cloud = None
+    with progress_bar(len(steps), desc="export", unit="output", progress=progress) as bar:
+        for name, write in steps:
+            bar.set_postfix_str(name)
+            began = time.perf_counter()
+            result = write()
+            if isinstance(result, dict):
+                written.update(result)
+            elif result is not None:
+                written[name] = Path(result)
+            logger.info("export %s: %.2f s", name, time.perf_counter() - began)
+            bar.update(1)
+    return written
 
-    def timed(name: str, write) -> None:
-        start = time.perf_counter()
-        result = write()
-        if isinstance(result, dict):
-            written.update(result)
-        else:
-            written[name] = Path(result)
-        logger.info("export %s: %.2f s", name, time.perf_counter() - start)
 
+def _plan(recon: Reconstruction, out: Path, wanted: list[str], options: CloudOptions,
+          colmap_max_points: int | None) -> list[tuple[str, Callable[[], object]]]:
+    """The export's steps in order, each (name, write): write returns a path, a dict of
+    name -> path, or nothing. The point cloud is built once, by its own step, for PLY, GLB
+    and the COLMAP points."""
+    shared: dict[str, PointSet] = {}
+    steps: list[tuple[str, Callable[[], object]]] = []
     if "npz" in wanted:
-        timed("npz", lambda: recon.save_npz(out / "predictions.npz"))
+        steps.append(("npz", lambda: recon.save_npz(out / "predictions.npz")))
     if "tum" in wanted:
-        timed("tum", lambda: write_tum(recon, out / "trajectory_tum.txt"))
+        steps.append(("tum", lambda: write_tum(recon, out / "trajectory_tum.txt")))
     if "ply" in wanted or "glb" in wanted:
-        start = time.perf_counter()
-        cloud = build_point_cloud(recon, options)
-        logger.info("export point cloud: %.2f s", time.perf_counter() - start)
+        steps.append(("point cloud", lambda: shared.update(cloud=build_point_cloud(recon, options))))
     if "ply" in wanted:
-        timed("ply", lambda: write_ply(recon, out / "points.ply", points=cloud))
+        steps.append(("ply", lambda: write_ply(recon, out / "points.ply", points=shared["cloud"])))
     if "glb" in wanted:
-        timed("glb", lambda: write_glb(recon, out / "scene.glb", points=cloud))
+        steps.append(("glb", lambda: write_glb(recon, out / "scene.glb", points=shared["cloud"])))
     if "depth" in wanted:
-        timed("depth", lambda: write_depth_maps(recon, out, mask_sky=mask_sky))
+        steps.append(("depth", lambda: write_depth_maps(recon, out, mask_sky=options.mask_sky)))
     if any(f in wanted for f in ("images", "colmap", "nerfstudio")):  # the frames as the model saw them
-        timed("images", lambda: {"images": _images(recon, out / "images")})
+        steps.append(("images", lambda: {"images": _images(recon, out / "images")}))
     if "colmap" in wanted:
-        colmap_options = CloudOptions(
-            conf_threshold=conf_threshold, conf_percentile=conf_percentile, mask_sky=mask_sky,
-            voxel_size=None, max_points=colmap_max_points, seed=seed,
-        )
-        colmap_points = None
-        if cloud is not None and cloud.frame is not None:  # not voxel averaged: subsample it
-            colmap_points = subsample(cloud, colmap_max_points, seed=seed)
-        timed("colmap", lambda: {"colmap": _parent(
-            write_colmap(recon, out / "sparse" / "0", colmap_options, points=colmap_points)
-        )})
+        steps.append(("colmap", lambda: {"colmap": _parent(_write_colmap(recon, out, options, colmap_max_points, shared))}))
     if "nerfstudio" in wanted:
         ply_name = "points.ply" if "ply" in wanted else None
         depth_dir = "depth" if "depth" in wanted else None
-        timed("nerfstudio", lambda: write_nerfstudio(
+        steps.append(("nerfstudio", lambda: write_nerfstudio(
             recon, out, write_images=False, ply_file_path=ply_name, depth_dir=depth_dir
-        ))
+        )))
     if "summary" in wanted:
-        timed("summary", lambda: write_summary_figure(recon, out / "summary.png"))
-    return written
+        steps.append(("summary", lambda: write_summary_figure(recon, out / "summary.png")))
+    return steps
+
+
+def _write_colmap(recon: Reconstruction, out: Path, options: CloudOptions, max_points: int | None,
+                  shared: dict[str, PointSet]) -> dict[str, Path]:
+    """COLMAP's text model with a subsample of the same filters (no voxel averaging): drawn
+    from the PLY cloud when one was built and is not voxel averaged, else built here."""
+    colmap_options = replace(options, voxel_size=None, max_points=max_points)
+    cloud = shared.get("cloud")
+    points = subsample(cloud, max_points, seed=options.seed) if cloud is not None and cloud.frame is not None else None
+    return write_colmap(recon, out / "sparse" / "0", colmap_options, points=points)
 
 
 def _images(recon: Reconstruction, folder: Path) -> Path:

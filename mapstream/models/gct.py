@@ -353,6 +353,8 @@ class GCTStream(nn.Module):
         num_scale_frames: int | None = None,
         keyframe_interval: int = 1,
         output_device: torch.device | str | None = None,
+        *,
+        progress: bool | None = None,
     ) -> dict[str, torch.Tensor]:
         """Stream a whole sequence: scale frames together, then one frame at a time.
 
@@ -367,7 +369,8 @@ class GCTStream(nn.Module):
         (the reference takes batch 1 only, LIMITS.md 14); the outputs are stacked.
 
         Returns pose_enc [B,S,9], depth [B,S,H,W,1], depth_conf [B,S,H,W] (+ world points),
-        images; on `output_device` if given, else on the model's device.
+        images; on `output_device` if given, else on the model's device. progress: a bar over
+        each sequence's frames (None: when stderr is a terminal).
         """
         from ..session import Session
 
@@ -383,7 +386,7 @@ class GCTStream(nn.Module):
             )
             try:
                 session.reset()
-                return session.run(sequence)
+                return session.run(sequence, progress=progress)
             finally:
                 self.clean_kv_cache()
 

@@ -328,7 +328,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
     outputs = export_all(
         recon, out, formats=opts.formats, conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile,
-        voxel_size=opts.voxel_size,
+        voxel_size=opts.voxel_size, progress=progress,
     )
     exported = time.perf_counter()
     fps = new / max(inferred - loaded, 1e-9)

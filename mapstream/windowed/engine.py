@@ -7,6 +7,7 @@ import logging
 import torch
 
 from ..models.gct import each_sequence
+from ..progress import progress_bar
 from ..validation import check_images
 from .align import Sim3, pairwise_alignment, stitch_windows, warp_predictions
 from .plan import WindowPlan, plan_windows, warn_if_windows_evict
@@ -21,7 +22,7 @@ FRAME_SCALE, FRAME_KEYFRAME, FRAME_OTHER = 0, 1, 2
 def run_window(session, images: torch.Tensor) -> dict:
     """Run one window [1, T, 3, H, W] from a clean state; adds frame_type / is_keyframe."""
     session.reset()
-    out = session.run(images)
+    out = session.run(images, progress=False)  # the caller's bar counts windows
     out.pop("images", None)
     length = images.shape[1]
     scale = min(session.num_scale_frames, length)
@@ -48,13 +49,15 @@ def inference_windowed(
     *,
     precision: str = "auto",
     return_windows: bool = False,
+    progress: bool | None = None,
 ) -> dict:
     """Windowed inference with the reference's semantics (see docs/WINDOWED.md; the spec is shared/spec/WINDOWED.md).
 
     Returns the stitched pose_enc, depth, depth_conf (+ world points), frame_type,
     is_keyframe, and with two or more windows chunk_scales [B, n] and chunk_transforms
     [B, n, 4, 4]; alignment_mode = "scaled"; images; with `return_windows` also "windows",
-    the raw per-window predictions before alignment. A batch [B, S, 3, H, W] is B independent
+    the raw per-window predictions before alignment; `progress`: a bar over the windows
+    (None: when stderr is a terminal). A batch [B, S, 3, H, W] is B independent
     sequences, run in turn and stacked (the reference pairs keyframes from batch element 0
     only, LIMITS.md 14).
     """
@@ -64,13 +67,13 @@ def inference_windowed(
     scale = num_scale_frames if num_scale_frames is not None else model._default_scale_frames()
     return each_sequence(images, lambda sequence: _windowed_sequence(
         model, sequence, window_size, overlap_size, overlap_keyframes, scale, output_device, keyframe_interval,
-        precision, return_windows,
+        precision, return_windows, progress,
     ))
 
 
 def _windowed_sequence(
     model, images, window_size, overlap_size, overlap_keyframes, scale, output_device, keyframe_interval,
-    precision, return_windows,
+    precision, return_windows, progress,
 ) -> dict:
     """`inference_windowed` of one sequence [1, S, 3, H, W], already checked."""
     num_frames = images.shape[1]
@@ -92,8 +95,12 @@ def _windowed_sequence(
     longest = max(end - start for start, end in plan.windows)
     keyframes = -(-max(longest - plan.scale_frames, 0) // max(keyframe_interval, 1))
     warn_if_windows_evict(plan.scale_frames + keyframes, session.state.aggregator.spec)
+    raw = []
     try:
-        raw = [run_window(session, images[:, start:end]) for start, end in plan.windows]
+        with progress_bar(len(plan.windows), desc="windows", unit="window", progress=progress) as bar:
+            for start, end in plan.windows:
+                raw.append(run_window(session, images[:, start:end]))
+                bar.update(1)
     finally:
         session.close()
     result_images = images.to(output_device) if output_device is not None else images

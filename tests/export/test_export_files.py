@@ -147,6 +147,19 @@ def test_export_all_writes_every_format(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.asarray(Image.open(files[0]).convert("RGB")), recon.images[0])
 
 
+def test_export_all_counts_its_outputs_on_a_bar_when_asked(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """progress=True: one bar over the writing steps (the point cloud is one, built once for
+    PLY and GLB); the default stays silent off a terminal, and the files are the same."""
+    recon = make_recon()
+    export_all(recon, tmp_path / "quiet", formats=["tum", "ply", "glb"])
+    assert capfd.readouterr().err == ""
+    export_all(recon, tmp_path / "shown", formats=["tum", "ply", "glb"], progress=True)
+    err = capfd.readouterr().err
+    assert "export" in err and "4/4" in err  # tum, point cloud, ply, glb
+    for name in ("trajectory_tum.txt", "points.ply"):
+        assert (tmp_path / "quiet" / name).read_bytes() == (tmp_path / "shown" / name).read_bytes()
+
+
 def test_export_all_single_frame_without_sky(tmp_path: Path) -> None:
     recon = make_recon(sky=False).select([2])
     written = export_all(recon, tmp_path, formats=["tum", "glb", "colmap", "nerfstudio", "summary"])

@@ -872,3 +872,23 @@ def test_a_whole_sequence_failing_after_a_stored_frames_outputs_are_copied_leave
                 session.step(x[4])
             session.reset()
             assert session.run(x)["pose_enc"].shape == (1, 5, 9)
+
+
+def test_long_library_calls_show_progress_when_asked_and_stay_quiet_in_logs(model, capfd):
+    """inference_streaming and inference_windowed take `progress`: True draws a bar counting
+    what they do (frames, windows) on stderr; None draws one only on a terminal (pytest's
+    captured stderr is not one); False never. Outputs are the same."""
+    x = frames_of(6)[None]
+    quiet = model.inference_streaming(x, num_scale_frames=2)
+    assert capfd.readouterr().err == ""
+    shown = model.inference_streaming(x, num_scale_frames=2, progress=True)
+    err = capfd.readouterr().err
+    assert "streaming" in err and "6/6" in err
+    assert torch.equal(quiet["depth"], shown["depth"])
+    model.inference_streaming(x, num_scale_frames=2, progress=False)
+    assert capfd.readouterr().err == ""
+
+    windowed = model.inference_windowed(x, window_size=4, overlap_size=2, num_scale_frames=2, progress=True)
+    err = capfd.readouterr().err
+    assert "windows" in err and "2/2" in err and "streaming" not in err  # one bar, over the windows
+    assert windowed["depth"].shape[1] == 6
