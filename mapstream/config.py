@@ -124,12 +124,12 @@ class CacheConfig:
     docs/ARCHITECTURE.md. Outputs equal the reference's until this many frames were evicted."""
 
     def __post_init__(self) -> None:
-        if self.scale_frames < 0 or self.sliding_window < 1:
-            raise ValueError(
-                f"scale_frames must be >= 0 and sliding_window >= 1, got {self.scale_frames}, {self.sliding_window}"
-            )
+        if self.scale_frames < 0:
+            raise ValueError(f"scale_frames must be >= 0, got {self.scale_frames}")
+        if self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
         if self.trajectory_capacity is not None and self.trajectory_capacity < 2:
-            raise ValueError("trajectory_capacity must be >= 2 or None")
+            raise ValueError(f"trajectory_capacity must be >= 2 or None (unbounded), got {self.trajectory_capacity}")
 
 
 # Reference constructor arguments that map onto our configs.

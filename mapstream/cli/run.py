@@ -109,7 +109,10 @@ class Run:
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
         )
-        summary = run(opts, progress=not self.quiet)
+        try:
+            summary = run(opts, progress=not self.quiet)
+        except ValueError as err:
+            raise ValueError(_as_flags(str(err))) from err
         for warning in summary.warnings:
             print(f"WARNING: {warning}")
         print(
@@ -118,3 +121,15 @@ class Run:
             f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
         )
         return 0
+
+
+def _as_flags(message: str) -> str:
+    """A run error in the command line's words: option names the library gives as Python
+    fields (`sliding_window`) become this command's flags (`--sliding-window`). Only names with
+    an underscore are taken, so that plain words such as "model" or "mode" stay as they are."""
+    import dataclasses
+    import re
+
+    for name in (f.name for f in dataclasses.fields(Run) if "_" in f.name):
+        message = re.sub(rf"(?<![\w\-/.]){name}\b", "--" + name.replace("_", "-"), message)
+    return message

@@ -222,22 +222,22 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, case):
 
 @pytest.mark.parametrize("option, message", [
     (["--formats", "ply", "nope"], "unknown export formats ['nope']"),
-    (["--voxel-size", "0"], "voxel_size must be > 0 and finite"),
-    (["--conf-threshold", "nan"], "conf_threshold is NaN"),
-    (["--num-scale-frames", "0"], "num_scale_frames must be >= 1, got 0"),
-    (["--keyframe-interval", "-2"], "keyframe_interval must be >= 0, got -2"),
+    (["--voxel-size", "0"], "--voxel-size must be > 0 and finite"),
+    (["--conf-threshold", "nan"], "--conf-threshold is NaN"),
+    (["--num-scale-frames", "0"], "--num-scale-frames must be >= 1, got 0"),
+    (["--keyframe-interval", "-2"], "--keyframe-interval must be >= 0, got -2"),
     (["--keyframe-interval", "every"], "--keyframe-interval takes an integer k"),
-    (["--mode", "windowed", "--window-size", "0"], "window_size must be >= 1, got 0"),
+    (["--mode", "windowed", "--window-size", "0"], "--window-size must be >= 1, got 0"),
     (["--mode", "windowed", "--overlap", "0"], "an overlap of 0 frames leaves consecutive windows no frame"),
     (["--fps", "0"], "fps must be > 0 (or None for every frame), got 0.0"),
     (["--fps", "nan"], "fps must be > 0 (or None for every frame), got nan"),
-    (["--voxel-size", "inf"], "voxel_size must be > 0 and finite"),
-    (["--sliding-window", "0"], "sliding_window >= 1, got 8, 0"),
-    (["--trajectory-capacity", "1"], "trajectory_capacity must be >= 2 or None"),
-    (["--camera-iterations", "0"], "camera_iterations must be >= 1, got 0"),
+    (["--voxel-size", "inf"], "--voxel-size must be > 0 and finite"),
+    (["--sliding-window", "0"], "--sliding-window must be >= 1, got 0"),
+    (["--trajectory-capacity", "1"], "--trajectory-capacity must be >= 2 or None (unbounded), got 1"),
+    (["--camera-iterations", "0"], "--camera-iterations must be >= 1, got 0"),
     (["--mode", "windowed", "--keyframe-interval", "auto"], "windowed inference needs a fixed keyframe interval"),
-    (["--mode", "windowed", "--overlap-keyframes", "0"], "overlap_keyframes must be >= 1 (or unset), got 0"),
-    (["--conf-percentile", "101"], "conf_percentile must be in [0, 100] (or unset), got 101.0"),
+    (["--mode", "windowed", "--overlap-keyframes", "0"], "--overlap-keyframes must be >= 1 (or unset), got 0"),
+    (["--conf-percentile", "101"], "--conf-percentile must be in [0, 100] (or unset), got 101.0"),
     (["--device", "mps"], "--device mps: mapstream runs on the CPU or a CUDA GPU"),
     (["--device", "gpu0"], "--device gpu0: not a device name"),
 ])
@@ -252,6 +252,18 @@ def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path
     args = ["run", str(photos(tmp_path, 3)), "--out", str(tmp_path / "o"), "--model", "tiny", "--quiet", *option]
     assert main(args) != 0
     assert message in capsys.readouterr().err
+
+
+def test_run_errors_name_the_flags_but_leave_words_and_paths_alone():
+    """The library's errors name its Python fields; the command line shows its flags instead,
+    and leaves plain words, paths and longer names that contain a field's name unchanged."""
+    from mapstream.cli.run import _as_flags
+
+    assert _as_flags("sliding_window must be >= 1, got 0") == "--sliding-window must be >= 1, got 0"
+    assert _as_flags("raise the sliding window (--sliding-window, kv_cache_sliding_window)") == (
+        "raise the sliding window (--sliding-window, kv_cache_sliding_window)")
+    assert _as_flags("the model mode /data/num_scale_frames/a.png") == "the model mode /data/num_scale_frames/a.png"
+    assert _as_flags("num_scale_frames and camera_iterations") == "--num-scale-frames and --camera-iterations"
 
 
 def test_checkpoint_that_does_not_fit_is_reported(tmp_path, capsys):
