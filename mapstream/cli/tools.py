@@ -13,25 +13,16 @@ class Convert:
 
     src: tyro.conf.Positional[str]
     dst: Optional[str] = None
-    """Output path (default: beside SRC with the suffix .safetensors)."""
+    """Output path (default: beside a SRC file with the suffix .safetensors; inside a SRC folder; for a hub id, in the working folder)."""
     trust_pickle: bool = False
     """Allow .pt files that pickle Python objects besides tensors (only from a trusted source)."""
 
     def main(self) -> int:
-        from ..models.checkpoint import convert_checkpoint
+        from ..models.checkpoint import convert_checkpoint, default_converted_path
 
-        path = convert_checkpoint(self.src, self.dst or _default_dst(self.src), trust_pickle=self.trust_pickle)
+        path = convert_checkpoint(self.src, self.dst or default_converted_path(self.src), trust_pickle=self.trust_pickle)
         print(f"wrote {path}")
         return 0
-
-
-def _default_dst(src: str) -> str:
-    from pathlib import Path
-
-    local = Path(src).expanduser()
-    if local.is_file():
-        return str(local.with_suffix(".safetensors"))
-    return str(Path("lingbot-map-long.safetensors"))
 
 
 @dataclass

@@ -46,6 +46,7 @@ __all__ = [
     "checkpoint_filter_fn",
     "convert_checkpoint",
     "convert_main",
+    "default_converted_path",
     "load_model",
     "read_state_dict",
     "resolve_checkpoint",
@@ -555,6 +556,18 @@ def _umask() -> int:
     return mask
 
 
+def default_converted_path(src: str) -> Path:
+    """Where `convert` writes when given no destination: beside a local file with the suffix
+    replaced; inside a local folder, named after the checkpoint file it holds by default (so
+    that the folder then serves `.safetensors` too); for a hub repo id, that name in the
+    working folder."""
+    local = Path(src).expanduser()
+    if local.is_file():
+        return local.with_suffix(".safetensors")
+    name = Path(DEFAULT_FILENAME).stem + ".safetensors"
+    return local / name if local.is_dir() else Path(name)
+
+
 def convert_main(src: str, dst: str | None = None, *, trust_pickle: bool = False) -> int:
     """CLI entry: convert `src` to `.safetensors` at `dst` (default: beside a local `src`
     with the suffix replaced, or `<filename stem>.safetensors` in the working folder for a
@@ -562,14 +575,7 @@ def convert_main(src: str, dst: str | None = None, *, trust_pickle: bool = False
     `trust_pickle` as for `load_model`. Returns the exit status: 0 on success, 1 if the
     checkpoint is missing or unreadable."""
     try:
-        if dst is None:
-            local = Path(src).expanduser()
-            if local.is_file():
-                dst = str(local.with_suffix(".safetensors"))
-            else:  # a folder (default file inside it) or a hub repo id (working folder)
-                name = Path(DEFAULT_FILENAME).stem + ".safetensors"
-                dst = str(local / name if local.is_dir() else Path(name))
-        convert_checkpoint(src, dst, trust_pickle=trust_pickle)
+        convert_checkpoint(src, dst if dst is not None else default_converted_path(src), trust_pickle=trust_pickle)
     except (OSError, ValueError) as exc:  # missing file, hub failure, CheckpointError, disk full
         log.error("%s", exc)
         return 1

@@ -155,6 +155,30 @@ def test_convert_main(tmp_path, pt_file, ref, caplog):
     assert "not found" in caplog.text
 
 
+def test_convert_without_a_destination_writes_where_the_source_is(tmp_path, pt_file, ref, monkeypatch, capsys):
+    """`mapstream convert SRC` and `convert_main` agree on the default output: beside a file,
+    inside a folder (which then serves the .safetensors copy as its default checkpoint), and
+    in the working folder for a hub repo id."""
+    import shutil
+
+    from mapstream.cli.main import main
+    from mapstream.models.checkpoint import DEFAULT_FILENAME, default_converted_path
+
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    shutil.copy(pt_file, folder / DEFAULT_FILENAME)
+    expected = folder / (Path(DEFAULT_FILENAME).stem + ".safetensors")
+    assert default_converted_path(str(folder)) == expected
+    assert main(["convert", str(folder)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {expected}"
+    assert_same(load_model(expected, preset="tiny"), ref)
+    expected.unlink()
+    assert convert_main(str(folder)) == 0 and expected.is_file()
+    assert default_converted_path(str(pt_file)) == pt_file.with_suffix(".safetensors")
+    monkeypatch.chdir(tmp_path)
+    assert default_converted_path("someone/some-model") == Path(Path(DEFAULT_FILENAME).stem + ".safetensors")
+
+
 # --------------------------------------------------------------------------- key filter
 def test_filter_fn_is_pure_and_ordered(ref):
     prefixed = {"_orig_mod." + k: v for k, v in ref.items()}
