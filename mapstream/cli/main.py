@@ -7,6 +7,7 @@ from typing import Annotated, Union
 
 from .bench import Bench
 from .info import Info
+from .render import Render
 from .run import Run
 from .tools import Convert, Eval
 from .view import View
@@ -15,7 +16,9 @@ from .view import View
 def _commands():
     import tyro
 
-    commands = {"run": Run, "view": View, "eval": Eval, "convert": Convert, "bench": Bench, "info": Info}
+    commands = {
+        "run": Run, "view": View, "render": Render, "eval": Eval, "convert": Convert, "bench": Bench, "info": Info,
+    }
     return Union[tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in commands.items())]  # type: ignore[return-value]
 
 

@@ -141,7 +141,9 @@ def _input_key(spec: str | None) -> str | None:
     return str(Path(spec).resolve())
 
 
-def _device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """The device a `--device` value names (auto: CUDA when there is a GPU), or a ValueError
+    that says what to pass."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -234,7 +236,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
 
     started = time.perf_counter()
     _check_options(opts)  # fail on a bad option before any heavy work
-    device = _device(opts.device)
+    device = resolve_device(opts.device)
     out = prepare_dir(opts.out)  # and on an unwritable output
     source = _source(opts)
     model, model_desc, warnings = resolve_model(

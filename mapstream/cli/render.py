@@ -1,0 +1,64 @@
+"""`mapstream render RUN_DIR`: a flythrough video of a run (see mapstream.render)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal, Optional
+
+try:  # tyro only matters when parsing a command line
+    import tyro
+
+    RunDir = Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="RUN_DIR")]
+except ImportError:
+    RunDir = Path  # type: ignore[misc]
+
+from ..viewer.scene import DEFAULT_MAX_POINTS
+
+
+@dataclass
+class Render:
+    """Render a run folder (the --out of `mapstream run`) as a video: the point cloud growing frame by frame, seen from a virtual camera."""
+
+    run_dir: RunDir
+    """Run folder holding predictions.npz (or the path of a predictions .npz file)."""
+    out: Optional[Path] = None
+    """Video file to write (default: RUN_DIR/flythrough.mp4)."""
+    mode: Literal["follow", "birdeye", "static"] = "follow"
+    """follow: behind and above the camera; birdeye: high above it; static: the overview throughout."""
+    height: int = 720
+    """Video height in pixels (the width keeps the frames' aspect)."""
+    fps: float = 10.0
+    """Video frames per second; one video frame per reconstructed frame."""
+    conf_threshold: float = 1.5
+    """Points with confidence above this are drawn (confidence is > 1)."""
+    hide_sky: bool = True
+    """Leave out sky points when the run has a sky mask."""
+    max_points: int = DEFAULT_MAX_POINTS
+    """Most points drawn; beyond, a seeded uniform subsample."""
+    radius: int = 1
+    """Each point covers (2 radius + 1)^2 pixels."""
+    background: Literal["black", "white"] = "black"
+    """Background colour."""
+    inset: bool = True
+    """Show the input frame in a corner."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (cuda when there is a GPU)."""
+    quiet: bool = False
+    """No progress bar."""
+
+    def main(self) -> int:
+        from ..pipeline.run import resolve_device
+        from ..render import RenderOptions, render_flythrough
+        from ..viewer import load_run, predictions_path
+
+        device = resolve_device(self.device)
+        recon = load_run(self.run_dir)
+        out = self.out if self.out is not None else predictions_path(self.run_dir).parent / "flythrough.mp4"
+        options = RenderOptions(
+            mode=self.mode, height=self.height, fps=self.fps, conf_threshold=self.conf_threshold,
+            hide_sky=self.hide_sky, max_points=self.max_points, radius=self.radius, background=self.background,
+            inset=self.inset,
+        )
+        path = render_flythrough(recon, out, options, device=device, progress=not self.quiet)
+        print(f"wrote {path} ({len(recon)} frames at {self.fps:g} FPS)")
+        return 0

@@ -1,0 +1,10 @@
+"""Offline rendering of a run: a flythrough video of the reconstruction growing frame by
+frame (`mapstream render RUN_DIR`). Needs PyAV (`pip install 'mapstream[video]'`)."""
+from mapstream.render.flythrough import RenderOptions, render_flythrough
+from mapstream.render.path import PATH_MODES, PathStyle, camera_path, smooth
+from mapstream.render.raster import look_at, pinhole, sample_segments, splat
+
+__all__ = [
+    "PATH_MODES", "PathStyle", "RenderOptions", "camera_path", "look_at", "pinhole", "render_flythrough",
+    "sample_segments", "smooth", "splat",
+]

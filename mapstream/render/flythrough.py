@@ -1,0 +1,183 @@
+"""`render_flythrough`: a video of the reconstruction growing, seen from a virtual camera.
+
+Frame t of the video shows the points of frames 0..t (the run's confidence threshold and
+sky mask applied), the trajectory so far, the current camera's frustum, and the input frame
+t as an inset. Drawn by `mapstream.render.raster.splat` on the CPU or a CUDA GPU; encoded
+with PyAV (H.264 where the build has it, else MPEG-4 Part 2); written atomically, so an
+interrupted render leaves no partial file.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from mapstream.export import Reconstruction
+from mapstream.export._optional import import_optional
+from mapstream.export.atomic import atomic_path
+from mapstream.export.glb import frustum_corners
+from mapstream.progress import progress_bar
+from mapstream.render.path import PathMode, PathStyle, camera_path
+from mapstream.render.raster import pinhole, sample_segments, splat
+from mapstream.viewer.scene import DEFAULT_MAX_POINTS, build_point_pool, scene_framing, select_points
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RenderOptions", "render_flythrough"]
+
+_TRAIL = (255, 140, 0)
+_FRUSTUM = (220, 20, 60)
+_BACKGROUNDS = {"black": (0, 0, 0), "white": (255, 255, 255)}
+_FRUSTUM_EDGES = ((0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (2, 3), (3, 4), (4, 1))
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """How the flythrough looks."""
+
+    mode: PathMode = "follow"
+    """Virtual camera: follow (behind the camera), birdeye (above it) or static (overview)."""
+    height: int = 720
+    """Video height in pixels; the width keeps the input frames' aspect (both made even)."""
+    fps: float = 10.0
+    """Video frames per second (one video frame per reconstruction frame)."""
+    fov: float = 60.0
+    """Vertical field of view of the virtual camera, degrees."""
+    conf_threshold: float = 1.5
+    """Points with confidence strictly above this are drawn (confidence is > 1)."""
+    hide_sky: bool = True
+    """Leave out sky points when the run has a sky mask."""
+    max_points: int = DEFAULT_MAX_POINTS
+    """Most points drawn (seeded uniform subsample beyond)."""
+    radius: int = 1
+    """Each point covers (2 radius + 1)² pixels."""
+    background: str = "black"
+    """black or white."""
+    inset: bool = True
+    """Show the input frame in the bottom-left corner."""
+    smooth_frames: float = 3.0
+    """Smoothing of the virtual camera's path, in frames (0: none)."""
+
+    def __post_init__(self) -> None:
+        if self.height < 16:
+            raise ValueError(f"height must be >= 16 pixels, got {self.height}")
+        if not 0 < self.fps <= 240:
+            raise ValueError(f"fps must be in (0, 240], got {self.fps}")
+        if not 1 <= self.fov < 180:
+            raise ValueError(f"fov must be in [1, 180) degrees, got {self.fov}")
+        if self.background not in _BACKGROUNDS:
+            raise ValueError(f"background must be one of {sorted(_BACKGROUNDS)}, got {self.background!r}")
+        if self.radius < 0 or self.max_points < 1:
+            raise ValueError(f"radius must be >= 0 and max_points >= 1, got {self.radius}, {self.max_points}")
+        PathStyle(mode=self.mode, smooth_frames=self.smooth_frames)  # its own checks
+
+
+def render_flythrough(
+    recon: Reconstruction, path: str | os.PathLike[str], options: RenderOptions = RenderOptions(), *,
+    device: str | torch.device | None = None, progress: bool | None = None,
+) -> Path:
+    """Render ``recon`` to the video ``path`` (``.mp4``); returns the path.
+
+    device: where the points are drawn (default: CUDA when available, else the CPU).
+    progress: a bar over the frames (None: when stderr is a terminal).
+    """
+    av = import_optional("av", "encoding the flythrough video")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    height, width = _video_size(recon.image_hw, options.height)
+    n = len(recon)
+    pool = build_point_pool(recon, options.max_points)
+    framing = scene_framing(recon, pool)
+    shown = select_points(pool, options.conf_threshold, hide_sky=options.hide_sky and pool.has_sky_mask)
+    # The pool is ordered by frame, so frame t's points so far are a prefix of the shown ones.
+    upto = np.searchsorted(pool.frame[shown], np.arange(n), side="right")
+    xyz = torch.from_numpy(pool.xyz[shown]).to(device)
+    rgb = torch.from_numpy(pool.rgb[shown]).to(device)
+    views = torch.from_numpy(camera_path(
+        recon.T_world_cam, extent=framing.extent, up=framing.up,
+        style=PathStyle(mode=options.mode, smooth_frames=options.smooth_frames),
+        overview=(framing.camera_position, framing.look_at),
+    ))
+    K = pinhole(height, width, options.fov)
+    trail, frusta = _overlays(recon, framing.extent, device)
+    background = _BACKGROUNDS[options.background]
+    logger.info("rendering %d frames at %dx%d (%d points, %s view) to %s", n, width, height, len(xyz), options.mode, path)
+
+    path = Path(path)
+    with atomic_path(path) as tmp, av.open(str(tmp), mode="w") as container:
+        stream = _video_stream(av, container, width, height, options.fps)
+        with progress_bar(n, desc="render", progress=progress) as bar:
+            for t in range(n):
+                points = torch.cat((xyz[: upto[t]], trail[t][0], frusta[t][0]))
+                colors = torch.cat((rgb[: upto[t]], trail[t][1], frusta[t][1]))
+                image = splat(points, colors, K, views[t], (height, width), radius=options.radius,
+                              background=background).cpu().numpy()
+                image = _annotate(image, recon, t, options.inset)
+                for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                    container.mux(packet)
+                bar.update(1)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return path
+
+
+def _video_size(image_hw: tuple[int, int], height: int) -> tuple[int, int]:
+    """(height, width) of the video: ``height`` tall, the input's aspect, both even (the
+    4:2:0 chroma of H.264 halves both sides)."""
+    h, w = image_hw
+    even = lambda x: max(2, int(round(x / 2)) * 2)  # noqa: E731
+    return even(height), even(height * w / h)
+
+
+def _video_stream(av, container, width: int, height: int, fps: float):
+    """An H.264 stream (CRF 18) where the PyAV build has an encoder for it, else MPEG-4."""
+    from fractions import Fraction
+
+    rate = Fraction(fps).limit_denominator(1001)
+    for codec, options in (("libx264", {"crf": "18"}), ("mpeg4", {"qscale": "2"})):
+        if codec in av.codecs_available:
+            stream = container.add_stream(codec, rate=rate)
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            stream.options = options
+            return stream
+    raise RuntimeError("this PyAV build has neither an H.264 (libx264) nor an MPEG-4 encoder")
+
+
+def _overlays(recon: Reconstruction, extent: float, device) -> tuple[list, list]:
+    """Per frame t, (points, colours) of the trajectory 0..t and of camera t's frustum, as
+    points sampled along the lines."""
+    centres = torch.from_numpy(recon.T_world_cam[:, :, 3].astype(np.float64))
+    corners = torch.from_numpy(frustum_corners(recon, 0.04 * extent))
+    starts, ends = centres[:-1], centres[1:]
+    segment_points = sample_segments(starts, ends, 96).view(max(len(recon) - 1, 0), -1, 3) if len(recon) > 1 else None
+    edges = torch.tensor(_FRUSTUM_EDGES)
+    trail, frusta = [], []
+    for t in range(len(recon)):
+        pts = segment_points[:t].reshape(-1, 3) if segment_points is not None else torch.zeros(0, 3, dtype=torch.float64)
+        trail.append(_coloured(pts, _TRAIL, device))
+        frame = corners[t]
+        frusta.append(_coloured(sample_segments(frame[edges[:, 0]], frame[edges[:, 1]], 48), _FRUSTUM, device))
+    return trail, frusta
+
+
+def _coloured(points: torch.Tensor, color: tuple[int, int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    colors = torch.tensor(color, dtype=torch.uint8).expand(len(points), 3)
+    return points.float().to(device), colors.to(device)
+
+
+def _annotate(image: np.ndarray, recon: Reconstruction, t: int, inset: bool) -> np.ndarray:
+    """The frame counter, and the input frame t as an inset (a quarter of the height)."""
+    canvas = Image.fromarray(image)
+    if inset:
+        h = max(canvas.height // 4, 8)
+        w = max(int(round(h * recon.image_hw[1] / recon.image_hw[0])), 8)
+        thumb = Image.fromarray(np.asarray(recon.images[t])).resize((w, h), Image.BILINEAR)
+        canvas.paste(thumb, (8, canvas.height - h - 8))
+    draw = ImageDraw.Draw(canvas)
+    draw.text((8, 8), f"frame {t + 1}/{len(recon)}  {recon.names[t]}", fill=(255, 255, 255), stroke_width=2,
+              stroke_fill=(0, 0, 0))
+    return np.asarray(canvas)
