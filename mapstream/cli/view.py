@@ -27,7 +27,7 @@ class View:
     port: int = 8080
     """Port to serve on (the next free one is taken if it is busy)."""
     host: str = "127.0.0.1"
-    """Interface to bind; 0.0.0.0 makes the viewer reachable from other machines."""
+    """Address of this machine to listen on; 0.0.0.0 makes the viewer reachable from other machines."""
     conf_threshold: float = 1.5
     """Initial confidence threshold: points with confidence > this are shown (confidence is > 1)."""
     max_points: int = DEFAULT_MAX_POINTS
@@ -42,14 +42,17 @@ class View:
     """Serve until Ctrl-C; --no-block builds the scene, prints the address and exits (a smoke test)."""
 
     def main(self) -> int:
-        from ..viewer import ViewerApp, ViewerOptions, load_run
+        from ..viewer import ViewerApp, ViewerOptions, load_run, predictions_path
 
         recon = load_run(self.run_dir)
         options = ViewerOptions(
             conf_threshold=self.conf_threshold, max_points=self.max_points, point_size=self.point_size,
             downsample=self.downsample, hide_sky=self.hide_sky,
         )
-        app = ViewerApp(recon, options, host=self.host, port=self.port, title=f"mapstream: {self.run_dir}")
+        app = ViewerApp(
+            recon, options, host=self.host, port=self.port, title=f"mapstream: {self.run_dir}",
+            output_dir=predictions_path(self.run_dir).parent,  # where "export GLB" and "screenshot" write
+        )
         app.start()
         try:
             print(

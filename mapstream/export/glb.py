@@ -7,15 +7,17 @@ scaling): ``p_gltf = (x, -y, -z)``. A scene taken with an upright first camera o
 seen from the first camera's side. Geometry (all nodes are placed with identity transforms):
 
 * ``points``: a POINTS primitive with per-vertex RGB colours;
-* ``camera_000000`` ...: one LINES primitive per frame, the 8 edges of its viewing frustum
-  (apex = camera centre, far rectangle = the image corners at depth ``frustum_depth``),
-  coloured along the trajectory with a matplotlib colormap (first frame = colormap start);
+* ``camera_000000`` ...: one LINES primitive per frame (per selected frame with ``cameras``),
+  the 8 edges of its viewing frustum (apex = camera centre, far rectangle = the image corners
+  at depth ``frustum_depth``), coloured along the trajectory with a matplotlib colormap (first
+  frame = colormap start);
 * ``trajectory``: a grey LINES primitive through the camera centres.
 """
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +74,13 @@ def _line_set(trimesh, vertices: np.ndarray, edges: np.ndarray, rgba: np.ndarray
     return trimesh.path.Path3D(entities=entities, vertices=vertices, colors=colors, process=False)
 
 
+def _frame_selection(cameras: Sequence[int] | np.ndarray) -> np.ndarray:
+    """An index array usable on ``arange(N)``: a boolean mask stays a mask; anything else,
+    including an empty list (which numpy reads as float), becomes int64 indices."""
+    selection = np.asarray(cameras)
+    return selection if selection.dtype == np.bool_ else selection.astype(np.int64)
+
+
 def write_glb(
     recon: Reconstruction,
     path: str | os.PathLike[str],
@@ -81,6 +90,7 @@ def write_glb(
     frustum_scale: float = 0.04,
     colormap: str = "viridis",
     trajectory: bool = True,
+    cameras: Sequence[int] | np.ndarray | None = None,
 ) -> Path:
     """Write the scene as GLB, atomically (conventions in the module docstring).
 
@@ -91,7 +101,9 @@ def write_glb(
         points: a precomputed cloud (e.g. shared with the PLY writer).
         frustum_scale: frustum depth as a fraction of :func:`scene_extent`.
         colormap: matplotlib colormap over the frame index for the frustums.
-        trajectory: also draw the polyline through the camera centres.
+        trajectory: also draw the polyline through the camera centres (all of them).
+        cameras: the frames whose frustums are drawn (indices, or a boolean mask over the
+            frames); None: every frame. Colours and node names keep the frame's own index.
     """
     trimesh = import_optional("trimesh", "writing GLB scenes")
     matplotlib = import_optional("matplotlib", "colouring camera frustums")
@@ -111,9 +123,10 @@ def write_glb(
     cmap = matplotlib.colormaps[colormap]
     positions = np.linspace(0.0, 1.0, len(recon)) if len(recon) > 1 else np.zeros(1)
     colours = np.rint(np.asarray(cmap(positions)) * 255).astype(np.uint8)
-    for i, vertices in enumerate(frames):
+    drawn = np.arange(len(recon)) if cameras is None else np.arange(len(recon))[_frame_selection(cameras)]
+    for i in drawn:
         scene.add_geometry(
-            _line_set(trimesh, vertices @ OPENCV_TO_GLTF.T, _FRUSTUM_EDGES, colours[i]),
+            _line_set(trimesh, frames[i] @ OPENCV_TO_GLTF.T, _FRUSTUM_EDGES, colours[i]),
             geom_name=f"camera_{i:06d}",
         )
     if trajectory and len(recon) > 1:
@@ -125,5 +138,5 @@ def write_glb(
     data = scene.export(file_type="glb")
     with atomic_open(path, "wb") as handle:
         handle.write(data)
-    logger.info("wrote %s (%d points, %d cameras, frustum depth %.3g)", path, len(cloud), len(recon), depth)
+    logger.info("wrote %s (%d points, %d cameras, frustum depth %.3g)", path, len(cloud), len(drawn), depth)
     return Path(path)

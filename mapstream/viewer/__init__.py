@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Any
 from mapstream.viewer.loading import load_run, predictions_path
 from mapstream.viewer.scene import (
     DEFAULT_MAX_POINTS,
+    VIEW_PRESETS,
     PointPool,
     SceneFraming,
     build_point_pool,
     scene_framing,
     select_points,
+    view_preset,
+    visible_cameras,
     visible_frames,
 )
 
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
+    "VIEW_PRESETS",
     "PointPool",
     "SceneFraming",
     "ViewerApp",
@@ -36,6 +40,8 @@ __all__ = [
     "predictions_path",
     "scene_framing",
     "select_points",
+    "view_preset",
+    "visible_cameras",
     "visible_frames",
 ]
 

@@ -7,28 +7,35 @@
 
 Scene tree: ``/points/frame_000000`` (one point cloud per frame, so the scrubber only toggles
 visibility), ``/cameras/frame_000000`` (frustums with the frame image, coloured along the
-trajectory), ``/trajectory``. Which points are shown comes from :mod:`mapstream.viewer.scene`.
-Needs ``pip install 'mapstream[viewer]'`` (viser); viser is imported only here.
+trajectory), ``/trajectory``. Which points, frustums and viewpoints are shown comes from
+:mod:`mapstream.viewer.scene`; the options and the panel's layout are in
+:mod:`mapstream.viewer.controls`, the "Export" folder's GLB and PNG writers in
+:mod:`mapstream.viewer.actions`. Needs ``pip install 'mapstream[viewer]'`` (viser); viser is
+imported only here.
 """
 from __future__ import annotations
 
 import logging
-import math
+import os
+import socket
 import threading
-from dataclasses import dataclass, field
-from typing import Any, get_args
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from mapstream.export import Reconstruction
+from mapstream.viewer.actions import export_shown_glb, first_client, save_render
+from mapstream.viewer.controls import ViewerHandles, ViewerOptions, add_controls
 from mapstream.viewer.scene import (
-    DEFAULT_MAX_POINTS,
-    FrameMode,
     build_point_pool,
+    downscale_image,
     frustum_params,
     scene_framing,
     select_points,
     trajectory_colors,
+    view_preset,
+    visible_cameras,
     visible_frames,
 )
 
@@ -36,8 +43,29 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ViewerApp", "ViewerOptions"]
 
-DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "16", "32")
-"""Values of the "keep 1 point in" control."""
+
+def _check_listen_host(host: str) -> None:
+    """Fail fast when no server could listen on ``host`` here: viser 1.1, given an address that
+    is not on this machine, tries 1000 ports in turn and then waits forever for a server that
+    never started.
+
+    Raises:
+        OSError: ``host`` does not resolve, or none of its addresses belongs to this machine.
+    """
+    try:
+        infos = socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise OSError(f"cannot listen on {host}: unknown host ({err.strerror})") from err
+    reason = "it resolves to no address"
+    # Like asyncio's create_server (viser's), one address that binds is enough.
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.bind(address)  # port 0: a busy port is viser's to skip, not an error here
+                return
+        except OSError as err:
+            reason = err.strerror or str(err)
+    raise OSError(f"cannot listen on {host}: address not available on this machine ({reason})")
 
 
 def _import_viser() -> Any:
@@ -48,59 +76,13 @@ def _import_viser() -> Any:
     return viser
 
 
-@dataclass
-class ViewerOptions:
-    """Initial values of the viewer's controls and its fixed limits."""
-
-    conf_threshold: float = 1.5
-    """Show points whose confidence is strictly greater than this (confidence is > 1)."""
-    max_points: int = DEFAULT_MAX_POINTS
-    """Most points ever held and shown (seeded uniform subsample beyond)."""
-    point_size: float | None = None
-    """Point size in world units; None = the median pixel footprint (:class:`SceneFraming`)."""
-    downsample: int = 1
-    """Initially keep one point in this many (one of 1, 2, 4, ... 32)."""
-    frame_mode: FrameMode = "up to t"
-    """Initial scrubber mode: frames up to t, only frame t, or all frames."""
-    hide_sky: bool = True
-    """Initially hide points under the sky mask (when the run has one), as the reference's
-    viewer does with sky masking on."""
-    play_fps: float = 8.0
-    """Frames per second of the "play" button."""
-    thumbnail_size: int = 160
-    """Longest side in pixels of the image shown in each camera frustum."""
-    seed: int = 0
-    """Seed of the subsample and of the downsample order."""
-
-
-@dataclass
-class ViewerHandles:
-    """viser handles owned by a running :class:`ViewerApp` (GUI controls and scene nodes)."""
-
-    frame: Any
-    frame_mode: Any
-    play: Any
-    fps: Any
-    conf_threshold: Any
-    point_size: Any
-    downsample: Any
-    hide_sky: Any | None
-    show_cameras: Any
-    reset_view: Any
-    status: Any
-    step: Any = None
-    camera_size: Any = None
-    point_clouds: list[Any] = field(default_factory=list)
-    frustums: list[Any] = field(default_factory=list)
-    trajectory: Any | None = None
-
-
 class ViewerApp:
     """Serve a reconstruction with viser: points, cameras, a frame scrubber and controls.
 
     The point pool and the scene framing are computed on construction (no server yet);
     :meth:`start` binds the port and builds the scene, :meth:`stop` frees it. Also a context
-    manager (``with ViewerApp(recon).start() as app: ...``).
+    manager (``with ViewerApp(recon).start() as app: ...``). ``output_dir`` (the run folder) is
+    where the "Export" folder's files go by default; without it, the current directory.
     """
 
     def __init__(
@@ -111,21 +93,15 @@ class ViewerApp:
         host: str = "127.0.0.1",
         port: int = 8080,
         title: str = "mapstream",
+        output_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.recon = recon
         self.options = options or ViewerOptions()
-        if str(self.options.downsample) not in DOWNSAMPLE_CHOICES:
-            raise ValueError(f"downsample must be one of {', '.join(DOWNSAMPLE_CHOICES)}, got {self.options.downsample}")
-        if self.options.frame_mode not in get_args(FrameMode):
-            raise ValueError(f"frame_mode must be one of {get_args(FrameMode)}, got {self.options.frame_mode!r}")
-        if not math.isfinite(self.options.conf_threshold):
-            raise ValueError(f"conf_threshold must be a number (confidence is > 1), got {self.options.conf_threshold}")
-        size = self.options.point_size
-        if size is not None and not 0 < size < math.inf:
-            raise ValueError(f"point_size must be > 0 (world units), or unset for the pixel footprint; got {size}")
+        self.options.validate()
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535 (0: any free port), got {port}")
         self.host, self.requested_port, self.title = host, port, title
+        self.output_dir = Path(output_dir) if output_dir is not None else None
         self.pool = build_point_pool(recon, self.options.max_points, self.options.seed)
         self.framing = scene_framing(recon, self.pool)
         self.server: Any | None = None
@@ -134,6 +110,9 @@ class ViewerApp:
         self._stop_event = threading.Event()
         self._player: threading.Thread | None = None
         self._shown: list[np.ndarray] = [np.empty(0, np.int64) for _ in range(len(recon))]
+        self._image_frame = -1  # the frame in the "Frame image" panel
+        self._message = ""  # the last export / screenshot outcome, under the status
+        self._screenshot_thread: threading.Thread | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> ViewerApp:
@@ -141,6 +120,7 @@ class ViewerApp:
         if self.server is not None:
             raise RuntimeError("ViewerApp is already started")
         viser = _import_viser()
+        _check_listen_host(self.host)
         self.server = viser.ViserServer(host=self.host, port=self.requested_port, label=self.title, verbose=False)
         try:
             self._build_scene()
@@ -209,46 +189,23 @@ class ViewerApp:
         server.initial_camera.position = tuple(framing.camera_position)
         server.initial_camera.look_at = tuple(framing.look_at)
         server.initial_camera.up = tuple(framing.up)
-
-        gui = server.gui
-        status = gui.add_markdown("")
-        with gui.add_folder("Frames"):
-            frame = gui.add_slider("frame", min=0, max=max(n - 1, 1), step=1, initial_value=n - 1, disabled=n == 1)
-            frame_mode = gui.add_dropdown("show", get_args(FrameMode), initial_value=options.frame_mode)
-            step = gui.add_button_group("step", ("prev", "next"), disabled=n == 1)
-            play = gui.add_checkbox("play", False, disabled=n == 1)
-            fps = gui.add_slider("fps", min=1, max=30, step=1, initial_value=int(round(options.play_fps)))
         conf_max = float(np.percentile(self.pool.conf, 99)) if len(self.pool) else 2.0
-        conf_max = max(conf_max, options.conf_threshold, 1.01)
         size = options.point_size or framing.point_size
-        with gui.add_folder("Points"):
-            conf_threshold = gui.add_slider(
-                "confidence >", min=1.0, max=conf_max, step=(conf_max - 1.0) / 200,
-                initial_value=max(options.conf_threshold, 1.0),
-            )
-            point_size = gui.add_slider(
-                "point size", min=size / 10, max=size * 10, step=size / 20, initial_value=size
-            )
-            downsample = gui.add_dropdown("keep 1 in", DOWNSAMPLE_CHOICES, initial_value=str(options.downsample))
-            hide_sky = gui.add_checkbox("hide sky", options.hide_sky) if self.pool.has_sky_mask else None
-        with gui.add_folder("Cameras"):
-            show_cameras = gui.add_checkbox("show cameras", True)
-            camera_size = gui.add_slider("camera size", min=0.1, max=10.0, step=0.1, initial_value=1.0)
-            reset_view = gui.add_button("reset view")
-        handles = ViewerHandles(
-            frame=frame, frame_mode=frame_mode, play=play, fps=fps, conf_threshold=conf_threshold,
-            point_size=point_size, downsample=downsample, hide_sky=hide_sky, show_cameras=show_cameras,
-            reset_view=reset_view, status=status, step=step, camera_size=camera_size,
+        handles = add_controls(
+            server.gui, options, num_frames=n, conf_max=max(conf_max, options.conf_threshold, 1.01),
+            point_size=size, has_sky_mask=self.pool.has_sky_mask, frame_image=self._frame_image(n - 1),
+            glb_path=self._default_path("view.glb"), png_path=self._default_path("screenshot.png"),
         )
+        self._image_frame = n - 1
 
         colors = trajectory_colors(n)
-        stride = max(1, -(-max(recon.image_hw) // max(options.thumbnail_size, 1)))
         for i in range(n):
             fov, aspect, wxyz, position = frustum_params(recon, i)
             handles.frustums.append(server.scene.add_camera_frustum(
                 f"/cameras/frame_{i:06d}", fov=fov, aspect=aspect, scale=self._frustum_scale(),
                 thickness=0.002 * framing.extent, color=tuple(int(c) for c in colors[i]),
-                image=recon.images[i, ::stride, ::stride], wxyz=wxyz, position=position,
+                image=downscale_image(recon.images[i], max(options.thumbnail_size, 1)),
+                wxyz=wxyz, position=position,
             ))
             handles.point_clouds.append(server.scene.add_point_cloud(
                 f"/points/frame_{i:06d}", np.zeros((0, 3), np.float32), np.zeros((0, 3), np.uint8),
@@ -265,21 +222,41 @@ class ViewerApp:
         self.refresh_points()
         self.refresh_frames()
 
-        for control in (conf_threshold, downsample) + ((hide_sky,) if hide_sky is not None else ()):
+        h = handles
+        for control in (h.conf_threshold, h.downsample) + ((h.hide_sky,) if h.hide_sky is not None else ()):
             control.on_update(lambda _event: self.refresh_points())
-        for control in (frame, frame_mode, show_cameras):
+        for control in (h.frame, h.frame_mode, h.show_cameras, h.camera_every, h.show_frame_image):
             control.on_update(lambda _event: self.refresh_frames())
-        point_size.on_update(lambda _event: self._set_point_size())
-        reset_view.on_click(lambda _event: self.reset_view())
-        step.on_click(lambda _event: self.step_frame(-1 if step.value == "prev" else 1))
-        camera_size.on_update(lambda _event: self._set_camera_size())
+        h.point_size.on_update(lambda _event: self._set_point_size())
+        h.reset_view.on_click(lambda _event: self.reset_view())
+        h.look_from.on_click(lambda event: self.apply_view(event.target.value))
+        h.go_to.on_click(lambda event: self.apply_view(event.target.value))
+        h.export_glb.on_click(lambda _event: self.export_glb())
+        h.screenshot.on_click(lambda _event: self.screenshot())
+        h.step.on_click(lambda event: self.step_frame(-1 if event.target.value == "prev" else 1))
+        h.camera_size.on_update(lambda _event: self._set_camera_size())
         for i, frustum in enumerate(handles.frustums):
             frustum.on_click(lambda _event, i=i: self.show_frame(i))
 
+    def _frame_t(self) -> int:
+        assert self.handles is not None
+        return min(int(self.handles.frame.value), len(self.recon) - 1)
+
     def _visible_frames(self) -> np.ndarray:
         assert self.handles is not None
-        t = min(int(self.handles.frame.value), len(self.recon) - 1)
-        return visible_frames(len(self.recon), t, self.handles.frame_mode.value)
+        return visible_frames(len(self.recon), self._frame_t(), self.handles.frame_mode.value)
+
+    def _visible_cameras(self, frames: np.ndarray) -> np.ndarray:
+        """The frames whose frustum is drawn: scrubber, "show 1 camera in", "show cameras"."""
+        assert self.handles is not None
+        every = int(self.handles.camera_every.value)
+        return visible_cameras(frames, self._frame_t(), every) & bool(self.handles.show_cameras.value)
+
+    def _frame_image(self, t: int) -> np.ndarray:
+        return downscale_image(self.recon.images[t], self.options.frame_image_size)
+
+    def _default_path(self, name: str) -> str:
+        return str(self.output_dir / name) if self.output_dir is not None else name
 
     def refresh_points(self) -> None:
         """Re-select the points from the current threshold / sky / downsample controls."""
@@ -309,12 +286,18 @@ class ViewerApp:
             if handles is None:
                 return
             frames = self._visible_frames()
-            show_cameras = bool(handles.show_cameras.value)
-            for on, cloud, frustum in zip(frames, handles.point_clouds, handles.frustums):
+            cameras = self._visible_cameras(frames)
+            for on, camera, cloud, frustum in zip(frames, cameras, handles.point_clouds, handles.frustums):
                 cloud.visible = bool(on)
-                frustum.visible = bool(on) and show_cameras
+                frustum.visible = bool(camera)
             if handles.trajectory is not None:
-                handles.trajectory.visible = show_cameras
+                handles.trajectory.visible = bool(handles.show_cameras.value)
+            show_image = bool(handles.show_frame_image.value)
+            handles.frame_image.visible = show_image
+            t = self._frame_t()
+            if show_image and t != self._image_frame:  # JPEG-encoded and sent on every change
+                handles.frame_image.image = self._frame_image(t)
+                self._image_frame = t
             self._update_status()
 
     def show_frame(self, i: int) -> None:
@@ -346,22 +329,101 @@ class ViewerApp:
 
     def _update_status(self) -> None:
         assert self.handles is not None
-        t = int(self.handles.frame.value)
+        t = self._frame_t()
         self.handles.status.content = (
-            f"**{len(self.recon)} frames**, frame {t}: `{self.recon.names[min(t, len(self.recon) - 1)]}`  \n"
+            f"**{len(self.recon)} frames**, frame {t}: `{self.recon.names[t]}`  \n"
             f"{self.shown_point_count:,} of {len(self.pool):,} points shown"
+            + (f"  \n{self._message}" if self._message else "")
         )
+
+    def _report(self, message: str, *, failed: bool = False) -> None:
+        """Log ``message`` and show it under the status (export and screenshot outcomes)."""
+        (logger.warning if failed else logger.info)("viewer: %s", message)
+        with self._lock:
+            self._message = message
+            if self.handles is not None:
+                self._update_status()
 
     def reset_view(self) -> None:
         """Move every connected browser's camera back to the default viewpoint."""
+        self.apply_view("overview")
+
+    def apply_view(self, name: str) -> None:
+        """Move every connected browser's camera to the viewpoint ``name``, one of
+        :data:`mapstream.viewer.scene.VIEW_PRESETS` (see :func:`~mapstream.viewer.scene.view_preset`)."""
         if self.server is None:
             return
-        framing = self.framing
+        t = self._frame_t() if self.handles is not None else len(self.recon) - 1
+        position, look_at, up = view_preset(self.recon, self.framing, name, t)
         for client in self.server.get_clients().values():
             with client.atomic():
-                client.camera.up_direction = tuple(framing.up)
-                client.camera.position = tuple(framing.camera_position)
-                client.camera.look_at = tuple(framing.look_at)
+                client.camera.up_direction = tuple(up)
+                client.camera.position = tuple(position)
+                client.camera.look_at = tuple(look_at)
+
+    # -- export -------------------------------------------------------------------------------
+    def _target(self, path: str | os.PathLike[str] | None, field: Any) -> Path | None:
+        text = str(path if path is not None else field.value).strip()
+        return Path(text).expanduser().absolute() if text else None
+
+    def export_glb(self, path: str | os.PathLike[str] | None = None) -> Path | None:
+        """Write what the page shows to ``path`` (default: the "GLB path" field) as GLB: the shown
+        points, the drawn frustums and, with "show cameras", the trajectory. The outcome goes
+        to the log and the status; returns the path written, or None when it failed."""
+        with self._lock:
+            handles = self.handles
+            if handles is None:
+                return None
+            target = self._target(path, handles.glb_path)
+            frames = self._visible_frames()
+            index = np.concatenate([self._shown[i] for i in np.flatnonzero(frames)])
+            cameras = self._visible_cameras(frames)
+            trajectory = bool(handles.show_cameras.value)
+        if target is None:
+            self._report("export GLB: enter a file path first", failed=True)
+            return None
+        try:
+            export_shown_glb(self.recon, self.pool, index, cameras, target, trajectory=trajectory)
+        except Exception as err:  # any failure is the user's to see; the server keeps serving
+            self._report(f"GLB export to `{target}` failed: {err}", failed=True)
+            return None
+        self._report(f"wrote `{target}`: {len(index):,} points, {int(cameras.sum())} cameras")
+        return target
+
+    def screenshot(self, path: str | os.PathLike[str] | None = None) -> threading.Thread | None:
+        """Save the first connected browser's view as PNG to ``path`` (default: the "PNG path"
+        field), on a background thread (a render takes a round trip to the browser). Returns
+        the thread, or None when no browser is connected or a screenshot is under way (both
+        reported in the status)."""
+        with self._lock:
+            if self.server is None or self.handles is None:
+                return None
+            target = self._target(path, self.handles.png_path)
+            client = first_client(self.server)
+            busy = self._screenshot_thread is not None and self._screenshot_thread.is_alive()
+            refusal = (
+                "enter a file path first" if target is None
+                else "no browser is connected; open the page first" if client is None
+                else "the previous one is not finished" if busy
+                else None
+            )
+            if refusal is not None:
+                self._report(f"screenshot: {refusal}", failed=True)
+                return None
+            thread = threading.Thread(
+                target=self._take_screenshot, args=(client, target), name="mapstream-viewer-screenshot", daemon=True
+            )
+            self._screenshot_thread = thread
+        thread.start()
+        return thread
+
+    def _take_screenshot(self, client: Any, target: Path) -> None:
+        try:
+            save_render(client, target)
+        except Exception as err:  # a closed tab, a timeout or a bad path: reported, never raised
+            self._report(f"screenshot to `{target}` failed: {err}", failed=True)
+            return
+        self._report(f"wrote `{target}`")
 
     def _play_loop(self) -> None:
         """Advance the frame slider while "play" is checked, until :meth:`stop`."""

@@ -1,18 +1,22 @@
 """The viewer server without a browser: lifecycle and port, controls, run loading, the CLI."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from viewer_synthetic import N, make_recon
+from viewer_synthetic import PLANE_Z, H, N, W, make_recon
 
 from mapstream.cli.main import main as cli_main
 from mapstream.viewer import load_run
+from mapstream.viewer.scene import PRESET_DISTANCE
 
 pytest.importorskip("viser")
 
@@ -176,3 +180,151 @@ def test_frames_step_and_jump_and_cameras_resize(free_port: int) -> None:
         base = handles.frustums[0].scale
         handles.camera_size.value = 2.5
         assert all(f.scale == pytest.approx(2.5 * base) for f in handles.frustums)
+
+
+class FakeCamera:
+    """A browser's camera: keeps what the server sets, and notes assignments made outside
+    ``client.atomic()`` (they would reach the browser as separate, jerky updates)."""
+
+    def __init__(self, client: FakeClient) -> None:
+        object.__setattr__(self, "client", client)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if not self.client.in_atomic:
+            self.client.outside_atomic.append(name)
+        object.__setattr__(self, name, np.asarray(value, np.float64))
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.in_atomic = False
+        self.outside_atomic: list[str] = []
+        self.camera = FakeCamera(self)
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        self.in_atomic = True
+        try:
+            yield
+        finally:
+            self.in_atomic = False
+
+
+def test_view_buttons_move_every_browser_camera(free_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "look from" / "go to" buttons and "reset view" set each client's camera to the
+    preset, inside one atomic update. Synthetic scene: forward = +z, up = -y, right = +x."""
+    recon = make_recon()
+    with ViewerApp(recon, port=free_port) as app:
+        handles = app.handles
+        assert handles is not None and app.server is not None
+        clients = {1: FakeClient(), 4: FakeClient()}
+        monkeypatch.setattr(app.server, "get_clients", lambda: clients)
+        center, d = app.framing.center, PRESET_DISTANCE * app.framing.extent
+
+        def assert_view(position: object, look_at: object, up: object) -> None:
+            for client in clients.values():
+                np.testing.assert_allclose(client.camera.position, position, atol=1e-6)
+                np.testing.assert_allclose(client.camera.look_at, look_at, atol=1e-6)
+                np.testing.assert_allclose(client.camera.up_direction, up, atol=1e-6)
+                assert client.outside_atomic == []
+
+        handles.look_from.value = "front"
+        assert_view(center + [0, 0, -d], center, [0, -1, 0])
+        handles.look_from.value = "left"
+        assert_view(center + [-d, 0, 0], center, [0, -1, 0])
+        handles.look_from.value = "top"
+        assert_view(center + [0, -d, 0], center, [0, 0, 1])
+        handles.frame.value = 1
+        handles.go_to.value = "current camera"
+        assert_view([0.1, 0, 0], [0.1, 0, PLANE_Z], [0, -1, 0])
+        handles.go_to.value = "first camera"
+        assert_view([0, 0, 0], [0, 0, PLANE_Z], [0, -1, 0])
+        handles.reset_view.value = True  # a click
+        assert_view(app.framing.camera_position, center, app.framing.up)
+        handles.look_from.value = "back"
+        handles.go_to.value = "overview"
+        assert_view(app.framing.camera_position, center, app.framing.up)
+
+
+def test_frame_image_panel_shows_frame_t_downscaled(free_port: int) -> None:
+    recon = make_recon()
+    recon.images[:, 0, 0] = np.arange(N)[:, None]  # tell the frames apart
+    # 42 x 28 pixels, at most 21 on a side: every second pixel.
+    with ViewerApp(recon, ViewerOptions(frame_image_size=21), port=free_port) as app:
+        handles = app.handles
+        assert handles is not None and handles.show_frame_image.value is True
+        assert handles.frame_image.image.shape == (H // 2, W // 2, 3)
+        np.testing.assert_array_equal(handles.frame_image.image, recon.images[N - 1, ::2, ::2])
+        handles.frame.value = 0
+        np.testing.assert_array_equal(handles.frame_image.image, recon.images[0, ::2, ::2])
+        handles.show_frame_image.value = False
+        assert handles.frame_image.visible is False
+        handles.frame.value = 1
+        handles.show_frame_image.value = True
+        assert handles.frame_image.visible is True
+        np.testing.assert_array_equal(handles.frame_image.image, recon.images[1, ::2, ::2])
+    with ViewerApp(recon, ViewerOptions(show_frame_image=False), port=free_port) as app:
+        assert app.handles is not None and app.handles.frame_image.visible is False
+        np.testing.assert_array_equal(app.handles.frame_image.image, recon.images[N - 1])  # fits in 320 px
+    with pytest.raises(ValueError, match="frame_image_size"):
+        ViewerApp(recon, ViewerOptions(frame_image_size=0))
+
+
+def test_camera_subsampling_shows_every_kth_frustum_and_frame_t(free_port: int) -> None:
+    with ViewerApp(make_recon(n=7), port=free_port) as app:
+        handles = app.handles
+        assert handles is not None and handles.camera_every.value == 1
+
+        def shown() -> list[int]:
+            return [i for i, frustum in enumerate(handles.frustums) if frustum.visible]
+
+        handles.frame.value = 4  # "up to t"
+        assert shown() == [0, 1, 2, 3, 4]
+        points = app.shown_point_count
+        handles.camera_every.value = 3
+        assert shown() == [0, 3, 4]
+        assert app.shown_point_count == points  # points are not subsampled
+        assert all(cloud.visible for cloud in handles.point_clouds[:5])
+        handles.frame.value = 5
+        assert shown() == [0, 3, 5]
+        handles.frame_mode.value = "all"
+        assert shown() == [0, 3, 5, 6]
+        handles.frame_mode.value = "only t"
+        assert shown() == [5]
+        handles.show_cameras.value = False
+        assert shown() == []
+        handles.show_cameras.value = True
+        handles.frame_mode.value = "all"
+        handles.camera_every.value = 1
+        assert shown() == list(range(7))
+
+
+def test_host_not_on_this_machine_fails_fast(
+    tmp_path: Path, free_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """viser, asked to listen on an address this machine does not have, waited forever; the
+    viewer now checks the address first. 192.0.2.1 is TEST-NET-1 (RFC 5737): never assigned."""
+    make_recon().save_npz(tmp_path / "predictions.npz")
+    result: dict[str, object] = {}
+
+    def run(target: Callable[[], object]) -> None:
+        def call() -> None:
+            try:
+                result["value"] = target()
+            except Exception as err:  # noqa: BLE001 - handed to the test thread
+                result["error"] = err
+
+        result.clear()
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "still waiting for the server after 60 s"
+
+    run(lambda: cli_main(["view", str(tmp_path), "--host", "192.0.2.1", "--port", str(free_port), "--no-block"]))
+    assert result == {"value": 2}
+    err = capsys.readouterr().err
+    assert "error: cannot listen on 192.0.2.1: address not available on this machine" in err
+    run(lambda: ViewerApp(make_recon(), host="no-such-host.invalid", port=free_port).start())
+    assert isinstance(result["error"], OSError) and "cannot listen on no-such-host.invalid" in str(result["error"])
+    with ViewerApp(make_recon(), host="localhost", port=free_port) as app:  # a name that resolves here works
+        assert app.port == free_port

@@ -7,7 +7,9 @@ What is checked: the page loads and connects; a click on the "show cameras" chec
 browser reaches the server (so the frustums, which also show the checkerboard, are hidden);
 the screenshot then shows the checkerboard's red and green points, and after the confidence
 threshold is raised above every point (a server-side change pushed to the browser) those
-colours are gone from a second screenshot. Screenshots land in the test's tmp_path.
+colours are gone from a second screenshot. In between, the viewer's own "screenshot" (a render
+the server asks the browser for) must show the same colours. Screenshots land in the test's
+tmp_path.
 """
 from __future__ import annotations
 
@@ -63,7 +65,9 @@ def test_browser_shows_point_cloud(tmp_path: Path, free_port: int) -> None:
         page.screenshot(path=str(path))  # type: ignore[attr-defined]
         return np.asarray(Image.open(path).convert("RGB"))
 
-    app = ViewerApp(make_recon(), ViewerOptions(conf_threshold=1.0), port=free_port).start()
+    # No "Frame image" panel: its checkerboard would count as drawn points in the page screenshots.
+    options = ViewerOptions(conf_threshold=1.0, show_frame_image=False)
+    app = ViewerApp(make_recon(), options, port=free_port).start()
     try:
         with sync_api.sync_playwright() as playwright:
             context = playwright.chromium.launch_persistent_context(
@@ -89,6 +93,14 @@ def test_browser_shows_point_cloud(tmp_path: Path, free_port: int) -> None:
                 wait_for(points_drawn, 30, "the red and green points in the screenshot")
                 status = f"{app.shown_point_count:,} of {len(app.pool):,} points shown"
                 assert page.get_by_text(status).count() == 1, f"the panel does not say {status!r}"
+
+                # The viewer's own "screenshot": a render of the page's canvas, written as PNG.
+                render = app.screenshot(tmp_path / "viewer_render.png")
+                assert render is not None
+                render.join(timeout=60)
+                rendered = np.asarray(Image.open(tmp_path / "viewer_render.png"))
+                assert rendered.shape == (VIEWPORT["height"], VIEWPORT["width"], 4)
+                assert min(colour_pixels(rendered, RED), colour_pixels(rendered, GREEN)) >= MIN_POINT_PIXELS
 
                 app.handles.conf_threshold.value = CONF_MAX  # every point has confidence <= CONF_MAX
                 assert app.shown_point_count == 0

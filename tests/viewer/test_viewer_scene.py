@@ -8,13 +8,19 @@ import pytest
 from viewer_synthetic import CONF_MAX, FX, FY, H, INVALID_PIXELS, N, PLANE_Z, SKY_ROWS, W, make_recon
 
 from mapstream.viewer.scene import (
+    PRESET_DISTANCE,
+    VIEW_PRESETS,
     build_point_pool,
+    downscale_image,
     frame_indices,
     frustum_params,
     rotation_to_wxyz,
+    scene_axes,
     scene_framing,
     select_points,
     trajectory_colors,
+    view_preset,
+    visible_cameras,
     visible_frames,
 )
 
@@ -140,3 +146,91 @@ def test_frustum_params_and_framing() -> None:
     assert framing.point_size == pytest.approx(PLANE_Z / FY)
     capped = scene_framing(recon, build_point_pool(recon, max_points=len(build_point_pool(recon)) // 4))
     assert capped.point_size == pytest.approx(2 * PLANE_Z / FY, rel=0.01)
+
+
+def test_view_presets_on_the_synthetic_scene() -> None:
+    """Cameras at x = 0.1 i look down +z with y down: forward = +z, up = -y, right = +x."""
+    recon = make_recon()
+    framing = scene_framing(recon, build_point_pool(recon))
+    center, d = np.array([0.1, -0.05, PLANE_Z]), PRESET_DISTANCE * framing.extent
+    np.testing.assert_allclose(framing.center, center, atol=1e-6)
+    forward, right, up = scene_axes(recon, framing)
+    np.testing.assert_allclose(np.stack([forward, right, up]), [[0, 0, 1], [1, 0, 0], [0, -1, 0]], atol=1e-12)
+    expected = {
+        # Behind and above the first camera (y is down), looking at the scene centre.
+        "overview": ([0, -0.15 * framing.extent, -0.3 * framing.extent], center, [0, -1, 0]),
+        "front": (center + [0, 0, -d], center, [0, -1, 0]),
+        "back": (center + [0, 0, d], center, [0, -1, 0]),
+        "left": (center + [-d, 0, 0], center, [0, -1, 0]),
+        "right": (center + [d, 0, 0], center, [0, -1, 0]),
+        "top": (center + [0, -d, 0], center, [0, 0, 1]),
+        "first camera": ([0, 0, 0], [0, 0, PLANE_Z], [0, -1, 0]),
+        "current camera": ([0.2, 0, 0], [0.2, 0, PLANE_Z], [0, -1, 0]),
+    }
+    assert set(expected) == set(VIEW_PRESETS)
+    for name, (position, look_at, up_vector) in expected.items():
+        got = view_preset(recon, framing, name, frame=2)
+        assert all(v.dtype == np.float64 and v.shape == (3,) for v in got), name
+        for value, want in zip(got, (position, look_at, up_vector)):
+            np.testing.assert_allclose(value, want, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(view_preset(recon, framing, "current camera", frame=1)[0], [0.1, 0, 0], atol=1e-7)
+    with pytest.raises(ValueError, match="unknown view"):
+        view_preset(recon, framing, "bottom")
+    with pytest.raises(ValueError, match="outside"):
+        view_preset(recon, framing, "current camera", frame=N)
+
+
+def test_view_presets_follow_the_scene_frame() -> None:
+    """The same scene in another world frame (rotated and moved): every preset direction and
+    up vector turn with it, so "front" still looks along the first camera's axis."""
+    recon = make_recon()
+    c, s = math.cos(0.7), math.sin(0.7)
+    R = np.array([[c, 0, s], [0, 1, 0], [-s, 0, c]]) @ np.array([[1, 0, 0], [0, c, -s], [0, s, c]])
+    moved = make_recon()
+    moved.T_world_cam[:, :, :3] = R @ recon.T_world_cam[:, :, :3]
+    moved.T_world_cam[:, :, 3] = recon.T_world_cam[:, :, 3] @ R.T + [5.0, -1.0, 2.0]
+    framing, moved_framing = (scene_framing(r, build_point_pool(r)) for r in (recon, moved))
+    for name in ("front", "back", "left", "right", "top"):
+        p, look, up = view_preset(recon, framing, name)
+        p2, look2, up2 = view_preset(moved, moved_framing, name)
+        np.testing.assert_allclose(look2, moved_framing.center)
+        np.testing.assert_allclose((p2 - look2) / moved_framing.extent, R @ (p - look) / framing.extent, atol=1e-6)
+        np.testing.assert_allclose(up2, R @ up, atol=1e-6)
+    position, look_at, up = view_preset(moved, moved_framing, "current camera", frame=1)
+    np.testing.assert_allclose(position, moved.T_world_cam[1, :, 3], atol=1e-6)
+    np.testing.assert_allclose(up, -moved.T_world_cam[1, :, 1], atol=1e-6)
+    axis = (look_at - position) / np.linalg.norm(look_at - position)
+    np.testing.assert_allclose(axis, moved.T_world_cam[1, :, 2], atol=1e-6)
+
+
+def test_scene_axes_when_the_first_camera_looks_straight_down() -> None:
+    """Its optical axis has no horizontal part: forward falls back to the top of its image."""
+    recon = make_recon()
+    down = np.array([[1, 0, 0], [0, 0, 1], [0, -1, 0]], np.float32)  # z_cam = +y (down), y_cam = -z
+    recon.T_world_cam[0, :, :3] = down
+    recon.T_world_cam[1, :, :3] = np.array([[1, 0, 0], [0, 0, -1], [0, 1, 0]], np.float32)  # y_cam = +z
+    framing = scene_framing(recon, build_point_pool(recon))
+    np.testing.assert_allclose(framing.up, [0, -1, 0], atol=1e-6)  # mean y: (-z + z + y) / 3
+    forward, right, up = scene_axes(recon, framing)
+    np.testing.assert_allclose(np.stack([forward, right, up]), [[0, 0, 1], [1, 0, 0], [0, -1, 0]], atol=1e-6)
+
+
+def test_camera_subsampling() -> None:
+    up_to_7 = visible_frames(10, 7, "up to t")
+    np.testing.assert_array_equal(np.flatnonzero(visible_cameras(up_to_7, 7, 3)), [0, 3, 6, 7])
+    np.testing.assert_array_equal(np.flatnonzero(visible_cameras(visible_frames(10, 4, "all"), 4, 3)), [0, 3, 4, 6, 9])
+    np.testing.assert_array_equal(np.flatnonzero(visible_cameras(up_to_7, 7, 1)), np.arange(8))
+    np.testing.assert_array_equal(np.flatnonzero(visible_cameras(visible_frames(10, 5, "only t"), 5, 2)), [5])
+    with pytest.raises(ValueError, match="camera subsampling"):
+        visible_cameras(up_to_7, 7, 0)
+
+
+def test_downscale_image_longest_side() -> None:
+    image = np.arange(500 * 700 * 3, dtype=np.int64).reshape(500, 700, 3)
+    small = downscale_image(image, 320)  # stride 3: 700 / 3 -> 234 columns
+    assert small.shape == (167, 234, 3)
+    np.testing.assert_array_equal(small, image[::3, ::3])
+    assert downscale_image(image[:, :640], 320).shape == (250, 320, 3)  # exactly halved
+    assert downscale_image(image[:320, :200], 320).shape == (320, 200, 3)  # fits already
+    with pytest.raises(ValueError, match="max_side"):
+        downscale_image(image, 0)

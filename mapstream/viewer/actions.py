@@ -1,0 +1,77 @@
+"""The viewer's "Export" actions, apart from the GUI: the shown scene as GLB, a render as PNG.
+
+Both write atomically (a temp file in the destination folder, then a rename), so a failed
+write leaves any earlier file at the path as it was. They raise on failure; the viewer turns
+the error into a status line (:mod:`mapstream.viewer.app`).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mapstream.export import PointSet, Reconstruction
+from mapstream.export.atomic import atomic_path
+from mapstream.viewer.scene import PointPool
+
+__all__ = ["RENDER_TIMEOUT_S", "export_shown_glb", "first_client", "save_render"]
+
+RENDER_TIMEOUT_S = 30.0
+"""Longest wait for a browser's render: a tab in the background may never draw a frame."""
+
+FALLBACK_RENDER_HW = (720, 1280)
+"""Render size when the browser has not reported its canvas size yet."""
+
+
+def export_shown_glb(
+    recon: Reconstruction,
+    pool: PointPool,
+    point_index: np.ndarray,
+    cameras: np.ndarray,
+    path: str | os.PathLike[str],
+    *,
+    trajectory: bool = True,
+) -> Path:
+    """Write the pool's points at ``point_index``, the frustums of the frames where ``cameras``
+    ([N] bool) is True and (``trajectory``) the camera path as a GLB scene (see
+    :func:`mapstream.export.glb.write_glb` for its axes and layout).
+
+    Raises:
+        ValueError: there is nothing to write (a GLB scene cannot be empty).
+        OSError: the file cannot be written.
+    """
+    from mapstream.export.glb import write_glb
+
+    if len(point_index) == 0 and not np.any(cameras) and not (trajectory and len(recon) > 1):
+        raise ValueError("nothing is shown: no point, camera or trajectory to export")
+    points = PointSet(pool.xyz[point_index], pool.rgb[point_index], pool.conf[point_index], pool.frame[point_index])
+    return write_glb(recon, Path(path), points=points, cameras=np.flatnonzero(cameras), trajectory=trajectory)
+
+
+def first_client(server: Any) -> Any | None:
+    """The connected browser that connected first (lowest id), or None."""
+    clients = server.get_clients()
+    return clients[min(clients)] if clients else None
+
+
+def save_render(client: Any, path: str | os.PathLike[str], *, timeout: float = RENDER_TIMEOUT_S) -> Path:
+    """Ask ``client`` (a viser ClientHandle) to render its current view at its canvas size and
+    write it losslessly as an RGBA PNG (the page background is transparent).
+
+    Raises:
+        TimeoutError: the browser sent no frame within ``timeout`` seconds.
+        OSError: the file cannot be written.
+    """
+    from PIL import Image
+
+    height, width = int(client.camera.image_height), int(client.camera.image_width)
+    if height <= 0 or width <= 0:
+        height, width = FALLBACK_RENDER_HW
+    image = np.asarray(client.get_render(height, width, transport_format="png", timeout=timeout))
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        Image.fromarray(image).save(tmp, format="PNG")
+    return path
+

@@ -1,0 +1,165 @@
+"""The viewer's options and its control panel: :class:`ViewerOptions`, :class:`ViewerHandles`
+and :func:`add_controls`, which lays out the GUI folders. What the controls do is wired up by
+:class:`mapstream.viewer.app.ViewerApp`; nothing here imports viser (``gui`` is its GUI API).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+import numpy as np
+
+from mapstream.viewer.scene import DEFAULT_MAX_POINTS, FrameMode
+
+__all__ = [
+    "DOWNSAMPLE_CHOICES",
+    "GO_TO",
+    "LOOK_FROM",
+    "MAX_CAMERA_EVERY",
+    "ViewerHandles",
+    "ViewerOptions",
+    "add_controls",
+]
+
+DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "16", "32")
+"""Values of the "keep 1 point in" control."""
+LOOK_FROM: tuple[str, ...] = ("front", "back", "left", "right", "top")
+GO_TO: tuple[str, ...] = ("overview", "first camera", "current camera")
+"""The "View" folder's two rows of :data:`mapstream.viewer.scene.VIEW_PRESETS` buttons."""
+MAX_CAMERA_EVERY = 50
+"""Largest value of the "show 1 camera in" slider."""
+
+
+@dataclass
+class ViewerOptions:
+    """Initial values of the viewer's controls and its fixed limits."""
+
+    conf_threshold: float = 1.5
+    """Show points whose confidence is strictly greater than this (confidence is > 1)."""
+    max_points: int = DEFAULT_MAX_POINTS
+    """Most points ever held and shown (seeded uniform subsample beyond)."""
+    point_size: float | None = None
+    """Point size in world units; None = the median pixel footprint (:class:`SceneFraming`)."""
+    downsample: int = 1
+    """Initially keep one point in this many (one of 1, 2, 4, ... 32)."""
+    frame_mode: FrameMode = "up to t"
+    """Initial scrubber mode: frames up to t, only frame t, or all frames."""
+    hide_sky: bool = True
+    """Initially hide points under the sky mask (when the run has one), as the reference's
+    viewer does with sky masking on."""
+    play_fps: float = 8.0
+    """Frames per second of the "play" button."""
+    thumbnail_size: int = 160
+    """Longest side in pixels of the image shown in each camera frustum."""
+    frame_image_size: int = 320
+    """Longest side in pixels of frame t in the "Frame image" panel."""
+    show_frame_image: bool = True
+    """Initially show the "Frame image" panel."""
+    seed: int = 0
+    """Seed of the subsample and of the downsample order."""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the option when a value has no control to match it."""
+        if str(self.downsample) not in DOWNSAMPLE_CHOICES:
+            raise ValueError(f"downsample must be one of {', '.join(DOWNSAMPLE_CHOICES)}, got {self.downsample}")
+        if self.frame_mode not in get_args(FrameMode):
+            raise ValueError(f"frame_mode must be one of {get_args(FrameMode)}, got {self.frame_mode!r}")
+        if not math.isfinite(self.conf_threshold):
+            raise ValueError(f"conf_threshold must be a number (confidence is > 1), got {self.conf_threshold}")
+        size = self.point_size
+        if size is not None and not 0 < size < math.inf:
+            raise ValueError(f"point_size must be > 0 (world units), or unset for the pixel footprint; got {size}")
+        if self.frame_image_size < 1:
+            raise ValueError(f"frame_image_size must be >= 1 (pixels), got {self.frame_image_size}")
+
+
+@dataclass
+class ViewerHandles:
+    """viser handles owned by a running :class:`~mapstream.viewer.app.ViewerApp` (GUI controls
+    and scene nodes)."""
+
+    frame: Any
+    frame_mode: Any
+    play: Any
+    fps: Any
+    conf_threshold: Any
+    point_size: Any
+    downsample: Any
+    hide_sky: Any | None
+    show_cameras: Any
+    reset_view: Any
+    status: Any
+    step: Any = None
+    camera_size: Any = None
+    camera_every: Any = None
+    look_from: Any = None
+    go_to: Any = None
+    show_frame_image: Any = None
+    frame_image: Any = None
+    glb_path: Any = None
+    export_glb: Any = None
+    png_path: Any = None
+    screenshot: Any = None
+    point_clouds: list[Any] = field(default_factory=list)
+    frustums: list[Any] = field(default_factory=list)
+    trajectory: Any | None = None
+
+
+def add_controls(
+    gui: Any,
+    options: ViewerOptions,
+    *,
+    num_frames: int,
+    conf_max: float,
+    point_size: float,
+    has_sky_mask: bool,
+    frame_image: np.ndarray,
+    glb_path: str,
+    png_path: str,
+) -> ViewerHandles:
+    """Add the status line and the folders Frames, Frame image, Points, Cameras, View and Export
+    to ``gui`` (a viser GUI API) with their initial values; returns their handles (no scene
+    node yet). ``conf_max`` and ``point_size`` set the ranges of the threshold and size sliders,
+    ``frame_image`` is the panel's first image, the paths the Export folder's initial fields."""
+    n = num_frames
+    status = gui.add_markdown("")
+    with gui.add_folder("Frames"):
+        frame = gui.add_slider("frame", min=0, max=max(n - 1, 1), step=1, initial_value=n - 1, disabled=n == 1)
+        frame_mode = gui.add_dropdown("show", get_args(FrameMode), initial_value=options.frame_mode)
+        step = gui.add_button_group("step", ("prev", "next"), disabled=n == 1)
+        play = gui.add_checkbox("play", False, disabled=n == 1)
+        fps = gui.add_slider("fps", min=1, max=30, step=1, initial_value=int(round(options.play_fps)))
+    with gui.add_folder("Frame image"):
+        show_frame_image = gui.add_checkbox("show", options.show_frame_image)
+        image = gui.add_image(frame_image, visible=options.show_frame_image)
+    with gui.add_folder("Points"):
+        conf_threshold = gui.add_slider(
+            "confidence >", min=1.0, max=conf_max, step=(conf_max - 1.0) / 200,
+            initial_value=max(options.conf_threshold, 1.0),
+        )
+        size = gui.add_slider(
+            "point size", min=point_size / 10, max=point_size * 10, step=point_size / 20, initial_value=point_size
+        )
+        downsample = gui.add_dropdown("keep 1 in", DOWNSAMPLE_CHOICES, initial_value=str(options.downsample))
+        hide_sky = gui.add_checkbox("hide sky", options.hide_sky) if has_sky_mask else None
+    with gui.add_folder("Cameras"):
+        show_cameras = gui.add_checkbox("show cameras", True)
+        camera_size = gui.add_slider("camera size", min=0.1, max=10.0, step=0.1, initial_value=1.0)
+        camera_every = gui.add_slider("show 1 camera in", min=1, max=MAX_CAMERA_EVERY, step=1, initial_value=1)
+    with gui.add_folder("View"):
+        look_from = gui.add_button_group("look from", LOOK_FROM)
+        go_to = gui.add_button_group("go to", GO_TO)
+        reset_view = gui.add_button("reset view")
+    with gui.add_folder("Export"):
+        glb = gui.add_text("GLB path", glb_path)
+        export_glb = gui.add_button("export GLB", hint="the points, cameras and trajectory shown now")
+        png = gui.add_text("PNG path", png_path)
+        screenshot = gui.add_button("screenshot", hint="the view of the first browser that connected")
+    return ViewerHandles(
+        frame=frame, frame_mode=frame_mode, play=play, fps=fps, conf_threshold=conf_threshold,
+        point_size=size, downsample=downsample, hide_sky=hide_sky, show_cameras=show_cameras,
+        reset_view=reset_view, status=status, step=step, camera_size=camera_size,
+        camera_every=camera_every, look_from=look_from, go_to=go_to, show_frame_image=show_frame_image,
+        frame_image=image, glb_path=glb, export_glb=export_glb, png_path=png, screenshot=screenshot,
+    )
