@@ -77,6 +77,10 @@ class Run:
     """Point cloud: also keep only pixels whose confidence reaches this percentile (0-100) of the run's."""
     voxel_size: Optional[float] = None
     """Point cloud: average the points on a grid of this edge, in world units (None: no grid)."""
+    drop_black_background: bool = False
+    """Point cloud: leave out near-black pixels (R+G+B < 16), e.g. a black backdrop."""
+    drop_white_background: bool = False
+    """Point cloud: leave out near-white pixels (all channels > 240), e.g. a white backdrop or --preprocess pad's padding."""
     sky_mask: bool = False
     """Segment the sky (ONNX model) and leave it out of the point cloud; masks are cached."""
     sky_model: Optional[str] = None
@@ -106,6 +110,7 @@ class Run:
             window_size=self.window_size, overlap=self.overlap, overlap_keyframes=self.overlap_keyframes,
             device=self.device, precision=self.precision, backend=self.backend, formats=self.formats,
             conf_threshold=self.conf_threshold, conf_percentile=self.conf_percentile, voxel_size=self.voxel_size,
+            drop_black_background=self.drop_black_background, drop_white_background=self.drop_white_background,
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
         )

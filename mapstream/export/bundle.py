@@ -64,6 +64,8 @@ def export_all(
     max_points: int | None = 2_000_000,
     colmap_max_points: int | None = 100_000,
     seed: int = 0,
+    drop_black: bool = False,
+    drop_white: bool = False,
     progress: bool | None = None,
 ) -> dict[str, Path]:
     """Write the requested ``formats`` (subset of :data:`ALL_FORMATS`) into ``out_dir``.
@@ -72,8 +74,9 @@ def export_all(
         recon: the reconstruction.
         out_dir: output folder (created if needed).
         formats: which outputs to write (layout in the module docstring).
-        conf_threshold, conf_percentile, mask_sky, voxel_size, max_points, seed: the point
-            cloud of the PLY and GLB (see :class:`~mapstream.export.points.CloudOptions`).
+        conf_threshold, conf_percentile, mask_sky, voxel_size, max_points, seed, drop_black,
+            drop_white: the point cloud of the PLY and GLB (see
+            :class:`~mapstream.export.points.CloudOptions`).
         colmap_max_points: size of the COLMAP ``points3D.txt`` subsample (same filters, no
             voxel averaging; drawn from the PLY cloud when that one is not voxel averaged).
         progress: a bar over the outputs being written (None: when stderr is a terminal).
@@ -91,7 +94,7 @@ def export_all(
     out = prepare_dir(out_dir)
     options = CloudOptions(
         conf_threshold=conf_threshold, conf_percentile=conf_percentile, mask_sky=mask_sky,
-        voxel_size=voxel_size, max_points=max_points, seed=seed,
+        voxel_size=voxel_size, max_points=max_points, seed=seed, drop_black=drop_black, drop_white=drop_white,
     )
     steps = _plan(recon, out, wanted, options, colmap_max_points)
     written: dict[str, Path] = {}

@@ -49,6 +49,10 @@ class CloudOptions:
         voxel_size: edge of the averaging voxel grid in world units; None: no downsampling.
         max_points: cap on the output count (seeded uniform subsample); None: no cap.
         seed: random seed of the subsampling.
+        drop_black: drop pixels whose colour is near black (R + G + B < 16): a dark backdrop
+            or the padding of a frame (the reference GLB writer's black-background filter).
+        drop_white: drop pixels whose channels are all > 240: a white backdrop or the white
+            padding of ``pad`` preprocessing (its white-background filter).
     """
 
     conf_threshold: float | None = 1.5
@@ -57,6 +61,8 @@ class CloudOptions:
     voxel_size: float | None = None
     max_points: int | None = 2_000_000
     seed: int = 0
+    drop_black: bool = False
+    drop_white: bool = False
 
     def __post_init__(self) -> None:
         if self.conf_percentile is not None and not 0 <= self.conf_percentile <= 100:
@@ -123,7 +129,27 @@ def valid_pixel_mask(recon: Reconstruction, options: CloudOptions = CloudOptions
         valid &= recon.depth_conf > options.conf_threshold
     if options.conf_percentile is not None:
         valid &= recon.depth_conf >= confidence_threshold(recon, options.conf_percentile, mask_sky=options.mask_sky)
+    if options.drop_black or options.drop_white:
+        for start in range(0, len(recon), _COLOUR_CHUNK):  # chunks: the images may be memory-mapped
+            valid[start : start + _COLOUR_CHUNK] &= ~background_pixels(
+                recon.images[start : start + _COLOUR_CHUNK], black=options.drop_black, white=options.drop_white
+            )
     return valid
+
+
+_COLOUR_CHUNK = 64
+
+
+def background_pixels(images: np.ndarray, *, black: bool, white: bool) -> np.ndarray:
+    """``[..., H, W]`` bool of ``images`` ``[..., H, W, 3]`` uint8: near black (R + G + B < 16)
+    when ``black``, near white (every channel > 240) when ``white``."""
+    images = np.asarray(images)
+    out = np.zeros(images.shape[:-1], dtype=bool)
+    if black:
+        out |= images.astype(np.int32).sum(-1) < 16
+    if white:
+        out |= (images > 240).all(-1)
+    return out
 
 
 def _frame_points(recon: Reconstruction, i: int, mask: np.ndarray) -> PointSet:

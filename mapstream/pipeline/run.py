@@ -72,6 +72,8 @@ class RunOptions:
     conf_threshold: float = 1.5
     conf_percentile: float | None = None  # also keep only pixels above this percentile of confidence
     voxel_size: float | None = None
+    drop_black_background: bool = False  # point cloud: leave out near-black pixels
+    drop_white_background: bool = False  # point cloud: leave out near-white pixels
     resume: bool = True
     demo: bool = False
     demo_frames: int = 24
@@ -330,7 +332,8 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
     outputs = export_all(
         recon, out, formats=opts.formats, conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile,
-        voxel_size=opts.voxel_size, progress=progress,
+        voxel_size=opts.voxel_size, drop_black=opts.drop_black_background, drop_white=opts.drop_white_background,
+        progress=progress,
     )
     exported = time.perf_counter()
     fps = new / max(inferred - loaded, 1e-9)

@@ -67,6 +67,27 @@ def test_cloud_options() -> None:
         CloudOptions(conf_percentile=120)
 
 
+def test_black_and_white_backdrops_can_be_left_out() -> None:
+    """drop_black / drop_white (the reference GLB writer's background filters): near-black
+    pixels (R + G + B < 16) and near-white ones (every channel > 240) make no point, the
+    others are untouched; the bounds are exact."""
+    recon = make_recon()
+    images = recon.images.copy()
+    images[:, 0, :] = (5, 5, 5)  # sum 15: black
+    images[:, 1, :] = (5, 5, 6)  # sum 16: not black
+    images[:, 2, :] = (241, 241, 241)  # white
+    images[:, 3, :] = (241, 241, 240)  # one channel at 240: not white
+    recon = type(recon)(**{**{k: getattr(recon, k) for k in ("depth", "depth_conf", "T_world_cam", "K", "pose_enc",
+                                                            "names", "sky_mask")}, "images": images})
+    base = expected_mask(recon)
+    for black, white, rows in [(True, False, [0]), (False, True, [2]), (True, True, [0, 2]), (False, False, [])]:
+        cloud = build_point_cloud(recon, CloudOptions(drop_black=black, drop_white=white, max_points=None))
+        want = base.copy()
+        want[:, rows, :] = False
+        assert len(cloud) == want.sum(), (black, white)
+        assert not np.isin(cloud.uv[:, 1], rows).any()
+
+
 def test_voxel_average() -> None:
     points = PointSet(
         xyz=np.array([[0.1, 0.1, 0.1], [0.3, 0.3, 0.3], [1.5, 0.2, 0.2]], np.float32),

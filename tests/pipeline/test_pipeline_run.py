@@ -436,6 +436,23 @@ def test_a_confidence_percentile_thins_the_point_cloud(tmp_path):
     assert 0.45 < counts[2] / counts[0] < 0.55, counts
 
 
+def test_pad_preprocessing_and_a_white_backdrop_filter_leave_the_padding_out(tmp_path):
+    """--preprocess pad pads landscape photos with white rows to a square; with
+    --drop-white-background those rows, and any near-white pixel of the photos, make no point."""
+    from plyfile import PlyData
+
+    src = photos(tmp_path, 3)
+    counts = {}
+    for extra in ((), ("--drop-white-background",)):
+        out = tmp_path / f"out{len(extra)}"
+        assert run_cli(str(src), "--out", str(out), "--formats", "ply", "npz", "--conf-threshold", "0",
+                       "--preprocess", "pad", *extra) == 0
+        counts[len(extra)] = len(PlyData.read(str(out / "points.ply"))["vertex"].data)
+        images = np.load(out / "predictions.npz")["images"]
+    white = (images > 240).all(-1)
+    assert white.any() and counts[0] - counts[1] == white.sum(), counts  # every pixel has a depth here
+
+
 def test_a_run_can_turn_its_frames(tmp_path):
     """--rotate 90 turns every frame clockwise before preprocessing: landscape photos become
     portrait ones, cropped to 140 x 140, and the run records it."""
