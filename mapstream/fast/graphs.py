@@ -379,11 +379,16 @@ class GraphedStep:
 
     def _call_whole(self, state, store: bool, backend) -> dict[str, torch.Tensor]:
         with contextlib.ExitStack() as steps:
-            # Planned on the current stream (a new lease allocates the arena there, where
-            # the graphs use it); the planned copies and offsets run beside graph 0.
             (agg_step,) = steps.enter_context(self._open_step(state.aggregator, store))
             camera_steps = steps.enter_context(self._camera_steps(state, store))
-            with self._beside_first_graph():
+            # Planning queues GPU work only when a cache's storage changed (a new lease is
+            # zero-filled, a grown trajectory memory is copied over), on the current stream
+            # behind graph 0; the step's copies must follow it there. Otherwise they run
+            # beside graph 0. (The graph is captured again for new storage anyway.)
+            moved = agg_step.storage is not self.agg_device_step.storage or any(
+                step.storage is not self.camera_device_step.storage for step in camera_steps
+            )
+            with contextlib.nullcontext() if moved else self._beside_first_graph():
                 self.agg_device_step.prepare(agg_step)
                 for step in camera_steps:
                     self.camera_device_step.prepare(step)
@@ -405,8 +410,9 @@ class GraphedStep:
         the previous step) but beside graph 0, and make the current stream wait for it. For
         `DeviceStep.prepare`'s small kernels (trajectory moves, write offsets, key ranges): graph
         0 reads no cache, and on the current stream they ran after it, ≈ 45 µs a step on an H200
-        (docs/BENCHMARKS.md, session 19). The temporaries they allocate belong to the second
-        stream, whose work alone uses them."""
+        (docs/BENCHMARKS.md, session 19). Only for work that needs nothing queued on the
+        current stream after the frame's load. The temporaries it allocates belong to the
+        second stream, whose work alone uses them."""
         if self.side_stream is None:
             yield
             return

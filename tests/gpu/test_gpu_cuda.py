@@ -972,3 +972,39 @@ def test_the_flythrough_draws_the_same_frames_on_the_gpu_as_on_the_cpu(tmp_path)
     path = render_flythrough(recon, tmp_path / "fly.mp4", RenderOptions(height=64), device="cuda", progress=False)
     with av.open(str(path)) as container:
         assert sum(1 for _ in container.decode(video=0)) == 4
+
+
+def test_the_step_copies_beside_graph_0_wait_for_a_growing_trajectory_memory(monkeypatch):
+    """The step's cache copies run beside graph 0 on a second stream; when planning moves the
+    trajectory memory to a larger arena (its copy queued on the current stream behind graph 0),
+    they must follow that copy instead. A long graph 0 is imitated by a GPU sleep queued just
+    before the growth: the whole-step session still equals the eager one after the growth
+    (with the copies beside graph 0 at that step, poses differed by 6.5e-2 from frame 69 on)."""
+    if available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
+        pytest.skip("triton backend unavailable")
+    from mapstream.cache.manager import StreamCacheManager
+
+    grown, grow = [], StreamCacheManager._grow_trajectory
+
+    def slow_grow(self):
+        grown.append(self.frames_stored)
+        torch.cuda._sleep(400_000_000)  # ≈ 0.2 s of a busy current stream
+        return grow(self)
+
+    monkeypatch.setattr(StreamCacheManager, "_grow_trajectory", slow_grow)
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval().cast_for_inference("bf16")
+    model.set_backend("triton")
+    cache = mapstream.CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=None)
+    frames = torch.rand(80, 3, 28, 42, generator=torch.Generator().manual_seed(5)).cuda()
+
+    def run(fast):
+        with model.session(num_scale_frames=2, precision="bf16", cache=cache, fast=fast) as s:
+            return s.run_frames(frames)
+
+    eager = run(False)
+    grown.clear()
+    whole = run("whole")
+    assert grown, "the trajectory memory never grew: the test does not reach the case"
+    for a, b in zip(whole, eager):
+        torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(a.depth, b.depth, rtol=1e-3, atol=1e-3)

@@ -711,6 +711,34 @@ def test_whole_step_follows_the_cache_when_its_storage_moves(model):
         torch.testing.assert_close(a.depth, b.depth, rtol=1e-5, atol=1e-6)
 
 
+def test_the_step_copies_go_beside_graph_0_only_when_planning_queued_nothing(model, monkeypatch):
+    """On a GPU the step's cache copies run on a second stream beside graph 0, ordered after
+    the frame's load only. A step whose planning queued work on the current stream (a new
+    arena: the first step, trajectory growth) must keep them there, after that work; every
+    other step takes the second stream. Here: which steps took it, against the cache moves."""
+    from mapstream.fast import graphs
+
+    cache = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=None)
+    beside, entered = [], graphs.GraphedStep._beside_first_graph
+
+    def spy(self):
+        beside[-1] = True
+        return entered(self)
+
+    monkeypatch.setattr(graphs.GraphedStep, "_beside_first_graph", spy)
+    storages = []
+    with model.session(num_scale_frames=2, cache=cache, fast="whole") as fast:
+        for frame in frames_of(74, h=14, w=28, seed=31):
+            beside.append(False)
+            fast.step(frame)
+            run = fast.state.aggregator._run  # none while the scale phase buffers
+            storages.append(run.storage.data_ptr() if run is not None else None)
+    steps = list(range(2, 74))  # graphed steps: after the scale phase
+    moved = {i for i in steps if i == 2 or storages[i] != storages[i - 1]}
+    assert len(moved) == 2  # the first graphed step and one growth of the trajectory memory
+    assert [i for i in steps if not beside[i]] == sorted(moved)
+
+
 @pytest.mark.parametrize("fast", [False, True, "whole"], ids=["eager", "pieces", "whole-step"])
 def test_cache_attentions_get_their_global_blocks_key_norm_hint(model, monkeypatch, fast):
     """Every aggregator cache attention is handed its global block's key-norm bound (with
