@@ -3,16 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Optional
-
-try:  # tyro only matters when parsing a command line
-    import tyro
-
-    RunDir = Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="RUN_DIR")]
-except ImportError:
-    RunDir = Path  # type: ignore[misc]
+from typing import Literal, Optional
 
 from ..viewer.scene import DEFAULT_MAX_POINTS
+from .view import RunDir
 
 
 @dataclass
@@ -49,16 +43,18 @@ class Render:
     def main(self) -> int:
         from ..pipeline.run import resolve_device
         from ..render import RenderOptions, render_flythrough
+        from ..render.flythrough import check_video_path
         from ..viewer import load_run, predictions_path
 
-        device = resolve_device(self.device)
-        recon = load_run(self.run_dir)
-        out = self.out if self.out is not None else predictions_path(self.run_dir).parent / "flythrough.mp4"
+        # Every option is checked before the run is read.
         options = RenderOptions(
             mode=self.mode, height=self.height, fps=self.fps, conf_threshold=self.conf_threshold,
             hide_sky=self.hide_sky, max_points=self.max_points, radius=self.radius, background=self.background,
             inset=self.inset,
         )
+        device = resolve_device(self.device)
+        out = check_video_path(self.out if self.out is not None else predictions_path(self.run_dir).parent / "flythrough.mp4")
+        recon = load_run(self.run_dir)
         path = render_flythrough(recon, out, options, device=device, progress=not self.quiet)
         print(f"wrote {path} ({len(recon)} frames at {self.fps:g} FPS)")
         return 0

@@ -28,7 +28,10 @@ from mapstream.viewer.scene import DEFAULT_MAX_POINTS, build_point_pool, scene_f
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RenderOptions", "render_flythrough"]
+__all__ = ["VIDEO_SUFFIXES", "RenderOptions", "check_video_path", "render_flythrough"]
+
+VIDEO_SUFFIXES: tuple[str, ...] = (".mp4", ".mkv", ".mov")
+"""Containers the flythrough is written in (picked by the file's suffix)."""
 
 _TRAIL = (255, 140, 0)
 _FRUSTUM = (220, 20, 60)
@@ -86,6 +89,7 @@ def render_flythrough(
     device: where the points are drawn (default: CUDA when available, else the CPU).
     progress: a bar over the frames (None: when stderr is a terminal).
     """
+    path = check_video_path(path)
     av = import_optional("av", "encoding the flythrough video")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     height, width = _video_size(recon.image_hw, options.height)
@@ -103,17 +107,17 @@ def render_flythrough(
         overview=(framing.camera_position, framing.look_at),
     ))
     K = pinhole(height, width, options.fov)
-    trail, frusta = _overlays(recon, framing.extent, device)
+    trail, frusta, per_segment = _overlays(recon, framing.extent, device)
     background = _BACKGROUNDS[options.background]
     logger.info("rendering %d frames at %dx%d (%d points, %s view) to %s", n, width, height, len(xyz), options.mode, path)
 
-    path = Path(path)
     with atomic_path(path) as tmp, av.open(str(tmp), mode="w") as container:
         stream = _video_stream(av, container, width, height, options.fps)
         with progress_bar(n, desc="render", progress=progress) as bar:
             for t in range(n):
-                points = torch.cat((xyz[: upto[t]], trail[t][0], frusta[t][0]))
-                colors = torch.cat((rgb[: upto[t]], trail[t][1], frusta[t][1]))
+                # Frame t's trajectory: the samples of segments 0..t-1, a prefix of the trail.
+                points = torch.cat((xyz[: upto[t]], trail[0][: t * per_segment], frusta[t][0]))
+                colors = torch.cat((rgb[: upto[t]], trail[1][: t * per_segment], frusta[t][1]))
                 image = splat(points, colors, K, views[t], (height, width), radius=options.radius,
                               background=background).cpu().numpy()
                 image = _annotate(image, recon, t, options.inset)
@@ -122,6 +126,15 @@ def render_flythrough(
                 bar.update(1)
         for packet in stream.encode(None):
             container.mux(packet)
+    return path
+
+
+def check_video_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path when its suffix names a video container we write, else a ValueError
+    saying which suffixes are (checked before any work, not when the encoder opens)."""
+    path = Path(path)
+    if path.suffix.lower() not in VIDEO_SUFFIXES:
+        raise ValueError(f"{path}: the video file must end in {', '.join(VIDEO_SUFFIXES)} (e.g. {path.stem or 'flythrough'}.mp4)")
     return path
 
 
@@ -147,26 +160,26 @@ def _video_stream(av, container, width: int, height: int, fps: float):
     raise RuntimeError("this PyAV build has neither an H.264 (libx264) nor an MPEG-4 encoder")
 
 
-def _overlays(recon: Reconstruction, extent: float, device) -> tuple[list, list]:
-    """Per frame t, (points, colours) of the trajectory 0..t and of camera t's frustum, as
-    points sampled along the lines."""
+_TRAIL_SAMPLES = 96  # points drawn along each segment of the trajectory
+
+
+def _overlays(recon: Reconstruction, extent: float, device) -> tuple[tuple, list, int]:
+    """The whole trajectory as (points, colours) sampled along its segments, segment after
+    segment (frame t draws the first t segments: a prefix, so memory stays linear in the
+    frames), the per-frame frustums likewise, and the samples per segment."""
     centres = torch.from_numpy(recon.T_world_cam[:, :, 3].astype(np.float64))
     corners = torch.from_numpy(frustum_corners(recon, 0.04 * extent))
-    starts, ends = centres[:-1], centres[1:]
-    segment_points = sample_segments(starts, ends, 96).view(max(len(recon) - 1, 0), -1, 3) if len(recon) > 1 else None
+    trail = sample_segments(centres[:-1], centres[1:], _TRAIL_SAMPLES) if len(recon) > 1 else torch.zeros(0, 3)
     edges = torch.tensor(_FRUSTUM_EDGES)
-    trail, frusta = [], []
-    for t in range(len(recon)):
-        pts = segment_points[:t].reshape(-1, 3) if segment_points is not None else torch.zeros(0, 3, dtype=torch.float64)
-        trail.append(_coloured(pts, _TRAIL, device))
-        frame = corners[t]
-        frusta.append(_coloured(sample_segments(frame[edges[:, 0]], frame[edges[:, 1]], 48), _FRUSTUM, device))
-    return trail, frusta
+    frusta = [
+        _coloured(sample_segments(frame[edges[:, 0]], frame[edges[:, 1]], 48), _FRUSTUM, device) for frame in corners
+    ]
+    return _coloured(trail, _TRAIL, device), frusta, _TRAIL_SAMPLES
 
 
 def _coloured(points: torch.Tensor, color: tuple[int, int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    colors = torch.tensor(color, dtype=torch.uint8).expand(len(points), 3)
-    return points.float().to(device), colors.to(device)
+    colors = torch.tensor(color, dtype=torch.uint8, device=device).expand(len(points), 3)  # a view: no copy
+    return points.float().to(device), colors
 
 
 def _annotate(image: np.ndarray, recon: Reconstruction, t: int, inset: bool) -> np.ndarray:

@@ -171,3 +171,33 @@ def test_mapstream_render_writes_the_video_into_the_run_folder(tmp_path: Path, c
     assert "does not exist" in capsys.readouterr().err
     assert main(["render", str(run), "--device", "tpu", "--quiet"]) == 2
     assert "--device tpu" in capsys.readouterr().err
+
+
+def test_mapstream_render_checks_its_options_before_reading_the_run(tmp_path, capsys, monkeypatch) -> None:
+    """A bad output name or option is reported before the run is read (which may be large),
+    with what to pass instead."""
+    import mapstream.viewer as viewer
+    from mapstream.cli.main import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    plane_run(n=2).save_npz(run / "predictions.npz")
+    monkeypatch.setattr(viewer, "load_run", lambda *a: pytest.fail("the run was read"))
+    assert main(["render", str(run), "--out", str(tmp_path / "video"), "--quiet"]) == 2
+    assert "must end in .mp4, .mkv, .mov (e.g. video.mp4)" in capsys.readouterr().err
+    assert main(["render", str(run), "--fps", "0", "--quiet"]) == 2
+    assert "fps must be in (0, 240]" in capsys.readouterr().err
+    assert not list(tmp_path.glob("video*"))
+
+
+def test_the_trajectory_overlay_grows_linearly_with_the_frames() -> None:
+    """The trail is sampled once for the whole run and each frame draws a prefix of it: its
+    memory is linear in the frames (it was a copy per frame, quadratic)."""
+    from mapstream.render.flythrough import _overlays
+
+    recon = plane_run(n=40)
+    (points, colors), frusta, per_segment = _overlays(recon, 1.0, "cpu")
+    assert points.shape == (39 * per_segment, 3) and colors.shape == points.shape
+    assert len(frusta) == 40 and all(f[0].shape == (8 * 48, 3) for f in frusta)
+    np.testing.assert_allclose(points[0].numpy(), recon.T_world_cam[0, :, 3])
+    np.testing.assert_allclose(points[per_segment - 1].numpy(), recon.T_world_cam[1, :, 3], atol=1e-6)
