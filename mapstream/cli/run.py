@@ -131,10 +131,12 @@ class Run:
 def _as_flags(message: str) -> str:
     """A run error in the command line's words: option names the library gives as Python
     fields (`sliding_window`) become this command's flags (`--sliding-window`). Only names with
-    an underscore are taken, so that plain words such as "model" or "mode" stay as they are."""
+    an underscore, standing as words of the sentence (at its start or after a space or an
+    opening bracket, before a space, a comma, a colon or a closing bracket), so that plain words
+    such as "model" and file names such as `image_size.png` stay as they are."""
     import dataclasses
     import re
 
     for name in (f.name for f in dataclasses.fields(Run) if "_" in f.name):
-        message = re.sub(rf"(?<![\w\-/.]){name}\b", "--" + name.replace("_", "-"), message)
+        message = re.sub(rf"(?:(?<=^)|(?<=[\s(])){name}(?=$|[\s,:;)])", "--" + name.replace("_", "-"), message)
     return message

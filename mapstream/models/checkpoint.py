@@ -558,9 +558,9 @@ def _umask() -> int:
 
 def default_converted_path(src: str) -> Path:
     """Where `convert` writes when given no destination: beside a local file with the suffix
-    replaced; inside a local folder, named after the checkpoint file it holds by default (so
-    that the folder then serves `.safetensors` too); for a hub repo id, that name in the
-    working folder."""
+    replaced; inside a local folder, named after the checkpoint file it holds by default
+    (`lingbot-map-long.safetensors`: load it with `--checkpoint-file` or its path; a folder
+    still loads its `.pt` by default); for a hub repo id, that name in the working folder."""
     local = Path(src).expanduser()
     if local.is_file():
         return local.with_suffix(".safetensors")
@@ -569,9 +569,9 @@ def default_converted_path(src: str) -> Path:
 
 
 def convert_main(src: str, dst: str | None = None, *, trust_pickle: bool = False) -> int:
-    """CLI entry: convert `src` to `.safetensors` at `dst` (default: beside a local `src`
-    with the suffix replaced, or `<filename stem>.safetensors` in the working folder for a
-    hub repo id). Prints nothing; logs the output path (INFO) or the error (ERROR).
+    """CLI entry: convert `src` to `.safetensors` at `dst` (default: `default_converted_path`:
+    beside a local file, inside a local folder, in the working folder for a hub repo id).
+    Prints nothing; logs the output path (INFO) or the error (ERROR).
     `trust_pickle` as for `load_model`. Returns the exit status: 0 on success, 1 if the
     checkpoint is missing or unreadable."""
     try:

@@ -23,6 +23,7 @@ from ..config import CacheConfig
 from ..export import ALL_FORMATS, check_formats, export_all, runtime_versions, write_run_json
 from ..geometry import invert_se3
 from ..keyframes import make_policy
+from ..progress import progress_bar
 from ..session import FramePrediction
 from ..validation import check_scale_frames
 from ..windowed import WindowedSession, pairwise_alignment
@@ -232,7 +233,7 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
     )
 
 
-def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
+def run(opts: RunOptions, *, progress: bool | None = None) -> RunSummary:
     """Run the whole job; see the module docstring. Returns what was done and where."""
     from ..export.atomic import prepare_dir
 
@@ -308,9 +309,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
             new += 1
             bar.update(1)
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=source.expected_length, initial=resume_at, unit="frame", disable=not progress, desc="mapstream")
+    bar = progress_bar(source.expected_length, desc="mapstream", progress=progress, initial=resume_at)
     keep = 4 * max(opts.num_scale_frames, getattr(session, "overlap", 0), 8)
     try:
         for index, (name, frame) in enumerate(source):
@@ -356,7 +355,7 @@ def run(opts: RunOptions, *, progress: bool = True) -> RunSummary:
     return RunSummary(len(recon), new, fps, out, outputs, model_desc, warnings)
 
 
-def _with_sky_masks(recon, out: Path, model_path: str | None, warnings: list[str], progress: bool):
+def _with_sky_masks(recon, out: Path, model_path: str | None, warnings: list[str], progress: bool | None):
     """Sky masks for every frame (cached next to the outputs); a missing model is a warning."""
     import dataclasses
 

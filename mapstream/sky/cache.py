@@ -213,7 +213,7 @@ def compute_sky_masks(
     cache_dir: str | os.PathLike[str] | None,
     model_path: str | os.PathLike[str] | None = None,
     *,
-    progress: bool = False,
+    progress: bool | None = None,
     **options: object,
 ) -> np.ndarray:
     """Sky masks ``[N, H, W]`` bool (True = sky) of all frames.
@@ -223,14 +223,18 @@ def compute_sky_masks(
             (each as accepted by :meth:`SkyMasker.mask`, all of one size).
         cache_dir: mask cache folder (None: no cache).
         model_path: the ``.onnx`` file; None: ``$MAPSTREAM_SKY_MODEL`` or the hub.
-        progress: show a progress bar.
+        progress: a bar over the frames (None: when stderr is a terminal, `mapstream.progress`).
         options: more :class:`SkyMasker` keywords (device, threshold, normalise, ...).
     """
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     masker = SkyMasker(cache_dir, model_path, **options)  # type: ignore[arg-type]
     total = len(images) if hasattr(images, "__len__") else None
-    masks = [masker.mask(frame) for frame in tqdm(images, total=total, unit="frame", desc="sky", disable=not progress)]
+    masks = []
+    with progress_bar(total, desc="sky", progress=progress) as bar:
+        for frame in images:
+            masks.append(masker.mask(frame))
+            bar.update(1)
     if not masks:
         raise ValueError("no frames to compute sky masks for")
     shapes = {m.shape for m in masks}

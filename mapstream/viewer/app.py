@@ -142,8 +142,13 @@ class ViewerApp:
         if self.server is not None:
             server, self.server = self.server, None
             self.handles = None
-            server.stop()
+            server.stop()  # a render still awaited from a browser now ends with an error
             logger.info("viewer stopped")
+        shot, self._screenshot_thread = self._screenshot_thread, None
+        if shot is not None:
+            shot.join(timeout=5.0)
+            if shot.is_alive():
+                logger.warning("viewer: a screenshot was still waiting for its browser when the viewer stopped")
 
     def wait(self) -> None:
         """Block until :meth:`stop` is called (from another thread) or Ctrl-C."""
@@ -414,7 +419,7 @@ class ViewerApp:
                 target=self._take_screenshot, args=(client, target), name="mapstream-viewer-screenshot", daemon=True
             )
             self._screenshot_thread = thread
-        thread.start()
+            thread.start()  # inside the lock: a second click sees this one alive
         return thread
 
     def _take_screenshot(self, client: Any, target: Path) -> None:

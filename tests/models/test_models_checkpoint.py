@@ -157,8 +157,7 @@ def test_convert_main(tmp_path, pt_file, ref, caplog):
 
 def test_convert_without_a_destination_writes_where_the_source_is(tmp_path, pt_file, ref, monkeypatch, capsys):
     """`mapstream convert SRC` and `convert_main` agree on the default output: beside a file,
-    inside a folder (which then serves the .safetensors copy as its default checkpoint), and
-    in the working folder for a hub repo id."""
+    inside a folder, and in the working folder for a hub repo id."""
     import shutil
 
     from mapstream.cli.main import main

@@ -264,6 +264,8 @@ def test_run_errors_name_the_flags_but_leave_words_and_paths_alone():
         "raise the sliding window (--sliding-window, kv_cache_sliding_window)")
     assert _as_flags("the model mode /data/num_scale_frames/a.png") == "the model mode /data/num_scale_frames/a.png"
     assert _as_flags("num_scale_frames and camera_iterations") == "--num-scale-frames and --camera-iterations"
+    assert _as_flags("no image or video found at 'sky_model.mp4'") == "no image or video found at 'sky_model.mp4'"
+    assert _as_flags("cannot read image_size.png: (voxel_size) gone") == "cannot read image_size.png: (--voxel-size) gone"
 
 
 def test_checkpoint_that_does_not_fit_is_reported(tmp_path, capsys):
