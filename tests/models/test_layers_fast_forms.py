@@ -251,7 +251,7 @@ def test_layer_norm_bound_holds_for_any_input_and_is_nearly_reached():
         norm.weight.copy_(torch.randn(dim) * 0.5 + 1.0)
         norm.bias.copy_(torch.randn(dim) * 0.1)
     bound = layer_norm_bound(norm)
-    want = dim ** 0.5 * float(norm.weight.abs().max()) + float(norm.bias.norm())
+    want = dim ** 0.5 * float(norm.weight.detach().abs().max()) + float(norm.bias.detach().norm())
     assert bound == pytest.approx(want, rel=1e-6)
     x = torch.cat([torch.randn(500, dim) * 10.0, torch.randn(500, dim) * 1e-3])
     spike = torch.full((1, dim), -1.0)
@@ -265,7 +265,7 @@ def test_layer_norm_bound_holds_for_any_input_and_is_nearly_reached():
     assert float(rotated.norm(dim=-1).max()) <= bound * (1 + 1e-6)
     assert float(y[-1].norm()) >= 0.9 * bound
     norm.bias = None
-    assert layer_norm_bound(norm) == pytest.approx(dim ** 0.5 * float(norm.weight.abs().max()))
+    assert layer_norm_bound(norm) == pytest.approx(dim ** 0.5 * float(norm.weight.detach().abs().max()))
 
 
 def test_vit_keeps_its_resized_position_embedding_until_the_stored_grid_changes():
