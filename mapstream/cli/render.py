@@ -22,7 +22,9 @@ class Render:
     height: int = 720
     """Video height in pixels (the width keeps the frames' aspect)."""
     fps: float = 10.0
-    """Video frames per second; one video frame per reconstructed frame."""
+    """Video frames per second; one video frame per drawn frame."""
+    every: int = 1
+    """Draw every k-th reconstructed frame (and the last): a shorter video of a long run."""
     conf_threshold: float = 1.5
     """Points with confidence above this are drawn (confidence is > 1)."""
     hide_sky: bool = True
@@ -43,18 +45,18 @@ class Render:
     def main(self) -> int:
         from ..pipeline.run import resolve_device
         from ..render import RenderOptions, render_flythrough
-        from ..render.flythrough import check_video_path
+        from ..render.flythrough import check_video_path, frames_drawn
         from ..viewer import load_run, predictions_path
 
         # Every option is checked before the run is read.
         options = RenderOptions(
             mode=self.mode, height=self.height, fps=self.fps, conf_threshold=self.conf_threshold,
             hide_sky=self.hide_sky, max_points=self.max_points, radius=self.radius, background=self.background,
-            inset=self.inset,
+            inset=self.inset, every=self.every,
         )
         device = resolve_device(self.device)
         out = check_video_path(self.out if self.out is not None else predictions_path(self.run_dir).parent / "flythrough.mp4")
         recon = load_run(self.run_dir)
         path = render_flythrough(recon, out, options, device=device, progress=not self.quiet)
-        print(f"wrote {path} ({len(recon)} frames at {self.fps:g} FPS)")
+        print(f"wrote {path} ({len(frames_drawn(len(recon), self.every))} frames at {self.fps:g} FPS)")
         return 0

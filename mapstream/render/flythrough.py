@@ -28,7 +28,7 @@ from mapstream.viewer.scene import DEFAULT_MAX_POINTS, build_point_pool, scene_f
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VIDEO_SUFFIXES", "RenderOptions", "check_video_path", "render_flythrough"]
+__all__ = ["VIDEO_SUFFIXES", "RenderOptions", "check_video_path", "frames_drawn", "render_flythrough"]
 
 VIDEO_SUFFIXES: tuple[str, ...] = (".mp4", ".mkv", ".mov")
 """Containers the flythrough is written in (picked by the file's suffix)."""
@@ -65,6 +65,9 @@ class RenderOptions:
     """Show the input frame in the bottom-left corner."""
     smooth_frames: float = 3.0
     """Smoothing of the virtual camera's path, in frames (0: none)."""
+    every: int = 1
+    """Draw every k-th frame (0, k, 2k, ... and the last), each with every point so far: a
+    shorter video of a long run, and k times less drawing."""
 
     def __post_init__(self) -> None:
         if self.height < 16:
@@ -75,6 +78,8 @@ class RenderOptions:
             raise ValueError(f"fov must be in [1, 180) degrees, got {self.fov}")
         if self.background not in _BACKGROUNDS:
             raise ValueError(f"background must be one of {sorted(_BACKGROUNDS)}, got {self.background!r}")
+        if self.every < 1:
+            raise ValueError(f"every must be >= 1 (1: every frame), got {self.every}")
         if self.radius < 0 or self.max_points < 1:
             raise ValueError(f"radius must be >= 0 and max_points >= 1, got {self.radius}, {self.max_points}")
         PathStyle(mode=self.mode, smooth_frames=self.smooth_frames)  # its own checks
@@ -109,12 +114,14 @@ def render_flythrough(
     K = pinhole(height, width, options.fov)
     trail, frusta, per_segment = _overlays(recon, framing.extent, device)
     background = _BACKGROUNDS[options.background]
-    logger.info("rendering %d frames at %dx%d (%d points, %s view) to %s", n, width, height, len(xyz), options.mode, path)
+    drawn = frames_drawn(n, options.every)
+    logger.info("rendering %d of %d frames at %dx%d (%d points, %s view) to %s", len(drawn), n, width, height,
+                len(xyz), options.mode, path)
 
     with atomic_path(path) as tmp, av.open(str(tmp), mode="w") as container:
         stream = _video_stream(av, container, width, height, options.fps)
-        with progress_bar(n, desc="render", progress=progress) as bar:
-            for t in range(n):
+        with progress_bar(len(drawn), desc="render", progress=progress) as bar:
+            for t in drawn:
                 # Frame t's trajectory: the samples of segments 0..t-1, a prefix of the trail.
                 points = torch.cat((xyz[: upto[t]], trail[0][: t * per_segment], frusta[t][0]))
                 colors = torch.cat((rgb[: upto[t]], trail[1][: t * per_segment], frusta[t][1]))
@@ -127,6 +134,12 @@ def render_flythrough(
         for packet in stream.encode(None):
             container.mux(packet)
     return path
+
+
+def frames_drawn(num_frames: int, every: int) -> list[int]:
+    """The frames a flythrough draws: 0, every, 2 every, ... and the last, which shows the
+    whole run."""
+    return sorted(set(range(0, num_frames, every)) | ({num_frames - 1} if num_frames else set()))
 
 
 def check_video_path(path: str | os.PathLike[str]) -> Path:

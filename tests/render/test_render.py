@@ -153,7 +153,8 @@ def test_an_interrupted_render_leaves_no_file(tmp_path: Path, monkeypatch: pytes
 
 def test_render_options_refuse_what_cannot_be_drawn() -> None:
     for bad, message in [({"height": 4}, "height"), ({"fps": 0}, "fps"), ({"background": "grey"}, "background"),
-                         ({"radius": -1}, "radius"), ({"mode": "orbit"}, "mode"), ({"fov": 180}, "fov")]:
+                         ({"radius": -1}, "radius"), ({"mode": "orbit"}, "mode"), ({"fov": 180}, "fov"),
+                         ({"every": 0}, "every")]:
         with pytest.raises(ValueError, match=message):
             RenderOptions(**bad)
 
@@ -167,6 +168,10 @@ def test_mapstream_render_writes_the_video_into_the_run_folder(tmp_path: Path, c
     assert main(["render", str(run), "--height", "48", "--quiet", "--device", "cpu", "--mode", "birdeye"]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {run / 'flythrough.mp4'} (3 frames at 10 FPS)"
     assert len(decode(run / "flythrough.mp4")) == 3
+    assert main(["render", str(run), "--out", str(tmp_path / "short.mp4"), "--every", "2", "--height", "48",
+                 "--quiet", "--device", "cpu"]) == 0  # frames 0 and 2 (the last)
+    assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'short.mp4'} (2 frames at 10 FPS)"
+    assert len(decode(tmp_path / "short.mp4")) == 2
     assert main(["render", str(tmp_path / "nowhere"), "--quiet"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["render", str(run), "--device", "tpu", "--quiet"]) == 2
