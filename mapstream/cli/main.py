@@ -6,6 +6,7 @@ import sys
 from typing import Annotated, Union
 
 from .bench import Bench
+from .export import Export
 from .info import Info
 from .render import Render
 from .run import Run
@@ -17,7 +18,8 @@ def _commands():
     import tyro
 
     commands = {
-        "run": Run, "view": View, "render": Render, "eval": Eval, "convert": Convert, "bench": Bench, "info": Info,
+        "run": Run, "export": Export, "view": View, "render": Render, "eval": Eval, "convert": Convert,
+        "bench": Bench, "info": Info,
     }
     return Union[tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in commands.items())]  # type: ignore[return-value]
 

@@ -8,6 +8,7 @@ from typing import Literal, Optional
 import tyro
 
 from ..export import ALL_FORMATS
+from ._flags import as_flags
 
 
 @dataclass
@@ -117,7 +118,7 @@ class Run:
         try:
             summary = run(opts, progress=not self.quiet)
         except ValueError as err:
-            raise ValueError(_as_flags(str(err))) from err
+            raise ValueError(as_flags(str(err), Run)) from err
         for warning in summary.warnings:
             print(f"WARNING: {warning}")
         print(
@@ -127,16 +128,3 @@ class Run:
         )
         return 0
 
-
-def _as_flags(message: str) -> str:
-    """A run error in the command line's words: option names the library gives as Python
-    fields (`sliding_window`) become this command's flags (`--sliding-window`). Only names with
-    an underscore, standing as words of the sentence (at its start or after a space or an
-    opening bracket, before a space, a comma, a colon or a closing bracket), so that plain words
-    such as "model" and file names such as `image_size.png` stay as they are."""
-    import dataclasses
-    import re
-
-    for name in (f.name for f in dataclasses.fields(Run) if "_" in f.name):
-        message = re.sub(rf"(?:(?<=^)|(?<=[\s(])){name}(?=$|[\s,:;)])", "--" + name.replace("_", "-"), message)
-    return message

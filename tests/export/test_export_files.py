@@ -167,3 +167,41 @@ def test_export_all_single_frame_without_sky(tmp_path: Path) -> None:
     assert len(json.loads(written["nerfstudio"].read_text())["frames"]) == 1
     assert (tmp_path / "images" / "img_002.png").exists() and (tmp_path / "summary.png").exists()
     assert "ply_file_path" not in json.loads(written["nerfstudio"].read_text())
+
+
+def test_mapstream_export_writes_a_runs_outputs_again_without_the_model(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`mapstream export RUN` re-exports from predictions.npz: another threshold reaches the
+    PLY; in the run folder itself predictions.npz is left as it is; into another folder it is
+    copied too; bad options are refused before the run is read."""
+    import plyfile
+
+    import mapstream.viewer as viewer
+    from mapstream.cli.main import main
+
+    recon = make_recon()
+    run = tmp_path / "run"
+    export_all(recon, run, formats=["npz", "ply"])
+    npz_before = (run / "predictions.npz").read_bytes()
+    assert main(["export", str(run), "--formats", "ply", "tum", "--conf-threshold", "2.5", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == f"{N} frames from {run / 'predictions.npz'} -> {run}: ply, tum"
+    count = len(plyfile.PlyData.read(str(run / "points.ply"))["vertex"].data)
+    assert count == expected_mask(recon, threshold=2.5).sum()
+    assert (run / "predictions.npz").read_bytes() == npz_before
+
+    assert main(["export", str(run), "--quiet"]) == 0  # every format but the file being read
+    assert "npz" not in capsys.readouterr().out.split(": ")[-1].split(", ")
+    assert (run / "predictions.npz").read_bytes() == npz_before and (run / "scene.glb").is_file()
+
+    other = tmp_path / "other"
+    assert main(["export", str(run), "--out", str(other), "--formats", "npz", "ply", "--quiet",
+                 "--drop-white-background"]) == 0
+    capsys.readouterr()
+    with np.load(other / "predictions.npz") as data:
+        np.testing.assert_array_equal(data["depth"], recon.depth)
+
+    monkeypatch.setattr(viewer, "load_run", lambda *a: pytest.fail("the run was read"))
+    for bad, message in [(["--formats", "obj"], "unknown export formats ['obj']"),
+                         (["--conf-threshold", "nan"], "--conf-threshold is NaN"),
+                         (["--voxel-size", "0"], "--voxel-size must be > 0")]:
+        assert main(["export", str(run), "--quiet", *bad]) == 2
+        assert message in capsys.readouterr().err

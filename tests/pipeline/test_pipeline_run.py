@@ -257,7 +257,11 @@ def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path
 def test_run_errors_name_the_flags_but_leave_words_and_paths_alone():
     """The library's errors name its Python fields; the command line shows its flags instead,
     and leaves plain words, paths and longer names that contain a field's name unchanged."""
-    from mapstream.cli.run import _as_flags
+    from mapstream.cli._flags import as_flags
+    from mapstream.cli.run import Run
+
+    def _as_flags(message):
+        return as_flags(message, Run)
 
     assert _as_flags("sliding_window must be >= 1, got 0") == "--sliding-window must be >= 1, got 0"
     assert _as_flags("raise the sliding window (--sliding-window, kv_cache_sliding_window)") == (
