@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..export import ALL_FORMATS
 from ._flags import as_flags
+from ._frames import frame_slice, select_frames
 from .view import RunDir
 
 
@@ -20,6 +21,8 @@ class Export:
     """Run folder holding predictions.npz (or the path of a predictions .npz file)."""
     out: Optional[Path] = None
     """Folder to write into (default: the run folder, whose outputs are replaced atomically)."""
+    frames: Optional[str] = None
+    """Only these frames, as START:STOP[:STEP] (e.g. 0:100, 50:, ::2; numbered from 0)."""
     formats: Optional[tuple[str, ...]] = None
     """Outputs to write (default: all; all but predictions.npz when writing into the run folder itself)."""
     conf_threshold: float = 1.5
@@ -51,6 +54,8 @@ class Export:
         )
         # Every option is checked before the run is read.
         check_formats(formats)
+        if self.frames is not None:
+            frame_slice(self.frames)
         if math.isnan(self.conf_threshold):
             raise ValueError("--conf-threshold is NaN; give a number (1.5 by default)")
         try:
@@ -60,7 +65,7 @@ class Export:
             )
         except ValueError as err:
             raise ValueError(as_flags(str(err), Export)) from err
-        recon = load_run(self.run_dir)
+        recon = select_frames(load_run(self.run_dir), self.frames)
         written = export_all(
             recon, out, formats=formats, conf_threshold=self.conf_threshold, conf_percentile=self.conf_percentile,
             mask_sky=self.mask_sky, voxel_size=self.voxel_size, max_points=self.max_points,

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from ..viewer.scene import DEFAULT_MAX_POINTS
+from ._frames import frame_slice, select_frames
 from .view import RunDir
 
 
@@ -23,6 +24,8 @@ class Render:
     """Video height in pixels (the width keeps the frames' aspect)."""
     fps: float = 10.0
     """Video frames per second; one video frame per drawn frame."""
+    frames: Optional[str] = None
+    """Only these frames, as START:STOP[:STEP] (e.g. 0:100, 50:, ::2; numbered from 0)."""
     every: int = 1
     """Draw every k-th reconstructed frame (and the last): a shorter video of a long run."""
     conf_threshold: float = 1.5
@@ -55,8 +58,10 @@ class Render:
             inset=self.inset, every=self.every,
         )
         device = resolve_device(self.device)
+        if self.frames is not None:
+            frame_slice(self.frames)
         out = check_video_path(self.out if self.out is not None else predictions_path(self.run_dir).parent / "flythrough.mp4")
-        recon = load_run(self.run_dir)
+        recon = select_frames(load_run(self.run_dir), self.frames)
         path = render_flythrough(recon, out, options, device=device, progress=not self.quiet)
         print(f"wrote {path} ({len(frames_drawn(len(recon), self.every))} frames at {self.fps:g} FPS)")
         return 0

@@ -199,9 +199,30 @@ def test_mapstream_export_writes_a_runs_outputs_again_without_the_model(tmp_path
     with np.load(other / "predictions.npz") as data:
         np.testing.assert_array_equal(data["depth"], recon.depth)
 
+    part = tmp_path / "part"
+    assert main(["export", str(run), "--out", str(part), "--formats", "tum", "--frames", "1:4:2", "--quiet"]) == 0
+    capsys.readouterr()
+    rows = np.loadtxt(part / "trajectory_tum.txt", ndmin=2)  # frames 1 and 3, with their own times
+    np.testing.assert_allclose(rows[:, 0], recon.timestamps[[1, 3]])
+    np.testing.assert_allclose(rows[:, 1:4], recon.T_world_cam[[1, 3], :, 3], atol=1e-6)
+    assert main(["export", str(run), "--out", str(part), "--frames", "10:", "--quiet"]) == 2
+    assert f"--frames 10:: selects none of the run's {N} frames" in capsys.readouterr().err
+
     monkeypatch.setattr(viewer, "load_run", lambda *a: pytest.fail("the run was read"))
     for bad, message in [(["--formats", "obj"], "unknown export formats ['obj']"),
+                         (["--frames", "a:b"], "--frames 'a:b': expected START:STOP"),
+                         (["--frames", "::-1"], "the step must be a positive integer"),
                          (["--conf-threshold", "nan"], "--conf-threshold is NaN"),
                          (["--voxel-size", "0"], "--voxel-size must be > 0")]:
         assert main(["export", str(run), "--quiet", *bad]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_frame_ranges_read_as_python_slices() -> None:
+    from mapstream.cli._frames import frame_slice
+
+    assert frame_slice("0:100") == slice(0, 100, None) and frame_slice("50:") == slice(50, None, None)
+    assert frame_slice("::2") == slice(None, None, 2) and frame_slice("-30:") == slice(-30, None, None)
+    for bad in ("5", "1:2:3:4", "x:", "1.5:3", "::0"):
+        with pytest.raises(ValueError, match="--frames"):
+            frame_slice(bad)

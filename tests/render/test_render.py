@@ -172,6 +172,9 @@ def test_mapstream_render_writes_the_video_into_the_run_folder(tmp_path: Path, c
                  "--quiet", "--device", "cpu"]) == 0  # frames 0 and 2 (the last)
     assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'short.mp4'} (2 frames at 10 FPS)"
     assert len(decode(tmp_path / "short.mp4")) == 2
+    assert main(["render", str(run), "--out", str(tmp_path / "part.mp4"), "--frames", "1:", "--height", "48",
+                 "--quiet", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'part.mp4'} (2 frames at 10 FPS)"
     assert main(["render", str(tmp_path / "nowhere"), "--quiet"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["render", str(run), "--device", "tpu", "--quiet"]) == 2
