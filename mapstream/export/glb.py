@@ -29,13 +29,14 @@ from mapstream.export.reconstruction import Reconstruction
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OPENCV_TO_GLTF", "frustum_corners", "scene_extent", "write_glb"]
+__all__ = ["FRUSTUM_EDGES", "OPENCV_TO_GLTF", "frustum_corners", "scene_extent", "write_glb"]
 
 OPENCV_TO_GLTF = np.diag([1.0, -1.0, -1.0])
 """World axes map from the reconstruction (OpenCV-style) to the GLB (glTF y-up)."""
 
-# Edges of a frustum given vertices [apex, top-left, top-right, bottom-right, bottom-left].
-_FRUSTUM_EDGES = np.array([[0, 1], [0, 2], [0, 3], [0, 4], [1, 2], [2, 3], [3, 4], [4, 1]])
+FRUSTUM_EDGES = np.array([[0, 1], [0, 2], [0, 3], [0, 4], [1, 2], [2, 3], [3, 4], [4, 1]])
+"""The 8 edges of a frustum, as pairs of indices into :func:`frustum_corners`' vertices
+[apex, top-left, top-right, bottom-right, bottom-left]."""
 
 
 def scene_extent(points: PointSet, camera_centres: np.ndarray) -> float:
@@ -126,7 +127,7 @@ def write_glb(
     drawn = np.arange(len(recon)) if cameras is None else np.arange(len(recon))[_frame_selection(cameras)]
     for i in drawn:
         scene.add_geometry(
-            _line_set(trimesh, frames[i] @ OPENCV_TO_GLTF.T, _FRUSTUM_EDGES, colours[i]),
+            _line_set(trimesh, frames[i] @ OPENCV_TO_GLTF.T, FRUSTUM_EDGES, colours[i]),
             geom_name=f"camera_{i:06d}",
         )
     if trajectory and len(recon) > 1:

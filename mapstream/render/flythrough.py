@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw
 from mapstream.export import Reconstruction
 from mapstream.export._optional import import_optional
 from mapstream.export.atomic import atomic_path
-from mapstream.export.glb import frustum_corners
+from mapstream.export.glb import FRUSTUM_EDGES, frustum_corners
 from mapstream.progress import progress_bar
 from mapstream.render.path import PathMode, PathStyle, camera_path
 from mapstream.render.raster import pinhole, sample_segments, splat
@@ -36,7 +36,6 @@ VIDEO_SUFFIXES: tuple[str, ...] = (".mp4", ".mkv", ".mov")
 _TRAIL = (255, 140, 0)
 _FRUSTUM = (220, 20, 60)
 _BACKGROUNDS = {"black": (0, 0, 0), "white": (255, 255, 255)}
-_FRUSTUM_EDGES = ((0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (2, 3), (3, 4), (4, 1))
 
 
 @dataclass(frozen=True)
@@ -183,7 +182,7 @@ def _overlays(recon: Reconstruction, extent: float, device) -> tuple[tuple, list
     centres = torch.from_numpy(recon.T_world_cam[:, :, 3].astype(np.float64))
     corners = torch.from_numpy(frustum_corners(recon, 0.04 * extent))
     trail = sample_segments(centres[:-1], centres[1:], _TRAIL_SAMPLES) if len(recon) > 1 else torch.zeros(0, 3)
-    edges = torch.tensor(_FRUSTUM_EDGES)
+    edges = torch.from_numpy(FRUSTUM_EDGES)
     frusta = [
         _coloured(sample_segments(frame[edges[:, 0]], frame[edges[:, 1]], 48), _FRUSTUM, device) for frame in corners
     ]
