@@ -127,4 +127,3 @@ class Run:
             f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
         )
         return 0
-
