@@ -2,7 +2,6 @@
 point-cloud settings or formats, without running the model again."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -56,8 +55,6 @@ class Export:
         check_formats(formats)
         if self.frames is not None:
             frame_slice(self.frames)
-        if math.isnan(self.conf_threshold):
-            raise ValueError("--conf-threshold is NaN; give a number (1.5 by default)")
         try:
             CloudOptions(
                 conf_threshold=self.conf_threshold, conf_percentile=self.conf_percentile, voxel_size=self.voxel_size,

@@ -10,6 +10,7 @@ Everything is done one frame at a time, so memory stays bounded by the output.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,10 +66,14 @@ class CloudOptions:
     drop_white: bool = False
 
     def __post_init__(self) -> None:
+        # The one check of these settings: `mapstream run` and `mapstream export` build a
+        # CloudOptions before any frame is read to have them checked.
+        if self.conf_threshold is not None and math.isnan(self.conf_threshold):
+            raise ValueError("conf_threshold is NaN; give a number (1.5 by default)")
         if self.conf_percentile is not None and not 0 <= self.conf_percentile <= 100:
-            raise ValueError(f"conf_percentile must be in [0, 100], got {self.conf_percentile}")
-        if self.voxel_size is not None and not self.voxel_size > 0:
-            raise ValueError(f"voxel_size must be > 0, got {self.voxel_size}")
+            raise ValueError(f"conf_percentile must be in [0, 100] (or unset), got {self.conf_percentile}")
+        if self.voxel_size is not None and not 0 < self.voxel_size < math.inf:
+            raise ValueError(f"voxel_size must be > 0 and finite (or unset for no voxel grid), got {self.voxel_size}")
         if self.max_points is not None and self.max_points < 0:
             raise ValueError(f"max_points must be >= 0, got {self.max_points}")
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..config import CacheConfig
-from ..export import ALL_FORMATS, check_formats, export_all, runtime_versions, write_run_json
+from ..export import ALL_FORMATS, CloudOptions, check_formats, export_all, runtime_versions, write_run_json
 from ..geometry import invert_se3
 from ..keyframes import make_policy
 from ..progress import progress_bar
@@ -99,12 +99,9 @@ class RunSummary:
 def _check_options(opts: RunOptions) -> None:
     """The options that would otherwise fail only once every frame has been processed."""
     check_formats(opts.formats)
-    if opts.voxel_size is not None and not 0 < opts.voxel_size < math.inf:
-        raise ValueError(f"voxel_size must be > 0 and finite (or unset for no voxel grid), got {opts.voxel_size}")
-    if math.isnan(opts.conf_threshold):
-        raise ValueError("conf_threshold is NaN; give a number (1.5 by default)")
-    if opts.conf_percentile is not None and not 0 <= opts.conf_percentile <= 100:
-        raise ValueError(f"conf_percentile must be in [0, 100] (or unset), got {opts.conf_percentile}")
+    CloudOptions(  # its own errors for the point cloud's settings
+        conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile, voxel_size=opts.voxel_size
+    )
     if opts.fps is not None:
         from ..io.video import sample_interval
 

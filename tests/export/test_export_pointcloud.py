@@ -65,6 +65,11 @@ def test_cloud_options() -> None:
     np.testing.assert_allclose(coarse.xyz[:, 2], PLANE_Z, atol=1e-4)  # averages stay on the plane
     with pytest.raises(ValueError, match="conf_percentile"):
         CloudOptions(conf_percentile=120)
+    with pytest.raises(ValueError, match="conf_threshold is NaN"):
+        CloudOptions(conf_threshold=float("nan"))
+    for bad in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="voxel_size must be > 0 and finite"):
+            CloudOptions(voxel_size=bad)
 
 
 def test_black_and_white_backdrops_can_be_left_out() -> None:
