@@ -33,6 +33,7 @@ __all__ = [
     "cam_points_from_depth",
     "unproject_depth",
     "project_points",
+    "look_at",
 ]
 
 
@@ -244,3 +245,22 @@ def project_points(points_world: Tensor, K: Tensor, T_world_cam: Tensor) -> tupl
     uv = torch.stack((fx * x / z + cx, fy * y / z + cy), dim=-1)
     return uv, z
 
+
+def look_at(eye, target, up) -> Tensor:
+    """Camera-to-world ``[3, 4]`` (OpenCV axes: x right, y down, z forward) of a camera at
+    ``eye`` looking at ``target``, with world direction ``up`` pointing up in the image.
+
+    Raises:
+        ValueError: ``eye`` equals ``target``, or ``up`` is parallel to the viewing direction.
+    """
+    eye, target, up = (torch.as_tensor(v, dtype=torch.float64) for v in (eye, target, up))
+    forward = target - eye
+    if forward.norm() < 1e-12:
+        raise ValueError("look_at: the eye and the target coincide")
+    z = forward / forward.norm()
+    x = torch.linalg.cross(z, up)  # right: with y down, z x up points to the image's right
+    if x.norm() < 1e-9 * max(up.norm().item(), 1e-300):
+        raise ValueError("look_at: the up direction is parallel to the viewing direction")
+    x = x / x.norm()
+    y = torch.linalg.cross(z, x)  # down
+    return torch.cat((torch.stack((x, y, z), dim=1), eye[:, None]), dim=1)

@@ -2,7 +2,8 @@
 frame (`mapstream render RUN_DIR`). Needs PyAV (`pip install 'mapstream[video]'`)."""
 from mapstream.render.flythrough import RenderOptions, render_flythrough
 from mapstream.render.path import PATH_MODES, PathStyle, camera_path, smooth
-from mapstream.render.raster import look_at, pinhole, sample_segments, splat
+from mapstream.geometry import look_at
+from mapstream.render.raster import pinhole, sample_segments, splat
 
 __all__ = [
     "PATH_MODES", "PathStyle", "RenderOptions", "camera_path", "look_at", "pinhole", "render_flythrough",

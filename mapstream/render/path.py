@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from mapstream.render.raster import look_at
+from mapstream.geometry import look_at
 
 __all__ = ["PATH_MODES", "PathMode", "PathStyle", "camera_path", "smooth"]
 

@@ -14,27 +14,7 @@ from torch import Tensor
 
 from mapstream.geometry.camera import project_points
 
-__all__ = ["look_at", "pinhole", "sample_segments", "splat"]
-
-
-def look_at(eye, target, up) -> Tensor:
-    """Camera-to-world ``[3, 4]`` (OpenCV axes: x right, y down, z forward) of a camera at
-    ``eye`` looking at ``target``, with world direction ``up`` pointing up in the image.
-
-    Raises:
-        ValueError: ``eye`` equals ``target``, or ``up`` is parallel to the viewing direction.
-    """
-    eye, target, up = (torch.as_tensor(v, dtype=torch.float64) for v in (eye, target, up))
-    forward = target - eye
-    if forward.norm() < 1e-12:
-        raise ValueError("look_at: the eye and the target coincide")
-    z = forward / forward.norm()
-    x = torch.linalg.cross(z, up)  # right: with y down, z x up points to the image's right
-    if x.norm() < 1e-9 * max(up.norm().item(), 1e-300):
-        raise ValueError("look_at: the up direction is parallel to the viewing direction")
-    x = x / x.norm()
-    y = torch.linalg.cross(z, x)  # down
-    return torch.cat((torch.stack((x, y, z), dim=1), eye[:, None]), dim=1)
+__all__ = ["pinhole", "sample_segments", "splat"]
 
 
 def pinhole(height: int, width: int, fov_y_deg: float) -> Tensor:

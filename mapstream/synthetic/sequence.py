@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from mapstream.eval.datasets import canonical_timestamp, read_benchmark_scene, write_benchmark_scene
+from mapstream.geometry import look_at as geometry_look_at
 from mapstream.geometry import quat_to_mat
 from mapstream.synthetic.scene import make_scene
 
@@ -69,21 +70,11 @@ class SyntheticSequence:
 
 
 def look_at(position: np.ndarray, target: np.ndarray, up: np.ndarray = np.array([0.0, 0.0, 1.0])) -> np.ndarray:
-    """Camera-to-world ``[4, 4]`` of a camera at ``position`` looking at ``target`` (OpenCV axes).
-
-    Columns of the rotation: x = right = forward x up, y = down = forward x right, z = forward.
-    ``forward`` must not be parallel to ``up``.
-    """
-    f = np.asarray(target, float) - np.asarray(position, float)
-    f /= np.linalg.norm(f)
-    r = np.cross(f, up)
-    norm = np.linalg.norm(r)
-    if norm < 1e-9:
-        raise ValueError("look_at: viewing direction parallel to the up vector")
-    r /= norm
+    """Camera-to-world ``[4, 4]`` of a camera at ``position`` looking at ``target`` (OpenCV
+    axes; :func:`mapstream.geometry.look_at` as a homogeneous NumPy matrix, with the rooms'
+    z-up by default). ``forward`` must not be parallel to ``up``."""
     T = np.eye(4)
-    T[:3, :3] = np.stack((r, np.cross(f, r), f), axis=1)
-    T[:3, 3] = position
+    T[:3] = geometry_look_at(position, target, up).numpy()
     return T
 
 
