@@ -34,44 +34,24 @@ import time
 
 import torch
 
+from _probe import Around
 from mapstream.bench import BenchConfig, _frames, build_bench_model
 from mapstream.models.compile import compile_model
 from mapstream.session import _autocast
 
 
-class _Around:
-    """fn with `before()` and `after()` run around each call; other attributes are fn's (the
-    whole step reads `_first_piece.outputs` when it captures again)."""
-
-    def __init__(self, fn, before, after) -> None:
-        self._fn, self._before, self._after = fn, before, after
-
-    def __call__(self, *args, **kwargs):
-        self._before()
-        out = self._fn(*args, **kwargs)
-        self._after()
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self._fn, name)
-
-
-def _nothing() -> None:
-    pass
-
-
-def _evented(fn, event: torch.cuda.Event, *, after: bool) -> _Around:
+def _evented(fn, event: torch.cuda.Event, *, after: bool) -> Around:
     """fn, recording `event` on the current stream just before (or after) each call."""
-    return _Around(fn, _nothing if after else event.record, event.record if after else _nothing)
+    return Around(fn, after=event.record) if after else Around(fn, before=event.record)
 
 
-def _marked(fn, marks: dict, key: str) -> _Around:
+def _marked(fn, marks: dict, key: str) -> Around:
     """fn, recording marks[key + "_start" / "_end"] around each call."""
 
     def mark(which: str):
         return lambda: marks.__setitem__(f"{key}_{which}", time.perf_counter())
 
-    return _Around(fn, mark("start"), mark("end"))
+    return Around(fn, mark("start"), mark("end"))
 
 
 @torch.no_grad()

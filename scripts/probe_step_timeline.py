@@ -27,35 +27,22 @@ import warnings
 
 import torch
 
-from _probe import report
+from _probe import Around, report
 from mapstream.bench import BenchConfig, _frames, build_bench_model
 from mapstream.models.compile import compile_model
 
 POINTS = 5
 
 
-class _Marked:
-    """fn with an event and a host time taken before and/or after each call (the whole step
-    reads `_first_piece.outputs` and the like through the other attributes)."""
+def _mark(marks: dict, point: int):
+    """A function that takes point `point`'s event (recorded now) and host time into `marks`."""
 
-    def __init__(self, fn, marks: dict, before: int | None, after: int | None) -> None:
-        self._fn, self._marks, self._before, self._after = fn, marks, before, after
-
-    def _mark(self, point: int) -> None:
+    def take() -> None:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        self._marks[point] = (event, time.perf_counter())
+        marks[point] = (event, time.perf_counter())
 
-    def __call__(self, *args, **kwargs):
-        if self._before is not None:
-            self._mark(self._before)
-        out = self._fn(*args, **kwargs)
-        if self._after is not None:
-            self._mark(self._after)
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self._fn, name)
+    return take
 
 
 def _summary(rows: list[list[float]]) -> dict[str, dict[str, float]]:
@@ -88,9 +75,9 @@ def main() -> None:
             (graphed,) = session._graphed.values()
             if not graphed.whole:
                 raise SystemExit("this probe reads the whole-step mode; the session chose pieces")
-            graphed._first_piece = _Marked(graphed._first_piece, marks, None, 1)
+            graphed._first_piece = Around(graphed._first_piece, after=_mark(marks, 1))
             for_key = graphed._whole.for_key
-            graphed._whole.for_key = lambda key: _Marked(for_key(key), marks, 2, 3)
+            graphed._whole.for_key = lambda key: Around(for_key(key), _mark(marks, 2), _mark(marks, 3))
         hidden = i % 2 == 1
         torch.cuda.synchronize()
         if hidden:
