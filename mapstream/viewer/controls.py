@@ -90,17 +90,17 @@ class ViewerHandles:
     show_cameras: Any
     reset_view: Any
     status: Any
-    step: Any = None
-    camera_size: Any = None
-    camera_every: Any = None
-    look_from: Any = None
-    go_to: Any = None
-    show_frame_image: Any = None
-    frame_image: Any = None
-    glb_path: Any = None
-    export_glb: Any = None
-    png_path: Any = None
-    screenshot: Any = None
+    step: Any
+    camera_size: Any
+    camera_every: Any
+    look_from: Any
+    go_to: Any
+    show_frame_image: Any
+    frame_image: Any
+    glb_path: Any
+    export_glb: Any
+    png_path: Any
+    screenshot: Any
     point_clouds: list[Any] = field(default_factory=list)
     frustums: list[Any] = field(default_factory=list)
     trajectory: Any | None = None
