@@ -48,7 +48,8 @@ class Render:
     def main(self) -> int:
         from ..pipeline.run import resolve_device
         from ..render import RenderOptions, render_flythrough
-        from ..render.flythrough import check_video_path, frames_drawn
+        from ..render.flythrough import frames_drawn
+        from ..render.video import check_video_path
         from ..viewer import load_run, predictions_path
 
         # Every option is checked before the run is read.

@@ -4,8 +4,9 @@ from mapstream.render.flythrough import RenderOptions, render_flythrough
 from mapstream.render.path import PATH_MODES, PathStyle, camera_path, smooth
 from mapstream.geometry import look_at
 from mapstream.render.raster import pinhole, sample_segments, splat
+from mapstream.render.video import VideoWriter, check_video_path, even_size
 
 __all__ = [
-    "PATH_MODES", "PathStyle", "RenderOptions", "camera_path", "look_at", "pinhole", "render_flythrough",
-    "sample_segments", "smooth", "splat",
+    "PATH_MODES", "PathStyle", "RenderOptions", "VideoWriter", "camera_path", "check_video_path", "even_size",
+    "look_at", "pinhole", "render_flythrough", "sample_segments", "smooth", "splat",
 ]

@@ -18,20 +18,16 @@ import torch
 from PIL import Image, ImageDraw
 
 from mapstream.export import Reconstruction
-from mapstream.export._optional import import_optional
-from mapstream.export.atomic import atomic_path
 from mapstream.export.glb import FRUSTUM_EDGES, frustum_corners
 from mapstream.progress import progress_bar
 from mapstream.render.path import PathMode, PathStyle, camera_path
 from mapstream.render.raster import pinhole, sample_segments, splat
+from mapstream.render.video import VIDEO_SUFFIXES, VideoWriter, check_video_path, even_size
 from mapstream.viewer.scene import DEFAULT_MAX_POINTS, build_point_pool, scene_framing, select_points
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["VIDEO_SUFFIXES", "RenderOptions", "check_video_path", "frames_drawn", "render_flythrough"]
-
-VIDEO_SUFFIXES: tuple[str, ...] = (".mp4", ".mkv", ".mov")
-"""Containers the flythrough is written in (picked by the file's suffix)."""
 
 _TRAIL = (255, 140, 0)
 _FRUSTUM = (220, 20, 60)
@@ -94,9 +90,8 @@ def render_flythrough(
     progress: a bar over the frames (None: when stderr is a terminal).
     """
     path = check_video_path(path)
-    av = import_optional("av", "encoding the flythrough video")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    height, width = _video_size(recon.image_hw, options.height)
+    height, width = even_size(recon.image_hw, options.height)
     n = len(recon)
     pool = build_point_pool(recon, options.max_points)
     framing = scene_framing(recon, pool)
@@ -117,8 +112,7 @@ def render_flythrough(
     logger.info("rendering %d of %d frames at %dx%d (%d points, %s view) to %s", len(drawn), n, width, height,
                 len(xyz), options.mode, path)
 
-    with atomic_path(path) as tmp, av.open(str(tmp), mode="w") as container:
-        stream = _video_stream(av, container, width, height, options.fps)
+    with VideoWriter(path, height=height, width=width, fps=options.fps) as video:
         with progress_bar(len(drawn), desc="render", progress=progress) as bar:
             for t in drawn:
                 # Frame t's trajectory: the samples of segments 0..t-1, a prefix of the trail.
@@ -126,12 +120,8 @@ def render_flythrough(
                 colors = torch.cat((rgb[: upto[t]], trail[1][: t * per_segment], frusta[t][1]))
                 image = splat(points, colors, K, views[t], (height, width), radius=options.radius,
                               background=background).cpu().numpy()
-                image = _annotate(image, recon, t, options.inset)
-                for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                    container.mux(packet)
+                video.write(_annotate(image, recon, t, options.inset))
                 bar.update(1)
-        for packet in stream.encode(None):
-            container.mux(packet)
     return path
 
 
@@ -139,37 +129,6 @@ def frames_drawn(num_frames: int, every: int) -> list[int]:
     """The frames a flythrough draws: 0, every, 2 every, ... and the last, which shows the
     whole run."""
     return sorted(set(range(0, num_frames, every)) | ({num_frames - 1} if num_frames else set()))
-
-
-def check_video_path(path: str | os.PathLike[str]) -> Path:
-    """``path`` as a Path when its suffix names a video container we write, else a ValueError
-    saying which suffixes are (checked before any work, not when the encoder opens)."""
-    path = Path(path)
-    if path.suffix.lower() not in VIDEO_SUFFIXES:
-        raise ValueError(f"{path}: the video file must end in {', '.join(VIDEO_SUFFIXES)} (e.g. {path.stem or 'flythrough'}.mp4)")
-    return path
-
-
-def _video_size(image_hw: tuple[int, int], height: int) -> tuple[int, int]:
-    """(height, width) of the video: ``height`` tall, the input's aspect, both even (the
-    4:2:0 chroma of H.264 halves both sides)."""
-    h, w = image_hw
-    even = lambda x: max(2, int(round(x / 2)) * 2)  # noqa: E731
-    return even(height), even(height * w / h)
-
-
-def _video_stream(av, container, width: int, height: int, fps: float):
-    """An H.264 stream (CRF 18) where the PyAV build has an encoder for it, else MPEG-4."""
-    from fractions import Fraction
-
-    rate = Fraction(fps).limit_denominator(1001)
-    for codec, options in (("libx264", {"crf": "18"}), ("mpeg4", {"qscale": "2"})):
-        if codec in av.codecs_available:
-            stream = container.add_stream(codec, rate=rate)
-            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-            stream.options = options
-            return stream
-    raise RuntimeError("this PyAV build has neither an H.264 (libx264) nor an MPEG-4 encoder")
 
 
 _TRAIL_SAMPLES = 96  # points drawn along each segment of the trajectory
