@@ -1,13 +1,14 @@
 """`mapstream run`: reconstruct a folder, video, webcam or the built-in demo."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
 import tyro
 
 from ..export import ALL_FORMATS
+from ._cloud import CloudFlags, PointCloudFlags
 from ._flags import as_flags
 
 
@@ -72,16 +73,7 @@ class Run:
     """Heads in --precision too, not fp32 as the reference: ~0.5-1 ms a frame faster on an H200."""
     formats: tuple[str, ...] = ALL_FORMATS
     """Outputs to write (default: all of them)."""
-    conf_threshold: float = 1.5
-    """Point cloud: keep pixels whose depth confidence is above this (confidence is > 1)."""
-    conf_percentile: Optional[float] = None
-    """Point cloud: also keep only pixels whose confidence reaches this percentile (0-100) of the run's."""
-    voxel_size: Optional[float] = None
-    """Point cloud: average the points on a grid of this edge, in world units (None: no grid)."""
-    drop_black_background: bool = False
-    """Point cloud: leave out near-black pixels (R+G+B < 16), e.g. a black backdrop."""
-    drop_white_background: bool = False
-    """Point cloud: leave out near-white pixels (all channels > 240), e.g. a white backdrop or --preprocess pad's padding."""
+    cloud: CloudFlags = field(default_factory=PointCloudFlags)
     sky_mask: bool = False
     """Segment the sky (ONNX model) and leave it out of the point cloud; masks are cached."""
     sky_model: Optional[str] = None
@@ -110,8 +102,9 @@ class Run:
             trajectory_capacity=self.trajectory_capacity, camera_iterations=self.camera_iterations,
             window_size=self.window_size, overlap=self.overlap, overlap_keyframes=self.overlap_keyframes,
             device=self.device, precision=self.precision, backend=self.backend, formats=self.formats,
-            conf_threshold=self.conf_threshold, conf_percentile=self.conf_percentile, voxel_size=self.voxel_size,
-            drop_black_background=self.drop_black_background, drop_white_background=self.drop_white_background,
+            conf_threshold=self.cloud.conf_threshold, conf_percentile=self.cloud.conf_percentile,
+            voxel_size=self.cloud.voxel_size, drop_black_background=self.cloud.drop_black_background,
+            drop_white_background=self.cloud.drop_white_background,
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
         )
