@@ -289,6 +289,6 @@ def compare_samples(got: dict, want: dict) -> dict[str, float]:
 
 
 def write_result(result: dict, path: str | Path) -> None:
-    from .export.atomic import atomic_write_text
+    from .io.atomic import atomic_write_text
 
     atomic_write_text(Path(path), json.dumps(result, indent=2, sort_keys=True))

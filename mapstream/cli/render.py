@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from ..viewer.scene import DEFAULT_MAX_POINTS
+from ._flags import as_flags
 from ._frames import frame_slice, select_frames
 from .view import RunDir
 
@@ -18,8 +19,10 @@ class Render:
     """Run folder holding predictions.npz (or the path of a predictions .npz file)."""
     out: Optional[Path] = None
     """Video file to write (default: RUN_DIR/flythrough.mp4)."""
-    mode: Literal["follow", "birdeye", "static"] = "follow"
-    """follow: behind and above the camera; birdeye: high above it; static: the overview throughout."""
+    mode: Literal["follow", "birdeye", "static", "pivot"] = "follow"
+    """follow: behind and above the camera; birdeye: high above it; static: the overview throughout; pivot: the overview turning once about the scene centre."""
+    path: Optional[Path] = None
+    """Camera path file (.yaml, .yml or .json): segments of frames, each with its mode, blended into each other (replaces --mode; format in docs/RENDER.md)."""
     height: int = 720
     """Video height in pixels (the width keeps the frames' aspect)."""
     fps: float = 10.0
@@ -40,6 +43,10 @@ class Render:
     """Background colour."""
     inset: bool = True
     """Show the input frame in a corner."""
+    edl_strength: float = 0.0
+    """Eye-dome lighting: darken pixels behind depth edges, making the cloud's shape readable (0: off; try 1 to 10)."""
+    edl_radius: int = 2
+    """Eye-dome lighting: distance in pixels of the neighbours each pixel is compared with."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (cuda when there is a GPU)."""
     quiet: bool = False
@@ -49,15 +56,21 @@ class Render:
         from ..pipeline.run import resolve_device
         from ..render import RenderOptions, render_flythrough
         from ..render.flythrough import frames_drawn
+        from ..render.path_file import load_path_file
         from ..render.video import check_video_path
         from ..viewer import load_run, predictions_path
 
-        # Every option is checked before the run is read.
-        options = RenderOptions(
-            mode=self.mode, height=self.height, fps=self.fps, conf_threshold=self.conf_threshold,
-            hide_sky=self.hide_sky, max_points=self.max_points, radius=self.radius, background=self.background,
-            inset=self.inset, every=self.every,
-        )
+        # Every option, and the path file, is checked before the run is read.
+        segments = load_path_file(self.path) if self.path is not None else None
+        try:
+            options = RenderOptions(
+                mode=self.mode, height=self.height, fps=self.fps, conf_threshold=self.conf_threshold,
+                hide_sky=self.hide_sky, max_points=self.max_points, radius=self.radius, background=self.background,
+                inset=self.inset, every=self.every, edl_strength=self.edl_strength, edl_radius=self.edl_radius,
+                camera_segments=segments,
+            )
+        except ValueError as err:
+            raise ValueError(as_flags(str(err), Render)) from err
         device = resolve_device(self.device)
         if self.frames is not None:
             frame_slice(self.frames)

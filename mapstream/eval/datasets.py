@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from mapstream.export.atomic import atomic_path, atomic_write_text
+from mapstream.io.atomic import atomic_path, atomic_write_text
 from mapstream.eval.depth_io import DEPTH_SUFFIXES, exr_available, read_depth, write_depth
 from mapstream.geometry.align import as_float64, as_pose4
 

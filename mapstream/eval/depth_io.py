@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mapstream.export.atomic import atomic_path
+from mapstream.io.atomic import atomic_path
 
 __all__ = ["DEPTH_SUFFIXES", "exr_backend", "exr_available", "read_depth", "write_depth"]
 

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mapstream.export.atomic import atomic_open, atomic_write_text
+from mapstream.io.atomic import atomic_open, atomic_write_text
 from mapstream.geometry.align import as_float64, as_pose4
 
 __all__ = ["Predictions", "PREDICTIONS_FILE", "read_predictions", "write_predictions"]

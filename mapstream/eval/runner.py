@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from mapstream.export.atomic import atomic_open
+from mapstream.io.atomic import atomic_open
 from mapstream.eval.datasets import GroundTruthSequence, find_scenes, read_sequence
 from mapstream.eval.depth import DEPTH_METRIC_NAMES, depth_metrics
 from mapstream.eval.pointcloud import pointcloud_metrics

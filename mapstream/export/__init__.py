@@ -6,7 +6,7 @@
     paths = export_all(recon, "out/")            # every format, layout in mapstream.export.bundle
 
 Every writer takes the reconstruction and a path (file or folder) and writes atomically
-(temp file in the same folder + ``os.replace``, :mod:`mapstream.export.atomic`).
+(temp file in the same folder + ``os.replace``, :mod:`mapstream.io.atomic`).
 
 Conventions, in one place:
 
@@ -24,7 +24,7 @@ Conventions, in one place:
 PLY, GLB and the previews/figure need ``pip install 'mapstream[export]'`` (plyfile, trimesh,
 matplotlib); they are imported only when used.
 """
-from mapstream.export.atomic import (
+from mapstream.io.atomic import (
     atomic_open,
     atomic_path,
     atomic_write_bytes,

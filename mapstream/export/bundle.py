@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from mapstream.export.atomic import prepare_dir
+from mapstream.io.atomic import prepare_dir
 from mapstream.export.colmap import write_colmap
 from mapstream.export.depth import write_depth_maps
 from mapstream.export.frames import write_frame_images

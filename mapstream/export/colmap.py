@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mapstream.export.atomic import atomic_open, prepare_dir
+from mapstream.io.atomic import atomic_open, prepare_dir
 from mapstream.export.frames import frame_file_names
 from mapstream.export.points import CloudOptions, PointSet, build_point_cloud
 from mapstream.export.reconstruction import Reconstruction

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from mapstream.export._optional import import_optional
-from mapstream.export.atomic import prepare_dir
+from mapstream.io.atomic import prepare_dir
 from mapstream.export.frames import save_png
 from mapstream.export.reconstruction import Reconstruction
 

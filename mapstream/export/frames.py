@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mapstream.export.atomic import atomic_path, prepare_dir
+from mapstream.io.atomic import atomic_path, prepare_dir
 from mapstream.export.reconstruction import Reconstruction
 
 logger = logging.getLogger(__name__)

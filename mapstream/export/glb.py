@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from mapstream.export._optional import import_optional
-from mapstream.export.atomic import atomic_open
+from mapstream.io.atomic import atomic_open
 from mapstream.export.points import CloudOptions, PointSet, build_point_cloud
 from mapstream.export.reconstruction import Reconstruction
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from mapstream.export._optional import import_optional
-from mapstream.export.atomic import atomic_open
+from mapstream.io.atomic import atomic_open
 from mapstream.export.reconstruction import Reconstruction
 from mapstream.geometry import unproject_depth
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mapstream.export.atomic import atomic_open
+from mapstream.io.atomic import atomic_open
 from mapstream.geometry import POSE_ENCODING_DIM, invert_se3
 
 logger = logging.getLogger(__name__)

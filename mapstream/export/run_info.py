@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mapstream.export.atomic import atomic_write_text
+from mapstream.io.atomic import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

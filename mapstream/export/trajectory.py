@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mapstream.export.atomic import atomic_open
+from mapstream.io.atomic import atomic_open
 from mapstream.export.reconstruction import Reconstruction
 from mapstream.geometry import mat_to_quat
 

@@ -3,6 +3,9 @@
 Everything produces float32 ``[3, H, W]`` frames (or ``[N, 3, H, W]`` batches) in [0, 1],
 preprocessed bit-exactly like the reference LingBot-Map loader (see :mod:`.images`).
 Video support needs PyAV (``pip install av``), live capture needs OpenCV.
+
+On the output side, :mod:`.atomic` writes every file the package produces (a temp file, then
+a rename), so that an interrupted write never leaves a partial file.
 """
 from mapstream.io.images import (
     IMAGE_EXTENSIONS,

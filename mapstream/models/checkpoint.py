@@ -26,7 +26,6 @@ import logging
 import os
 import pickle
 import re
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -517,6 +516,8 @@ def convert_checkpoint(
     """
     from safetensors.torch import save_file
 
+    from ..io.atomic import atomic_path
+
     from .. import __version__
 
     path = resolve_checkpoint(src, filename=filename, revision=revision, cache_dir=cache_dir)
@@ -534,26 +535,10 @@ def convert_checkpoint(
         dst = dst / path.with_suffix(".safetensors").name
     if dst.exists() and dst.resolve() == path.resolve():
         raise ValueError(f"{dst} is the checkpoint being converted; give another output path")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(state_dict, tmp, metadata=metadata)
-        os.chmod(tmp, 0o666 & ~_umask())  # as any new file (mkstemp's, and save_file's, are private)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(dst) as tmp:
+        save_file(state_dict, str(tmp), metadata=metadata)
     log.info("wrote %s (%s tensors, %s parameters) from %s", dst, metadata["tensors"], metadata["parameters"], path)
     return dst
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def default_converted_path(src: str) -> Path:

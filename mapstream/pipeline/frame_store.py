@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..export.atomic import atomic_path, atomic_write_text, prepare_dir, remove_stale_temp_files
+from ..io.atomic import atomic_path, atomic_write_text, prepare_dir, remove_stale_temp_files
 from ..export.reconstruction import Reconstruction
 
 __all__ = ["FrameStore", "FrameRecord"]

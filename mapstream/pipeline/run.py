@@ -183,7 +183,7 @@ def _demo_input(folder: Path, frames: int) -> Path:
     """A short synthetic sequence the project renders itself (no download)."""
     from PIL import Image
 
-    from ..export.atomic import atomic_path, prepare_dir
+    from ..io.atomic import atomic_path, prepare_dir
     from ..synthetic import render_sequence
 
     folder = prepare_dir(folder)
@@ -232,7 +232,7 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
 
 def run(opts: RunOptions, *, progress: bool | None = None) -> RunSummary:
     """Run the whole job; see the module docstring. Returns what was done and where."""
-    from ..export.atomic import prepare_dir
+    from ..io.atomic import prepare_dir
 
     started = time.perf_counter()
     _check_options(opts)  # fail on a bad option before any heavy work

@@ -2,13 +2,16 @@
 
 Frame t of the video shows the points of frames 0..t (the run's confidence threshold and
 sky mask applied), the trajectory so far, the current camera's frustum, and the input frame
-t as an inset. Drawn by `mapstream.render.raster.splat` on the CPU or a CUDA GPU; encoded
+t as an inset, optionally shaded by eye-dome lighting (`mapstream.render.edl`). The virtual
+camera follows one mode throughout or a file's segments (`mapstream.render.path_file`).
+Drawn by `mapstream.render.raster.splat` on the CPU or a CUDA GPU; encoded
 with PyAV (H.264 where the build has it, else MPEG-4 Part 2); written atomically, so an
 interrupted render leaves no partial file.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +23,11 @@ from PIL import Image, ImageDraw
 from mapstream.export import Reconstruction
 from mapstream.export.glb import FRUSTUM_EDGES, frustum_corners
 from mapstream.progress import progress_bar
-from mapstream.render.path import PathMode, PathStyle, camera_path
+from mapstream.render.edl import eye_dome_lighting
+from mapstream.render.path import PathMode, PathStyle, SegmentedPath, camera_path, segmented_camera_path
 from mapstream.render.raster import pinhole, sample_segments, splat
 from mapstream.render.video import VIDEO_SUFFIXES, VideoWriter, check_video_path, even_size
-from mapstream.viewer.scene import DEFAULT_MAX_POINTS, build_point_pool, scene_framing, select_points
+from mapstream.viewer.scene import DEFAULT_MAX_POINTS, SceneFraming, build_point_pool, scene_framing, select_points
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +43,8 @@ class RenderOptions:
     """How the flythrough looks."""
 
     mode: PathMode = "follow"
-    """Virtual camera: follow (behind the camera), birdeye (above it) or static (overview)."""
+    """Virtual camera: follow (behind the camera), birdeye (above it), static (overview) or
+    pivot (the overview turning once about the scene centre over the run)."""
     height: int = 720
     """Video height in pixels; the width keeps the input frames' aspect (both made even)."""
     fps: float = 10.0
@@ -63,6 +68,14 @@ class RenderOptions:
     every: int = 1
     """Draw every k-th frame (0, k, 2k, ... and the last), each with every point so far: a
     shorter video of a long run, and k times less drawing."""
+    edl_strength: float = 0.0
+    """Eye-dome lighting: how strongly pixels behind depth edges are darkened (0: off; try
+    1 to 10). See :mod:`mapstream.render.edl`."""
+    edl_radius: int = 2
+    """Eye-dome lighting: distance in pixels of the neighbours each pixel is compared with."""
+    camera_segments: SegmentedPath | None = None
+    """A camera path made of segments (e.g. read by :func:`mapstream.render.path_file.load_path_file`);
+    when given, ``mode`` is not used."""
 
     def __post_init__(self) -> None:
         if self.height < 16:
@@ -77,6 +90,10 @@ class RenderOptions:
             raise ValueError(f"every must be >= 1 (1: every frame), got {self.every}")
         if self.radius < 0 or self.max_points < 1:
             raise ValueError(f"radius must be >= 0 and max_points >= 1, got {self.radius}, {self.max_points}")
+        if not (math.isfinite(self.edl_strength) and self.edl_strength >= 0):
+            raise ValueError(f"edl_strength must be a finite number >= 0 (0: off), got {self.edl_strength}")
+        if self.edl_radius < 1:
+            raise ValueError(f"edl_radius must be >= 1 pixel, got {self.edl_radius}")
         PathStyle(mode=self.mode, smooth_frames=self.smooth_frames)  # its own checks
 
 
@@ -100,17 +117,13 @@ def render_flythrough(
     upto = np.searchsorted(pool.frame[shown], np.arange(n), side="right")
     xyz = torch.from_numpy(pool.xyz[shown]).to(device)
     rgb = torch.from_numpy(pool.rgb[shown]).to(device)
-    views = torch.from_numpy(camera_path(
-        recon.T_world_cam, extent=framing.extent, up=framing.up,
-        style=PathStyle(mode=options.mode, smooth_frames=options.smooth_frames),
-        overview=(framing.camera_position, framing.look_at),
-    ))
+    views = torch.from_numpy(_virtual_camera(recon, framing, options))
     K = pinhole(height, width, options.fov)
     trail, frusta, per_segment = _overlays(recon, framing.extent, device)
     background = _BACKGROUNDS[options.background]
     drawn = frames_drawn(n, options.every)
     logger.info("rendering %d of %d frames at %dx%d (%d points, %s view) to %s", len(drawn), n, width, height,
-                len(xyz), options.mode, path)
+                len(xyz), "segmented" if options.camera_segments else options.mode, path)
 
     with VideoWriter(path, height=height, width=width, fps=options.fps) as video:
         with progress_bar(len(drawn), desc="render", progress=progress) as bar:
@@ -118,11 +131,32 @@ def render_flythrough(
                 # Frame t's trajectory: the samples of segments 0..t-1, a prefix of the trail.
                 points = torch.cat((xyz[: upto[t]], trail[0][: t * per_segment], frusta[t][0]))
                 colors = torch.cat((rgb[: upto[t]], trail[1][: t * per_segment], frusta[t][1]))
-                image = splat(points, colors, K, views[t], (height, width), radius=options.radius,
-                              background=background).cpu().numpy()
-                video.write(_annotate(image, recon, t, options.inset))
+                image = _draw(points, colors, K, views[t], (height, width), options, background)
+                video.write(_annotate(image.cpu().numpy(), recon, t, options.inset))
                 bar.update(1)
     return path
+
+
+def _virtual_camera(recon: Reconstruction, framing: SceneFraming, options: RenderOptions) -> np.ndarray:
+    """``[N, 3, 4]`` camera-to-world of the virtual camera at each frame."""
+    overview = (framing.camera_position, framing.look_at)
+    if options.camera_segments is not None:
+        return segmented_camera_path(recon.T_world_cam, options.camera_segments, extent=framing.extent,
+                                     up=framing.up, overview=overview, smooth_frames=options.smooth_frames)
+    return camera_path(recon.T_world_cam, extent=framing.extent, up=framing.up,
+                       style=PathStyle(mode=options.mode, smooth_frames=options.smooth_frames), overview=overview)
+
+
+def _draw(
+    points: torch.Tensor, colors: torch.Tensor, K: torch.Tensor, view: torch.Tensor, hw: tuple[int, int],
+    options: RenderOptions, background: tuple[int, int, int],
+) -> torch.Tensor:
+    """One frame's splat, shaded by eye-dome lighting when it is on (when it is off, the
+    depth buffer is not even asked for: the frame is exactly what it was without EDL)."""
+    if options.edl_strength == 0:
+        return splat(points, colors, K, view, hw, radius=options.radius, background=background)
+    image, depth = splat(points, colors, K, view, hw, radius=options.radius, background=background, return_depth=True)
+    return eye_dome_lighting(image, depth, strength=options.edl_strength, radius=options.edl_radius)
 
 
 def frames_drawn(num_frames: int, every: int) -> list[int]:

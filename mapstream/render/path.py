@@ -27,7 +27,7 @@ from mapstream.geometry import look_at
 
 __all__ = [
     "PATH_MODES", "PathMode", "PathSegment", "PathStyle", "SegmentedPath", "camera_path", "segmented_camera_path",
-    "smooth", "transition_weights",
+    "pivot_eyes", "smooth", "transition_weights",
 ]
 
 PathMode = Literal["follow", "birdeye", "static", "pivot"]

@@ -8,6 +8,7 @@ are points sampled along them, depth tested with the cloud.
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -24,10 +25,26 @@ def pinhole(height: int, width: int, fov_y_deg: float) -> Tensor:
     return torch.tensor([[f, 0.0, (width - 1) / 2], [0.0, f, (height - 1) / 2], [0.0, 0.0, 1.0]], dtype=torch.float64)
 
 
+@overload
 def splat(
     points: Tensor, colors: Tensor, K: Tensor, T_world_cam: Tensor, hw: tuple[int, int], *,
     radius: int = 0, background: tuple[int, int, int] = (0, 0, 0), near: float = 1e-6,
-) -> Tensor:
+    return_depth: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def splat(
+    points: Tensor, colors: Tensor, K: Tensor, T_world_cam: Tensor, hw: tuple[int, int], *,
+    radius: int = 0, background: tuple[int, int, int] = (0, 0, 0), near: float = 1e-6,
+    return_depth: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+def splat(
+    points: Tensor, colors: Tensor, K: Tensor, T_world_cam: Tensor, hw: tuple[int, int], *,
+    radius: int = 0, background: tuple[int, int, int] = (0, 0, 0), near: float = 1e-6, return_depth: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Render ``points`` [P, 3] (world) with ``colors`` [P, 3] uint8 into an ``hw`` image.
 
     Args:
@@ -36,9 +53,13 @@ def splat(
             projection (0: one pixel).
         background: colour of pixels no point covers.
         near: points with camera depth at or below this are not drawn.
+        return_depth: also return the depth buffer (for eye-dome lighting,
+            :mod:`mapstream.render.edl`).
 
     Returns:
-        ``[H, W, 3]`` uint8 on the points' device.
+        ``[H, W, 3]`` uint8 on the points' device; with ``return_depth``, ``(image, depth)``
+        where depth ``[H, W]`` float64 is the camera z of each pixel's point, ``inf`` where no
+        point is drawn.
     """
     if points.ndim != 2 or points.shape[-1] != 3 or colors.shape != points.shape:
         raise ValueError(f"points [P, 3] and colors [P, 3] expected, got {list(points.shape)}, {list(colors.shape)}")
@@ -48,7 +69,8 @@ def splat(
     device = points.device
     image = torch.tensor(background, dtype=torch.uint8, device=device).expand(height * width, 3).clone()
     if len(points) == 0:
-        return image.view(height, width, 3)
+        empty = torch.full((height, width), math.inf, dtype=torch.float64, device=device)
+        return (image.view(height, width, 3), empty) if return_depth else image.view(height, width, 3)
     uv, z = project_points(points.double(), K.to(device, torch.float64), T_world_cam.to(device, torch.float64))
     keep = (z > near) & torch.isfinite(uv).all(-1)
     order = torch.nonzero(keep).squeeze(1)  # input order, which breaks depth ties
@@ -69,6 +91,8 @@ def splat(
     winner.scatter_reduce_(0, pixel[front], order[front], reduce="amin")
     drawn = winner < len(points)
     image[drawn] = colors.to(device)[winner[drawn]]
+    if return_depth:
+        return image.view(height, width, 3), nearest.view(height, width)
     return image.view(height, width, 3)
 
 

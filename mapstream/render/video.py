@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mapstream.export._optional import import_optional
-from mapstream.export.atomic import atomic_path
+from mapstream.io.atomic import atomic_path
 
 __all__ = ["VIDEO_SUFFIXES", "VideoWriter", "check_video_path", "even_size"]
 

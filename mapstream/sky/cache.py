@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image, PngImagePlugin
 
-from mapstream.export.atomic import atomic_path, prepare_dir
+from mapstream.io.atomic import atomic_path, prepare_dir
 from mapstream.sky.segmenter import (
     DEFAULT_THRESHOLD,
     PREPROCESS_VERSION,

@@ -1,4 +1,5 @@
-"""The viewer's "Export" actions, apart from the GUI: the shown scene as GLB, a render as PNG.
+"""The viewer's "Export" actions, apart from the GUI: the shown scene as GLB, a render as PNG
+(the "Video" folder's recording is :mod:`mapstream.viewer.recording`).
 
 Both write atomically (a temp file in the destination folder, then a rename), so a failed
 write leaves any earlier file at the path as it was. They raise on failure; the viewer turns
@@ -13,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from mapstream.export import PointSet, Reconstruction
-from mapstream.export.atomic import atomic_path
+from mapstream.io.atomic import atomic_path
 from mapstream.viewer.scene import PointPool
 
-__all__ = ["RENDER_TIMEOUT_S", "export_shown_glb", "first_client", "save_render"]
+__all__ = ["RENDER_TIMEOUT_S", "canvas_size", "export_shown_glb", "first_client", "save_render"]
 
 RENDER_TIMEOUT_S = 30.0
 """Longest wait for a browser's render: a tab in the background may never draw a frame."""
@@ -56,6 +57,13 @@ def first_client(server: Any) -> Any | None:
     return clients[min(clients)] if clients else None
 
 
+def canvas_size(client: Any) -> tuple[int, int]:
+    """(height, width) of ``client``'s canvas in pixels, or :data:`FALLBACK_RENDER_HW` while the
+    browser has not reported it yet."""
+    height, width = int(client.camera.image_height), int(client.camera.image_width)
+    return (height, width) if height > 0 and width > 0 else FALLBACK_RENDER_HW
+
+
 def save_render(client: Any, path: str | os.PathLike[str], *, timeout: float = RENDER_TIMEOUT_S) -> Path:
     """Ask ``client`` (a viser ClientHandle) to render its current view at its canvas size and
     write it losslessly as an RGBA PNG (the page background is transparent).
@@ -66,9 +74,7 @@ def save_render(client: Any, path: str | os.PathLike[str], *, timeout: float = R
     """
     from PIL import Image
 
-    height, width = int(client.camera.image_height), int(client.camera.image_width)
-    if height <= 0 or width <= 0:
-        height, width = FALLBACK_RENDER_HW
+    height, width = canvas_size(client)
     image = np.asarray(client.get_render(height, width, transport_format="png", timeout=timeout))
     path = Path(path)
     with atomic_path(path) as tmp:

@@ -10,7 +10,8 @@ visibility), ``/cameras/frame_000000`` (frustums with the frame image, coloured 
 trajectory), ``/trajectory``. Which points, frustums and viewpoints are shown comes from
 :mod:`mapstream.viewer.scene`; the options and the panel's layout are in
 :mod:`mapstream.viewer.controls`, the "Export" folder's GLB and PNG writers in
-:mod:`mapstream.viewer.actions`. Needs ``pip install 'mapstream[viewer]'`` (viser); viser is
+:mod:`mapstream.viewer.actions`, the "Video" folder's recorder in
+:mod:`mapstream.viewer.recording`. Needs ``pip install 'mapstream[viewer]'`` (viser); viser is
 imported only here.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from mapstream.export import Reconstruction
 from mapstream.viewer.actions import export_shown_glb, first_client, save_render
 from mapstream.viewer.controls import ViewerHandles, ViewerOptions, add_controls
+from mapstream.viewer.recording import VideoRecorder
 from mapstream.viewer.scene import (
     build_point_pool,
     downscale_image,
@@ -113,6 +115,7 @@ class ViewerApp:
         self._image_frame = -1  # the frame in the "Frame image" panel
         self._message = ""  # the last export / screenshot outcome, under the status
         self._screenshot_thread: threading.Thread | None = None
+        self._recorder = VideoRecorder(self._lock, report=self._report, show_message=self._show_message)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> ViewerApp:
@@ -134,8 +137,10 @@ class ViewerApp:
         return self
 
     def stop(self) -> None:
-        """Stop the play thread and the server; the port is free when this returns. Idempotent."""
+        """Stop the play thread, a recording and the server; the port is free when this returns.
+        Idempotent."""
         self._stop_event.set()
+        self._recorder.close()  # before the server stops: a recording ends at a frame boundary if it can
         if self._player is not None:
             self._player.join(timeout=5.0)
             self._player = None
@@ -144,11 +149,12 @@ class ViewerApp:
             self.handles = None
             server.stop()  # a render still awaited from a browser now ends with an error
             logger.info("viewer stopped")
-        shot, self._screenshot_thread = self._screenshot_thread, None
-        if shot is not None:
-            shot.join(timeout=5.0)
-            if shot.is_alive():
-                logger.warning("viewer: a screenshot was still waiting for its browser when the viewer stopped")
+        for what, thread in (("a screenshot", self._screenshot_thread), ("a recording", self._recorder.thread)):
+            if thread is not None:
+                thread.join(timeout=5.0)
+                if thread.is_alive():
+                    logger.warning("viewer: %s was still waiting for its browser when the viewer stopped", what)
+        self._screenshot_thread = None
 
     def wait(self) -> None:
         """Block until :meth:`stop` is called (from another thread) or Ctrl-C."""
@@ -200,6 +206,7 @@ class ViewerApp:
             server.gui, options, num_frames=n, conf_max=max(conf_max, options.conf_threshold, 1.01),
             point_size=size, has_sky_mask=self.pool.has_sky_mask, frame_image=self._frame_image(n - 1),
             glb_path=self._default_path("view.glb"), png_path=self._default_path("screenshot.png"),
+            video_path=self._default_path("viewer.mp4"),
         )
         self._image_frame = n - 1
 
@@ -238,6 +245,7 @@ class ViewerApp:
         h.go_to.on_click(lambda event: self.apply_view(event.target.value))
         h.export_glb.on_click(lambda _event: self.export_glb())
         h.screenshot.on_click(lambda _event: self.screenshot())
+        h.record_video.on_click(lambda _event: self.toggle_recording())
         h.step.on_click(lambda event: self.step_frame(-1 if event.target.value == "prev" else 1))
         h.camera_size.on_update(lambda _event: self._set_camera_size())
         for i, frustum in enumerate(handles.frustums):
@@ -306,13 +314,15 @@ class ViewerApp:
             self._update_status()
 
     def show_frame(self, i: int) -> None:
-        """Move the scrubber to frame `i` (clamped); what a click on a camera does."""
-        if self.handles is not None:
+        """Move the scrubber to frame `i` (clamped); what a click on a camera does. Ignored while
+        a recording runs (it moves the scrubber itself)."""
+        if self.handles is not None and not self._recorder.running:
             self.handles.frame.value = min(max(int(i), 0), len(self.recon) - 1)
 
     def step_frame(self, delta: int) -> None:
-        """Move the scrubber by `delta` frames, wrapping around ("prev" / "next")."""
-        if self.handles is not None:
+        """Move the scrubber by `delta` frames, wrapping around ("prev" / "next"). Ignored while
+        a recording runs."""
+        if self.handles is not None and not self._recorder.running:
             self.handles.frame.value = (int(self.handles.frame.value) + delta) % len(self.recon)
 
     def _frustum_scale(self) -> float:
@@ -342,8 +352,12 @@ class ViewerApp:
         )
 
     def _report(self, message: str, *, failed: bool = False) -> None:
-        """Log ``message`` and show it under the status (export and screenshot outcomes)."""
+        """Log ``message`` and show it under the status (export, screenshot and video outcomes)."""
         (logger.warning if failed else logger.info)("viewer: %s", message)
+        self._show_message(message)
+
+    def _show_message(self, message: str) -> None:
+        """Show ``message`` under the status without logging it (a recording's progress)."""
         with self._lock:
             self._message = message
             if self.handles is not None:
@@ -430,12 +444,37 @@ class ViewerApp:
             return
         self._report(f"wrote `{target}`")
 
+    def record_video(self, path: str | os.PathLike[str] | None = None) -> threading.Thread | None:
+        """Record frames 0 to last, as the "show" mode draws them and the first connected browser
+        sees them, to ``path`` (default: the "video path" field) at the "Video" folder's
+        resolution and fps, on a background thread (see :class:`VideoRecorder`). Returns the
+        thread, or None when refused (no path or not a video file, no browser connected, a
+        recording under way; reported in the status)."""
+        with self._lock:
+            if self.server is None or self.handles is None:
+                return None
+            target = self._target(path, self.handles.video_path)
+            return self._recorder.start(self.handles, first_client(self.server), target, len(self.recon))
+
+    def stop_recording(self) -> bool:
+        """Stop the recording under way after the frame it is rendering; no video is written.
+        Returns whether one was under way."""
+        return self._recorder.stop()
+
+    def toggle_recording(self) -> None:
+        """The "record video" button: stop the recording under way, or start one."""
+        if not self.stop_recording():
+            self.record_video()
+
     def _play_loop(self) -> None:
         """Advance the frame slider while "play" is checked, until :meth:`stop`."""
         while not self._stop_event.is_set():
-            handles = self.handles
-            if handles is None or not handles.play.value or len(self.recon) < 2:
-                self._stop_event.wait(0.1)
-                continue
-            handles.frame.value = (int(handles.frame.value) + 1) % len(self.recon)
-            self._stop_event.wait(1.0 / max(float(handles.fps.value), 1.0))
+            pause = 0.1
+            # Under the lock: once a recording has turned "play" off, no step of this loop that
+            # saw it on can still move the scrubber under the recording.
+            with self._lock:
+                handles = self.handles
+                if handles is not None and handles.play.value and len(self.recon) > 1 and not self._recorder.running:
+                    handles.frame.value = (int(handles.frame.value) + 1) % len(self.recon)
+                    pause = 1.0 / max(float(handles.fps.value), 1.0)
+            self._stop_event.wait(pause)

@@ -17,6 +17,10 @@ __all__ = [
     "GO_TO",
     "LOOK_FROM",
     "MAX_CAMERA_EVERY",
+    "MAX_VIDEO_FPS",
+    "RECORD_LABEL",
+    "STOP_RECORDING_LABEL",
+    "VIDEO_HEIGHTS",
     "ViewerHandles",
     "ViewerOptions",
     "add_controls",
@@ -29,6 +33,13 @@ GO_TO: tuple[str, ...] = ("overview", "first camera", "current camera")
 """The "View" folder's two rows of :data:`mapstream.viewer.scene.VIEW_PRESETS` buttons."""
 MAX_CAMERA_EVERY = 50
 """Largest value of the "show 1 camera in" slider."""
+VIDEO_HEIGHTS: dict[str, int] = {"720p": 720, "1080p": 1080, "4K": 2160}
+"""The "resolution" choices of the "Video" folder: video heights in pixels (the width follows
+the browser canvas's aspect)."""
+MAX_VIDEO_FPS = 60
+"""Largest value of the "video fps" slider."""
+RECORD_LABEL, STOP_RECORDING_LABEL = "record video", "stop recording"
+"""The two labels of the "Video" folder's button: idle, and while a recording runs."""
 
 
 @dataclass
@@ -58,6 +69,8 @@ class ViewerOptions:
     """Initially show the "Frame image" panel."""
     seed: int = 0
     """Seed of the subsample and of the downsample order."""
+    video_height: int = 1080
+    """Initial height in pixels of a recorded video (one of :data:`VIDEO_HEIGHTS`)."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value has no control to match it."""
@@ -72,6 +85,9 @@ class ViewerOptions:
             raise ValueError(f"point_size must be > 0 (world units), or unset for the pixel footprint; got {size}")
         if self.frame_image_size < 1:
             raise ValueError(f"frame_image_size must be >= 1 (pixels), got {self.frame_image_size}")
+        if self.video_height not in VIDEO_HEIGHTS.values():
+            heights = ", ".join(str(h) for h in VIDEO_HEIGHTS.values())
+            raise ValueError(f"video_height must be one of {heights} (pixels), got {self.video_height}")
 
 
 @dataclass
@@ -101,6 +117,10 @@ class ViewerHandles:
     export_glb: Any
     png_path: Any
     screenshot: Any
+    video_path: Any
+    video_height: Any
+    video_fps: Any
+    record_video: Any
     point_clouds: list[Any] = field(default_factory=list)
     frustums: list[Any] = field(default_factory=list)
     trajectory: Any | None = None
@@ -117,11 +137,13 @@ def add_controls(
     frame_image: np.ndarray,
     glb_path: str,
     png_path: str,
+    video_path: str,
 ) -> ViewerHandles:
-    """Add the status line and the folders Frames, Frame image, Points, Cameras, View and Export
-    to ``gui`` (a viser GUI API) with their initial values; returns their handles (no scene
-    node yet). ``conf_max`` and ``point_size`` set the ranges of the threshold and size sliders,
-    ``frame_image`` is the panel's first image, the paths the Export folder's initial fields."""
+    """Add the status line and the folders Frames, Frame image, Points, Cameras, View, Export
+    and Video to ``gui`` (a viser GUI API) with their initial values; returns their handles (no
+    scene node yet). ``conf_max`` and ``point_size`` set the ranges of the threshold and size
+    sliders, ``frame_image`` is the panel's first image, the paths the Export and Video
+    folders' initial fields."""
     n = num_frames
     status = gui.add_markdown("")
     with gui.add_folder("Frames"):
@@ -156,10 +178,22 @@ def add_controls(
         export_glb = gui.add_button("export GLB", hint="the points, cameras and trajectory shown now")
         png = gui.add_text("PNG path", png_path)
         screenshot = gui.add_button("screenshot", hint="the view of the first browser that connected")
+    with gui.add_folder("Video"):
+        video = gui.add_text("video path", video_path)
+        resolution = next(name for name, height in VIDEO_HEIGHTS.items() if height == options.video_height)
+        video_height = gui.add_dropdown("resolution", tuple(VIDEO_HEIGHTS), initial_value=resolution)
+        video_fps = gui.add_slider(
+            "video fps", min=1, max=MAX_VIDEO_FPS, step=1,
+            initial_value=min(max(int(round(options.play_fps)), 1), MAX_VIDEO_FPS),
+        )
+        record_video = gui.add_button(
+            RECORD_LABEL, hint='frames 0 to last as "show" draws them, in the view of the first browser that connected'
+        )
     return ViewerHandles(
         frame=frame, frame_mode=frame_mode, play=play, fps=fps, conf_threshold=conf_threshold,
         point_size=size, downsample=downsample, hide_sky=hide_sky, show_cameras=show_cameras,
         reset_view=reset_view, status=status, step=step, camera_size=camera_size,
         camera_every=camera_every, look_from=look_from, go_to=go_to, show_frame_image=show_frame_image,
         frame_image=image, glb_path=glb, export_glb=export_glb, png_path=png, screenshot=screenshot,
+        video_path=video, video_height=video_height, video_fps=video_fps, record_video=record_video,
     )

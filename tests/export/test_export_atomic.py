@@ -34,6 +34,19 @@ def test_atomic_write_replaces_and_leaves_nothing_else(tmp_path: Path) -> None:
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0o600
 
 
+def test_a_writer_that_makes_its_own_private_file_still_leaves_a_normal_one(tmp_path: Path) -> None:
+    target = tmp_path / "w.bin"
+    with atomic_path(target) as tmp:  # as safetensors does: a new file of its own, mode 0o600
+        tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"weights")
+        os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.read_bytes() == b"weights"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+
+
 def test_failure_keeps_the_old_file_and_removes_the_temp(tmp_path: Path) -> None:
     target = tmp_path / "data.bin"
     target.write_bytes(b"old complete file")

@@ -7,18 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from mapstream.export import Reconstruction
 from mapstream.geometry.camera import project_points
 from mapstream.render import PathStyle, RenderOptions, camera_path, look_at, pinhole, render_flythrough, smooth, splat
 
-av = pytest.importorskip("av")
+pytest.importorskip("av")
 
-RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
-
-
-def forward_camera() -> tuple[torch.Tensor, torch.Tensor]:
-    """A 5 x 7 camera at the origin looking down +z (OpenCV), f = 2.5, centre (3, 2)."""
-    return pinhole(5, 7, 90.0), look_at([0, 0, 0], [0, 0, 1], [0, -1, 0])
+from render_synthetic import BLUE, GREEN, RED, decode, forward_camera, plane_run, straight_run  # noqa: E402
 
 
 def test_splat_draws_the_nearest_point_and_nothing_behind_or_outside() -> None:
@@ -62,14 +56,6 @@ def test_look_at_puts_the_target_at_the_centre_and_up_at_the_top() -> None:
         look_at([0, 0, 0], [0, 5, 0], [0, -1, 0])
 
 
-def straight_run(n: int = 9) -> np.ndarray:
-    """Cameras at x = 0.5 i looking down +z, OpenCV axes (up = -y)."""
-    poses = np.zeros((n, 3, 4))
-    poses[:, :, :3] = np.eye(3)
-    poses[:, 0, 3] = 0.5 * np.arange(n)
-    return poses
-
-
 def test_the_virtual_camera_follows_from_behind_and_above_or_looks_down_from_high() -> None:
     poses, up = straight_run(), np.array([0.0, -1.0, 0.0])
     follow = camera_path(poses, extent=4.0, up=up, style=PathStyle(mode="follow", smooth_frames=0))
@@ -97,25 +83,6 @@ def test_smoothing_keeps_steady_motion_and_removes_shake() -> None:
     assert np.abs(smooth(shaky, 3.0) - steady)[12:-12].max() < 1e-3
     np.testing.assert_array_equal(smooth(shaky, 0.0), shaky)
     assert smooth(np.arange(5.0), 10.0).shape == (5,)  # a kernel longer than the path
-
-
-def plane_run(n: int = 5, h: int = 24, w: int = 32) -> Reconstruction:
-    """Cameras at x = 0.1 i facing a red/green striped plane at depth 2."""
-    poses = straight_run(n).astype(np.float32) * [1, 1, 1, 0.2]
-    image = np.zeros((h, w, 3), np.uint8)
-    image[:, : w // 2] = RED
-    image[:, w // 2 :] = GREEN
-    K = np.array([[30.0, 0, w / 2], [0, 30.0, h / 2], [0, 0, 1]], np.float32)
-    return Reconstruction(
-        images=np.repeat(image[None], n, 0), depth=np.full((n, h, w), 2.0, np.float32),
-        depth_conf=np.full((n, h, w), 3.0, np.float32), T_world_cam=poses, K=np.repeat(K[None], n, 0),
-        pose_enc=np.zeros((n, 9), np.float32), names=[f"f{i}.png" for i in range(n)],
-    )
-
-
-def decode(path: Path) -> list[np.ndarray]:
-    with av.open(str(path)) as container:
-        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
 
 
 def test_the_flythrough_is_a_video_of_the_cloud_growing(tmp_path: Path) -> None:

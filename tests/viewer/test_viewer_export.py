@@ -2,15 +2,12 @@
 writes exactly what the page shows, "screenshot" saves a (fake) browser's render as PNG."""
 from __future__ import annotations
 
-import threading
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from viewer_fakes import RenderingClient, wait_for
 from viewer_synthetic import CONF_MAX, make_recon
 
 from mapstream.cli.main import main as cli_main
@@ -26,14 +23,6 @@ from mapstream.viewer.actions import FALLBACK_RENDER_HW  # noqa: E402
 
 def camera_names(scene: object) -> list[str]:
     return sorted(name for name in scene.geometry if name.startswith("camera_"))  # type: ignore[attr-defined]
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def test_export_glb_writes_what_the_page_shows(tmp_path: Path, free_port: int) -> None:
@@ -115,27 +104,6 @@ def test_write_glb_draws_the_selected_cameras_only(tmp_path: Path) -> None:
     scene = trimesh.load(write_glb(recon, tmp_path / "one.glb", cameras=[1]), file_type="glb")
     apex = recon.T_world_cam[1, :, 3].astype(np.float64) @ OPENCV_TO_GLTF.T  # frame 1's frustum, not frame 0's
     assert np.linalg.norm(np.asarray(scene.geometry["camera_000001"].vertices) - apex, axis=1).min() < 1e-6
-
-
-class RenderingClient:
-    """A connected browser as far as a screenshot goes: its canvas size and ``get_render``."""
-
-    def __init__(self, image: np.ndarray) -> None:
-        self.image = image
-        self.camera = SimpleNamespace(image_height=image.shape[0], image_width=image.shape[1])
-        self.calls: list[tuple[int, int, str, threading.Thread]] = []
-        self.error: Exception | None = None
-        self.release = threading.Event()
-        self.release.set()
-
-    def get_render(
-        self, height: int, width: int, *, transport_format: str = "jpeg", timeout: float | None = None
-    ) -> np.ndarray:
-        self.calls.append((height, width, transport_format, threading.current_thread()))
-        assert self.release.wait(timeout=30)
-        if self.error is not None:
-            raise self.error
-        return self.image
 
 
 def test_screenshot_saves_the_first_browser_render(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -100,8 +101,13 @@ def atomic_path(path: str | os.PathLike[str], *, fsync: bool = True) -> Iterator
     path = Path(path)
     prepare_dir(path.parent)
     tmp = _temp_sibling(path)
+    mode = stat.S_IMODE(tmp.stat().st_mode)
     try:
         yield tmp
+        if stat.S_IMODE(tmp.stat().st_mode) != mode:
+            # A writer that replaced the temp file with its own (safetensors makes them
+            # private, 0o600): the result gets a new file's permissions all the same.
+            os.chmod(tmp, mode)
         if fsync:
             _fsync_file(tmp)
         os.replace(tmp, path)
