@@ -78,6 +78,14 @@ class Run:
     """Segment the sky (ONNX model) and leave it out of the point cloud; masks are cached."""
     sky_model: Optional[str] = None
     """Sky-segmentation ONNX file (default: $MAPSTREAM_SKY_MODEL, else the hub's skyseg.onnx)."""
+    view: bool = False
+    """Watch the reconstruction grow in a browser while the run streams (viser; see --view-port)."""
+    view_port: int = 8080
+    """Port of the live view (the next free one is taken if it is busy)."""
+    view_host: str = "127.0.0.1"
+    """Address of this machine the live view listens on; 0.0.0.0 makes it reachable from other machines."""
+    keep_view: bool = True
+    """With --view: keep serving after the run ends, until Ctrl-C (--no-keep-view: stop with the run)."""
     resume: bool = True
     """Continue an interrupted run found in --out, keeping its finished frames; --no-resume starts over."""
     quiet: bool = False
@@ -108,15 +116,42 @@ class Run:
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
         )
+        view = self._start_view()
         try:
-            summary = run(opts, progress=not self.quiet)
-        except ValueError as err:
-            raise ValueError(as_flags(str(err), Run)) from err
-        for warning in summary.warnings:
-            print(f"WARNING: {warning}")
-        print(
-            f"{summary.frames} frame{'' if summary.frames == 1 else 's'} ({summary.new_frames} new) at "
-            f"{summary.fps:.2f} FPS with {summary.model}\n"
-            f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
-        )
+            try:
+                summary = run(
+                    opts, progress=not self.quiet,
+                    on_frame=None if view is None else (lambda pred, frame, i: view.add(pred, frame, index=i)),
+                )
+            except ValueError as err:
+                raise ValueError(as_flags(str(err), Run)) from err
+            for warning in summary.warnings:
+                print(f"WARNING: {warning}")
+            print(
+                f"{summary.frames} frame{'' if summary.frames == 1 else 's'} ({summary.new_frames} new) at "
+                f"{summary.fps:.2f} FPS with {summary.model}\n"
+                f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
+            )
+            if view is not None and self.keep_view:
+                print(f"the live view stays at {view.url} (every control: mapstream view {summary.out}); press Ctrl-C to stop")
+                view.wait()
+        except BaseException:
+            if view is not None:
+                view.stop(drain=False)  # an interrupted run: no waiting for the view's backlog
+            raise
+        if view is not None:
+            view.stop()
         return 0
+
+    def _start_view(self):
+        """The live view, serving, when --view is given (else None)."""
+        if not self.view:
+            return None
+        from ..viewer.live import LiveOptions, LiveView
+
+        view = LiveView(
+            LiveOptions(conf_threshold=self.cloud.conf_threshold), host=self.view_host, port=self.view_port,
+            title=f"mapstream run: {self.input or 'demo'}",
+        ).start()
+        print(f"live view at {view.url}")
+        return view

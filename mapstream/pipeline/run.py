@@ -12,6 +12,7 @@ import logging
 import math
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -230,8 +231,16 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
     )
 
 
-def run(opts: RunOptions, *, progress: bool | None = None) -> RunSummary:
-    """Run the whole job; see the module docstring. Returns what was done and where."""
+def run(
+    opts: RunOptions, *, progress: bool | None = None,
+    on_frame: Callable[[FramePrediction, torch.Tensor, int], None] | None = None,
+) -> RunSummary:
+    """Run the whole job; see the module docstring. Returns what was done and where.
+
+    on_frame: called with each finished frame's prediction (on the CPU, aligned to the earlier
+        frames when resuming), its input frame ([3, H, W] in [0, 1]) and its index in the
+        sequence, as soon as the frame is stored (e.g. :meth:`mapstream.viewer.LiveView.add`).
+    """
     from ..io.atomic import prepare_dir
 
     started = time.perf_counter()
@@ -302,7 +311,10 @@ def run(opts: RunOptions, *, progress: bool | None = None) -> RunSummary:
                 pred = realign.take(pred, seq_index)
                 if pred is None:  # a re-fed frame: it only anchors the alignment
                     continue
-            store.add(_record(pred, *frames.pop(seq_index)))
+            frame, when = frames.pop(seq_index)
+            store.add(_record(pred, frame, when))
+            if on_frame is not None:
+                on_frame(pred, frame, seq_index)
             new += 1
             bar.update(1)
 
