@@ -25,7 +25,11 @@ from mapstream.viewer.controls import RECORD_LABEL, STOP_RECORDING_LABEL, VIDEO_
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RecordingCancelled", "VideoRecorder", "fit_render", "record_video", "video_size"]
+__all__ = ["PAGE_BACKGROUND", "RecordingCancelled", "VideoRecorder", "fit_render", "record_video", "video_size"]
+
+PAGE_BACKGROUND = (255, 255, 255)
+"""The page's background colour (white; what a JPEG render shows): a PNG render's transparent
+pixels are put on it, so both transports give the same picture."""
 
 
 class RecordingCancelled(Exception):
@@ -45,9 +49,10 @@ def video_size(client: Any, height: int) -> tuple[int, int]:
 
 
 def fit_render(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """A browser's render as a video frame: [height, width, 3] uint8 RGB. An alpha channel (a
-    PNG render) is dropped, and a render of another size (the browser may answer at its own
-    pixel ratio) is resized, as the video's frames must all have one size.
+    """A browser's render as a video frame: [height, width, 3] uint8 RGB. An RGBA render (PNG
+    transport: the background is transparent) is put on :data:`PAGE_BACKGROUND`, as dropping
+    its alpha would turn the background black; a render of another size (the browser may answer
+    at its own pixel ratio) is resized, as the video's frames must all have one size.
 
     Raises:
         ValueError: the render is not an [H, W, 3] or [H, W, 4] uint8 image.
@@ -57,13 +62,20 @@ def fit_render(image: np.ndarray, height: int, width: int) -> np.ndarray:
         raise ValueError(
             f"the browser's render is not an RGB or RGBA uint8 image: got {list(image.shape)} {image.dtype}"
         )
-    rgb = np.ascontiguousarray(image[..., :3])
+    rgb = _on_background(image) if image.shape[2] == 4 else np.ascontiguousarray(image)
     if rgb.shape[:2] == (height, width):
         return rgb
     from PIL import Image
 
     logger.debug("resizing a %dx%d render to %dx%d", rgb.shape[1], rgb.shape[0], width, height)
     return np.asarray(Image.fromarray(rgb).resize((width, height), Image.Resampling.BILINEAR))
+
+
+def _on_background(rgba: np.ndarray) -> np.ndarray:
+    """[H, W, 4] uint8 RGBA (straight alpha, as PNG stores it) over :data:`PAGE_BACKGROUND`."""
+    alpha = rgba[..., 3:].astype(np.float32) / 255
+    rgb = rgba[..., :3] * alpha + np.asarray(PAGE_BACKGROUND, np.float32) * (1 - alpha)
+    return np.rint(rgb).astype(np.uint8)
 
 
 def _check_not_cancelled(cancel: threading.Event | None, done: int, total: int) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from viewer_synthetic import CONF_MAX, GREEN, RED, make_recon
+from viewer_synthetic import CONF_MAX, GREEN, RED, N, make_recon
 
 CHROMIUM = os.environ.get("MAPSTREAM_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -40,6 +40,13 @@ def colour_pixels(image: np.ndarray, rgb: tuple[int, int, int], tolerance: int =
     """Number of pixels of ``image`` ([H, W, 3+] uint8) within ``tolerance`` of ``rgb`` per channel."""
     diff = np.abs(image[..., :3].astype(np.int16) - np.array(rgb, np.int16))
     return int((diff.max(axis=-1) <= tolerance).sum())
+
+
+def decode_video(path: Path) -> list[np.ndarray]:
+    """The frames of the video at ``path`` as [H, W, 3] uint8 RGB (PyAV; skipped without it)."""
+    av = pytest.importorskip("av")
+    with av.open(str(path)) as container:
+        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -101,6 +108,19 @@ def test_browser_shows_point_cloud(tmp_path: Path, free_port: int) -> None:
                 rendered = np.asarray(Image.open(tmp_path / "viewer_render.png"))
                 assert rendered.shape == (VIEWPORT["height"], VIEWPORT["width"], 4)
                 assert min(colour_pixels(rendered, RED), colour_pixels(rendered, GREEN)) >= MIN_POINT_PIXELS
+
+                # "record video": every frame rendered by the browser at 720p (taller than the
+                # page: the render is not limited to the canvas), then the scrubber put back.
+                app.handles.video_height.value = "720p"
+                recording = app.record_video(tmp_path / "viewer.mp4")
+                assert recording is not None
+                recording.join(timeout=120)
+                assert app.handles.status.content.endswith(f"wrote `{tmp_path / 'viewer.mp4'}` ({N} frames)")
+                assert app.handles.frame.value == N - 1
+                video = decode_video(tmp_path / "viewer.mp4")
+                assert len(video) == N and video[0].shape == (720, 1080, 3)  # the 640 x 960 canvas's aspect
+                for frame in video:  # JPEG, then H.264: a looser tolerance
+                    assert min(colour_pixels(frame, RED, 30), colour_pixels(frame, GREEN, 30)) >= MIN_POINT_PIXELS
 
                 app.handles.conf_threshold.value = CONF_MAX  # every point has confidence <= CONF_MAX
                 assert app.shown_point_count == 0
