@@ -3,8 +3,9 @@
     from mapstream.viewer import ViewerApp, load_run
     app = ViewerApp(load_run("out/")).start()     # serves http://127.0.0.1:8080
 
-The scene logic (:mod:`mapstream.viewer.scene`) is plain numpy/torch and importable without
-viser; :class:`ViewerApp` and :class:`ViewerOptions` (:mod:`mapstream.viewer.app`) import viser
+:class:`LiveView` (:mod:`mapstream.viewer.live`) shows a stream while it is reconstructed
+(``mapstream run --view``). The scene logic (:mod:`mapstream.viewer.scene`) is plain numpy/torch
+and importable without viser; :class:`ViewerApp` and :class:`ViewerOptions` (:mod:`mapstream.viewer.app`) import viser
 when first used (``pip install 'mapstream[viewer]'``).
 """
 from __future__ import annotations
@@ -27,10 +28,13 @@ from mapstream.viewer.scene import (
 
 if TYPE_CHECKING:
     from mapstream.viewer.app import ViewerApp, ViewerOptions
+    from mapstream.viewer.live import LiveOptions, LiveView
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
     "VIEW_PRESETS",
+    "LiveOptions",
+    "LiveView",
     "PointPool",
     "SceneFraming",
     "ViewerApp",
@@ -51,4 +55,8 @@ def __getattr__(name: str) -> Any:
         from mapstream.viewer import app
 
         return getattr(app, name)
+    if name in ("LiveOptions", "LiveView"):
+        from mapstream.viewer import live
+
+        return getattr(live, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,13 +12,12 @@ trajectory), ``/trajectory``. Which points, frustums and viewpoints are shown co
 :mod:`mapstream.viewer.controls`, the "Export" folder's GLB and PNG writers in
 :mod:`mapstream.viewer.actions`, the "Video" folder's recorder in
 :mod:`mapstream.viewer.recording`. Needs ``pip install 'mapstream[viewer]'`` (viser); viser is
-imported only here.
+imported only when a server starts (:mod:`mapstream.viewer.server`).
 """
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -40,42 +39,11 @@ from mapstream.viewer.scene import (
     visible_cameras,
     visible_frames,
 )
+from mapstream.viewer.server import check_port, server_url, start_server
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ViewerApp", "ViewerOptions"]
-
-
-def _check_listen_host(host: str) -> None:
-    """Fail fast when no server could listen on ``host`` here: viser 1.1, given an address that
-    is not on this machine, tries 1000 ports in turn and then waits forever for a server that
-    never started.
-
-    Raises:
-        OSError: ``host`` does not resolve, or none of its addresses belongs to this machine.
-    """
-    try:
-        infos = socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as err:
-        raise OSError(f"cannot listen on {host}: unknown host ({err.strerror})") from err
-    reason = "it resolves to no address"
-    # Like asyncio's create_server (viser's), one address that binds is enough.
-    for family, kind, proto, _, address in infos:
-        try:
-            with socket.socket(family, kind, proto) as sock:
-                sock.bind(address)  # port 0: a busy port is viser's to skip, not an error here
-                return
-        except OSError as err:
-            reason = err.strerror or str(err)
-    raise OSError(f"cannot listen on {host}: address not available on this machine ({reason})")
-
-
-def _import_viser() -> Any:
-    try:
-        import viser
-    except ImportError as err:
-        raise RuntimeError("the viewer needs viser: pip install 'mapstream[viewer]'") from err
-    return viser
 
 
 class ViewerApp:
@@ -100,9 +68,7 @@ class ViewerApp:
         self.recon = recon
         self.options = options or ViewerOptions()
         self.options.validate()
-        if not 0 <= port <= 65535:
-            raise ValueError(f"port must be in 0..65535 (0: any free port), got {port}")
-        self.host, self.requested_port, self.title = host, port, title
+        self.host, self.requested_port, self.title = host, check_port(port), title
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.pool = build_point_pool(recon, self.options.max_points, self.options.seed)
         self.framing = scene_framing(recon, self.pool)
@@ -122,9 +88,7 @@ class ViewerApp:
         """Bind the server (viser takes the next free port if ``port`` is taken) and build the scene."""
         if self.server is not None:
             raise RuntimeError("ViewerApp is already started")
-        viser = _import_viser()
-        _check_listen_host(self.host)
-        self.server = viser.ViserServer(host=self.host, port=self.requested_port, label=self.title, verbose=False)
+        self.server = start_server(self.host, self.requested_port, self.title)
         try:
             self._build_scene()
         except BaseException:
@@ -180,8 +144,7 @@ class ViewerApp:
     @property
     def url(self) -> str:
         """``http://host:port``; a wildcard host is shown as 127.0.0.1."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}"
+        return server_url(self.host, self.port)
 
     @property
     def shown_point_count(self) -> int:

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mapstream.viewer.app import _check_listen_host, _import_viser
 from mapstream.viewer.scene import downscale_image, rotation_to_wxyz
+from mapstream.viewer.server import check_port, server_url, start_server
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +128,7 @@ class LiveView:
         title: str = "mapstream (live)",
     ) -> None:
         self.options = options or LiveOptions()
-        if not 0 <= port <= 65535:
-            raise ValueError(f"port must be in 0..65535 (0: any free port), got {port}")
-        self.host, self.requested_port, self.title = host, port, title
+        self.host, self.requested_port, self.title = host, check_port(port), title
         self.server: Any | None = None
         self.skipped = 0
         """Frames whose points were skipped because the view fell behind."""
@@ -158,9 +156,7 @@ class LiveView:
         """Bind the server (the next free port if ``port`` is taken) and start drawing."""
         if self.server is not None:
             raise RuntimeError("LiveView is already started")
-        viser = _import_viser()
-        _check_listen_host(self.host)
-        self.server = viser.ViserServer(host=self.host, port=self.requested_port, label=self.title, verbose=False)
+        self.server = start_server(self.host, self.requested_port, self.title)
         gui = self.server.gui
         self._gui = {
             "status": gui.add_markdown("waiting for the first frame"),
@@ -211,8 +207,7 @@ class LiveView:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}"
+        return server_url(self.host, self.port)
 
     @property
     def frames_shown(self) -> list[int]:

@@ -1,0 +1,68 @@
+"""The viser server both viewers run on: started only where it can listen, and its address.
+
+viser is imported here, when a server starts, never when mapstream is imported.
+"""
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+__all__ = ["check_listen_host", "check_port", "import_viser", "server_url", "start_server"]
+
+
+def check_listen_host(host: str) -> None:
+    """Fail fast when no server could listen on ``host`` here: viser 1.1, given an address that
+    is not on this machine, tries 1000 ports in turn and then waits forever for a server that
+    never started.
+
+    Raises:
+        OSError: ``host`` does not resolve, or none of its addresses belongs to this machine.
+    """
+    try:
+        infos = socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise OSError(f"cannot listen on {host}: unknown host ({err.strerror})") from err
+    reason = "it resolves to no address"
+    # Like asyncio's create_server (viser's), one address that binds is enough.
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.bind(address)  # port 0: a busy port is viser's to skip, not an error here
+                return
+        except OSError as err:
+            reason = err.strerror or str(err)
+    raise OSError(f"cannot listen on {host}: address not available on this machine ({reason})")
+
+
+def import_viser() -> Any:
+    try:
+        import viser
+    except ImportError as err:
+        raise RuntimeError("the viewer needs viser: pip install 'mapstream[viewer]'") from err
+    return viser
+
+
+def start_server(host: str, port: int, title: str) -> Any:
+    """A running ``viser.ViserServer`` on ``host`` (checked first) and ``port``, or the next
+    free port when that one is busy.
+
+    Raises:
+        OSError: no server can listen on ``host`` here.
+        RuntimeError: viser is not installed.
+    """
+    viser = import_viser()
+    check_listen_host(host)
+    return viser.ViserServer(host=host, port=port, label=title, verbose=False)
+
+
+def check_port(port: int) -> int:
+    """``port`` when a server may ask for it (0: any free port), else a ValueError."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be in 0..65535 (0: any free port), got {port}")
+    return port
+
+
+def server_url(host: str, port: int) -> str:
+    """``http://host:port``; a wildcard host is shown as 127.0.0.1."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{shown}:{port}"
