@@ -167,13 +167,14 @@ def segmented_camera_path(
     """
     poses = np.asarray(T_world_cam, dtype=np.float64)
     up = np.asarray(up, dtype=np.float64)
-    eyes = targets = None
-    for segment in path.segments:
+
+    def segment_eyes_and_targets(segment: PathSegment) -> tuple[np.ndarray, np.ndarray]:
         style = replace(segment.style, smooth_frames=smooth_frames)
-        seg_eyes, seg_targets = _eyes_and_targets(poses, extent, up, style, overview, (segment.start, segment.end))
-        if eyes is None:  # the first segment: nothing to blend from
-            eyes, targets = seg_eyes, seg_targets
-            continue
+        return _eyes_and_targets(poses, extent, up, style, overview, (segment.start, segment.end))
+
+    eyes, targets = segment_eyes_and_targets(path.segments[0])
+    for segment in path.segments[1:]:
+        seg_eyes, seg_targets = segment_eyes_and_targets(segment)
         # (1 - w) a + w b is exactly a at w = 0 and exactly b at w = 1 (a + w (b - a) is not).
         w = transition_weights(len(poses), segment.start, path.transition)[:, None]
         eyes = (1 - w) * eyes + w * seg_eyes
@@ -234,7 +235,8 @@ def _eyes_and_targets(
 def _views(eyes: np.ndarray, targets: np.ndarray, up: np.ndarray, poses: np.ndarray) -> np.ndarray:
     if not len(poses):
         return np.zeros((0, 3, 4))
-    return np.stack([_view(eye, target, up, fallback_down=pose[:, 1]) for eye, target, pose in zip(eyes, targets, poses)])
+    views = [_view(eye, target, up, fallback_down=pose[:, 1]) for eye, target, pose in zip(eyes, targets, poses)]
+    return np.stack(views)
 
 
 def _view(eye: np.ndarray, target: np.ndarray, up: np.ndarray, *, fallback_down: np.ndarray) -> np.ndarray:
