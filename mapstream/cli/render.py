@@ -53,7 +53,7 @@ class Render:
     """No progress bar."""
 
     def main(self) -> int:
-        from ..pipeline.run import resolve_device
+        from ..device import resolve_device
         from ..render import RenderOptions, render_flythrough
         from ..render.flythrough import frames_drawn
         from ..render.path_file import load_path_file

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from mapstream.device import resolve_device
 from mapstream.export import Reconstruction
 from mapstream.export.glb import FRUSTUM_EDGES, frustum_corners
 from mapstream.progress import progress_bar
@@ -107,7 +108,7 @@ def render_flythrough(
     progress: a bar over the frames (None: when stderr is a terminal).
     """
     path = check_video_path(path)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device("auto") if device is None else torch.device(device)
     height, width = even_size(recon.image_hw, options.height)
     n = len(recon)
     pool = build_point_pool(recon, options.max_points)
