@@ -34,10 +34,13 @@ __all__ = ["linear_residual", "norm_linear"]
 
 _BLOCK_N = 4
 _CHUNK_BYTES = 2048
+_NUM_WARPS = 4
 # A program streams 4 weight rows, 2 KB of each at a time: with fp32 weights 4 x 512 was the
 # best of 4-16 rows by 128-512 columns for the trunk's products on an H200 (docs/BENCHMARKS.md,
 # session 11, part 4); half weights take 1024 columns, the same bytes, which keeps every
-# thread's loads 16 bytes wide (512 gives 4- and 2-byte loads, sm_90 PTX, offline).
+# thread's loads 16 bytes wide (512 gives 4- and 2-byte loads, sm_90 PTX, offline). Session 20
+# measured 2-16 rows, 4 KB chunks and 8 warps again for the camera head's whole chain, on all
+# SMs and on 32: none was faster.
 
 
 def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, linear: nn.Linear, *, gelu: bool = False) -> torch.Tensor:
@@ -111,7 +114,8 @@ def launch_row_linear(
         scale if scale is not None else row, y,
         n, k, weight.stride(0), eps,
         BLOCK_N=_BLOCK_N, BLOCK_K=_CHUNK_BYTES // weight.element_size(), NORM=normed, NORM_AFFINE=affine,
-        ROUND_NORM=normed and x.dtype != torch.float32, GELU=gelu, RESIDUAL=residual is not None, num_warps=4,
+        ROUND_NORM=normed and x.dtype != torch.float32, GELU=gelu, RESIDUAL=residual is not None,
+        num_warps=_NUM_WARPS,
     )
     return y
 
