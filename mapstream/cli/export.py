@@ -10,6 +10,7 @@ from typing import Optional
 from ..export import ALL_FORMATS
 from ._cloud import CloudFlags, PointCloudFlags
 from ._flags import as_flags
+from ._glb import GlbFlags, GlbStyleFlags
 from ._frames import frame_slice, select_frames
 from .view import RunDir
 
@@ -31,6 +32,7 @@ class Export:
     """Point cloud: most points (seeded uniform subsample beyond; None: no cap)."""
     mask_sky: bool = True
     """Point cloud: leave out sky pixels when the run has a sky mask."""
+    glb: GlbFlags = field(default_factory=GlbStyleFlags)
     quiet: bool = False
     """No progress bar."""
 
@@ -50,10 +52,13 @@ class Export:
             frame_slice(self.frames)
         try:
             cloud = self.cloud.options(mask_sky=self.mask_sky, max_points=self.max_points)
+            glb_style = self.glb.style()
         except ValueError as err:
             raise ValueError(as_flags(str(err), Export)) from err
         recon = select_frames(load_run(self.run_dir), self.frames)
         # CloudOptions' fields are export_all's point-cloud keywords, name for name.
-        written = export_all(recon, out, formats=formats, **dataclasses.asdict(cloud), progress=not self.quiet)
+        written = export_all(
+            recon, out, formats=formats, **dataclasses.asdict(cloud), glb_style=glb_style, progress=not self.quiet
+        )
         print(f"{len(recon)} frames from {source} -> {out}: " + ", ".join(sorted(written)))
         return 0

@@ -37,6 +37,7 @@ from mapstream.export.colmap import colmap_camera_params, write_colmap
 from mapstream.export.depth import colorize_depth, depth_to_millimetres, write_depth_maps
 from mapstream.export.frames import frame_file_names, write_frame_images, write_sky_masks
 from mapstream.export.glb import OPENCV_TO_GLTF, write_glb
+from mapstream.export.glb_style import GlbStyle
 from mapstream.export.nerfstudio import nerfstudio_transforms, write_nerfstudio
 from mapstream.export.points import (
     CloudOptions,
@@ -56,6 +57,7 @@ __all__ = [
     "NPZ_KEYS",
     "OPENCV_TO_GLTF",
     "CloudOptions",
+    "GlbStyle",
     "PointSet",
     "Reconstruction",
     "atomic_open",

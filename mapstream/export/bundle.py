@@ -31,6 +31,7 @@ from mapstream.export.colmap import write_colmap
 from mapstream.export.depth import write_depth_maps
 from mapstream.export.frames import write_frame_images
 from mapstream.export.glb import write_glb
+from mapstream.export.glb_style import GlbStyle
 from mapstream.export.nerfstudio import write_nerfstudio
 from mapstream.export.points import CloudOptions, PointSet, build_point_cloud, subsample, write_ply
 from mapstream.export.reconstruction import Reconstruction
@@ -66,6 +67,7 @@ def export_all(
     seed: int = 0,
     drop_black: bool = False,
     drop_white: bool = False,
+    glb_style: GlbStyle = GlbStyle(),
     progress: bool | None = None,
 ) -> dict[str, Path]:
     """Write the requested ``formats`` (subset of :data:`ALL_FORMATS`) into ``out_dir``.
@@ -79,6 +81,8 @@ def export_all(
             :class:`~mapstream.export.points.CloudOptions`).
         colmap_max_points: size of the COLMAP ``points3D.txt`` subsample (same filters, no
             voxel averaging; drawn from the PLY cloud when that one is not voxel averaged).
+        glb_style: how ``scene.glb`` draws the points, cameras and trajectory (spheres,
+            tubes, colour adjustments; :class:`~mapstream.export.glb_style.GlbStyle`).
         progress: a bar over the outputs being written (None: when stderr is a terminal).
 
     Returns:
@@ -96,7 +100,7 @@ def export_all(
         conf_threshold=conf_threshold, conf_percentile=conf_percentile, mask_sky=mask_sky,
         voxel_size=voxel_size, max_points=max_points, seed=seed, drop_black=drop_black, drop_white=drop_white,
     )
-    steps = _plan(recon, out, wanted, options, colmap_max_points)
+    steps = _plan(recon, out, wanted, options, colmap_max_points, glb_style)
     written: dict[str, Path] = {}
     with progress_bar(len(steps), desc="export", unit="output", progress=progress) as bar:
         for name, write in steps:
@@ -113,7 +117,7 @@ def export_all(
 
 
 def _plan(recon: Reconstruction, out: Path, wanted: list[str], options: CloudOptions,
-          colmap_max_points: int | None) -> list[tuple[str, Callable[[], object]]]:
+          colmap_max_points: int | None, glb_style: GlbStyle) -> list[tuple[str, Callable[[], object]]]:
     """The export's steps in order, each (name, write): write returns a path, a dict of
     name -> path, or nothing. The point cloud is built once, by its own step, for PLY, GLB
     and the COLMAP points."""
@@ -128,7 +132,7 @@ def _plan(recon: Reconstruction, out: Path, wanted: list[str], options: CloudOpt
     if "ply" in wanted:
         steps.append(("ply", lambda: write_ply(recon, out / "points.ply", points=shared["cloud"])))
     if "glb" in wanted:
-        steps.append(("glb", lambda: write_glb(recon, out / "scene.glb", points=shared["cloud"])))
+        steps.append(("glb", lambda: write_glb(recon, out / "scene.glb", points=shared["cloud"], style=glb_style)))
     if "depth" in wanted:
         steps.append(("depth", lambda: write_depth_maps(recon, out, mask_sky=options.mask_sky)))
     if any(f in wanted for f in ("images", "colmap", "nerfstudio")):  # the frames as the model saw them

@@ -12,6 +12,11 @@ seen from the first camera's side. Geometry (all nodes are placed with identity 
   at depth ``frustum_depth``), coloured along the trajectory with a matplotlib colormap (first
   frame = colormap start);
 * ``trajectory``: a grey LINES primitive through the camera centres.
+
+A :class:`~mapstream.export.glb_style.GlbStyle` can instead draw the points as spheres and the
+frustum edges and the trajectory as tubes (triangle meshes under the same node names), and
+adjust the point colours (opacity toward white, saturation, brightness); the default style
+draws the scene above.
 """
 from __future__ import annotations
 
@@ -23,13 +28,21 @@ from pathlib import Path
 import numpy as np
 
 from mapstream.export._optional import import_optional
+from mapstream.export.glb_style import (
+    SPHERE_RADIUS_FRACTION,
+    GlbStyle,
+    adjust_colours,
+    sphere_instances,
+    tube_segments,
+    vertex_coloured_mesh,
+)
 from mapstream.io.atomic import atomic_open
-from mapstream.export.points import CloudOptions, PointSet, build_point_cloud
+from mapstream.export.points import CloudOptions, PointSet, build_point_cloud, subsample
 from mapstream.export.reconstruction import Reconstruction
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FRUSTUM_EDGES", "OPENCV_TO_GLTF", "frustum_corners", "scene_extent", "write_glb"]
+__all__ = ["FRUSTUM_EDGES", "OPENCV_TO_GLTF", "GlbStyle", "frustum_corners", "scene_extent", "write_glb"]
 
 OPENCV_TO_GLTF = np.diag([1.0, -1.0, -1.0])
 """World axes map from the reconstruction (OpenCV-style) to the GLB (glTF y-up)."""
@@ -75,6 +88,31 @@ def _line_set(trimesh, vertices: np.ndarray, edges: np.ndarray, rgba: np.ndarray
     return trimesh.path.Path3D(entities=entities, vertices=vertices, colors=colors, process=False)
 
 
+def _edges(trimesh, vertices: np.ndarray, edges: np.ndarray, rgba: np.ndarray, radius: float | None):
+    """Straight segments between ``vertices`` (glTF axes): lines, or tubes of ``radius``."""
+    if radius is None:
+        return _line_set(trimesh, vertices, edges, rgba)
+    return vertex_coloured_mesh(trimesh, tube_segments(vertices[edges[:, 0]], vertices[edges[:, 1]], rgba, radius))
+
+
+def _point_geometry(trimesh, cloud: PointSet, style: GlbStyle, extent: float):
+    """The ``points`` node's geometry (a point cloud or one merged sphere mesh, glTF axes) and
+    a few words on it for the log."""
+    if style.points == "spheres":
+        cloud = subsample(cloud, style.max_spheres, seed=style.seed)
+    rgb = cloud.rgb if style.keeps_colours else adjust_colours(
+        cloud.rgb, opacity=style.opacity, saturation=style.saturation, brightness=style.brightness
+    )
+    xyz = cloud.xyz.astype(np.float64) @ OPENCV_TO_GLTF.T
+    if style.points == "points":
+        rgba = np.concatenate([rgb, np.full((len(cloud), 1), 255, np.uint8)], axis=1)
+        return trimesh.PointCloud(xyz, colors=rgba), f"{len(cloud)} points"
+    radius = style.sphere_radius if style.sphere_radius is not None else SPHERE_RADIUS_FRACTION * extent
+    unit = trimesh.creation.icosphere(subdivisions=style.sphere_detail)
+    spheres = sphere_instances(xyz, rgb, radius, np.asarray(unit.vertices), np.asarray(unit.faces))
+    return vertex_coloured_mesh(trimesh, spheres), f"{len(cloud)} spheres of radius {radius:.3g}"
+
+
 def _frame_selection(cameras: Sequence[int] | np.ndarray) -> np.ndarray:
     """An index array usable on ``arange(N)``: a boolean mask stays a mask; anything else,
     including an empty list (which numpy reads as float), becomes int64 indices."""
@@ -92,6 +130,7 @@ def write_glb(
     colormap: str = "viridis",
     trajectory: bool = True,
     cameras: Sequence[int] | np.ndarray | None = None,
+    style: GlbStyle = GlbStyle(),
 ) -> Path:
     """Write the scene as GLB, atomically (conventions in the module docstring).
 
@@ -105,20 +144,23 @@ def write_glb(
         trajectory: also draw the polyline through the camera centres (all of them).
         cameras: the frames whose frustums are drawn (indices, or a boolean mask over the
             frames); None: every frame. Colours and node names keep the frame's own index.
+        style: spheres instead of points, tubes instead of lines, the point colours' opacity,
+            saturation and brightness (:class:`~mapstream.export.glb_style.GlbStyle`; the
+            default draws points and lines with the cloud's colours).
     """
     trimesh = import_optional("trimesh", "writing GLB scenes")
     matplotlib = import_optional("matplotlib", "colouring camera frustums")
     cloud = build_point_cloud(recon, options) if points is None else points
     centres = recon.T_world_cam[:, :, 3]
-    depth = frustum_scale * scene_extent(cloud, centres)
+    extent = scene_extent(cloud, centres)
+    depth = frustum_scale * extent
     frames = frustum_corners(recon, depth)
 
     scene = trimesh.Scene()
+    drawn_points = "no points"
     if len(cloud):
-        rgba = np.concatenate([cloud.rgb, np.full((len(cloud), 1), 255, np.uint8)], axis=1)
-        scene.add_geometry(
-            trimesh.PointCloud(cloud.xyz.astype(np.float64) @ OPENCV_TO_GLTF.T, colors=rgba), geom_name="points"
-        )
+        geometry, drawn_points = _point_geometry(trimesh, cloud, style, extent)
+        scene.add_geometry(geometry, geom_name="points")
     else:
         logger.warning("no point passed the filters; the GLB holds cameras only")
     cmap = matplotlib.colormaps[colormap]
@@ -127,17 +169,18 @@ def write_glb(
     drawn = np.arange(len(recon)) if cameras is None else np.arange(len(recon))[_frame_selection(cameras)]
     for i in drawn:
         scene.add_geometry(
-            _line_set(trimesh, frames[i] @ OPENCV_TO_GLTF.T, FRUSTUM_EDGES, colours[i]),
+            _edges(trimesh, frames[i] @ OPENCV_TO_GLTF.T, FRUSTUM_EDGES, colours[i], style.frustum_radius),
             geom_name=f"camera_{i:06d}",
         )
     if trajectory and len(recon) > 1:
         steps = np.stack([np.arange(len(recon) - 1), np.arange(1, len(recon))], axis=1)
         scene.add_geometry(
-            _line_set(trimesh, centres.astype(np.float64) @ OPENCV_TO_GLTF.T, steps, (128, 128, 128, 255)),
+            _edges(trimesh, centres.astype(np.float64) @ OPENCV_TO_GLTF.T, steps, np.array([128, 128, 128, 255]),
+                   style.trajectory_radius),
             geom_name="trajectory",
         )
     data = scene.export(file_type="glb")
     with atomic_open(path, "wb") as handle:
         handle.write(data)
-    logger.info("wrote %s (%d points, %d cameras, frustum depth %.3g)", path, len(cloud), len(drawn), depth)
+    logger.info("wrote %s (%s, %d cameras, frustum depth %.3g)", path, drawn_points, len(drawn), depth)
     return Path(path)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mapstream.export import PointSet, Reconstruction
+from mapstream.export import GlbStyle, PointSet, Reconstruction
 from mapstream.io.atomic import atomic_path
 from mapstream.viewer.scene import PointPool
 
@@ -34,10 +34,11 @@ def export_shown_glb(
     path: str | os.PathLike[str],
     *,
     trajectory: bool = True,
+    style: GlbStyle = GlbStyle(),
 ) -> Path:
     """Write the pool's points at ``point_index``, the frustums of the frames where ``cameras``
-    ([N] bool) is True and (``trajectory``) the camera path as a GLB scene (see
-    :func:`mapstream.export.glb.write_glb` for its axes and layout).
+    ([N] bool) is True and (``trajectory``) the camera path as a GLB scene, drawn as ``style``
+    says (see :func:`mapstream.export.glb.write_glb` for its axes and layout).
 
     Raises:
         ValueError: there is nothing to write (a GLB scene cannot be empty).
@@ -48,7 +49,9 @@ def export_shown_glb(
     if len(point_index) == 0 and not np.any(cameras) and not (trajectory and len(recon) > 1):
         raise ValueError("nothing is shown: no point, camera or trajectory to export")
     points = PointSet(pool.xyz[point_index], pool.rgb[point_index], pool.conf[point_index], pool.frame[point_index])
-    return write_glb(recon, Path(path), points=points, cameras=np.flatnonzero(cameras), trajectory=trajectory)
+    return write_glb(
+        recon, Path(path), points=points, cameras=np.flatnonzero(cameras), trajectory=trajectory, style=style
+    )
 
 
 def first_client(server: Any) -> Any | None:

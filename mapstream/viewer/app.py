@@ -26,7 +26,7 @@ import numpy as np
 
 from mapstream.export import Reconstruction
 from mapstream.viewer.actions import export_shown_glb, first_client, save_render
-from mapstream.viewer.controls import ViewerHandles, ViewerOptions, add_controls
+from mapstream.viewer.controls import ViewerHandles, ViewerOptions, add_controls, glb_style
 from mapstream.viewer.recording import VideoRecorder
 from mapstream.viewer.scene import (
     build_point_pool,
@@ -350,8 +350,9 @@ class ViewerApp:
 
     def export_glb(self, path: str | os.PathLike[str] | None = None) -> Path | None:
         """Write what the page shows to ``path`` (default: the "GLB path" field) as GLB: the shown
-        points, the drawn frustums and, with "show cameras", the trajectory. The outcome goes
-        to the log and the status; returns the path written, or None when it failed."""
+        points, the drawn frustums and, with "show cameras", the trajectory, in the folder's
+        style (:func:`~mapstream.viewer.controls.glb_style`). The outcome goes to the log and
+        the status; returns the path written, or None when it failed."""
         with self._lock:
             handles = self.handles
             if handles is None:
@@ -365,11 +366,14 @@ class ViewerApp:
             self._report("export GLB: enter a file path first", failed=True)
             return None
         try:
-            export_shown_glb(self.recon, self.pool, index, cameras, target, trajectory=trajectory)
+            style = glb_style(handles, self.framing.extent)  # a value set from code may be out of range
+            export_shown_glb(self.recon, self.pool, index, cameras, target, trajectory=trajectory, style=style)
         except Exception as err:  # any failure is the user's to see; the server keeps serving
             self._report(f"GLB export to `{target}` failed: {err}", failed=True)
             return None
-        self._report(f"wrote `{target}`: {len(index):,} points, {int(cameras.sum())} cameras")
+        spheres = style.points == "spheres"
+        drawn = f"{min(len(index), style.max_spheres):,} spheres" if spheres else f"{len(index):,} points"
+        self._report(f"wrote `{target}`: {drawn}, {int(cameras.sum())} cameras")
         return target
 
     def screenshot(self, path: str | os.PathLike[str] | None = None) -> threading.Thread | None:

@@ -1,6 +1,7 @@
 """The viewer's options and its control panel: :class:`ViewerOptions`, :class:`ViewerHandles`
-and :func:`add_controls`, which lays out the GUI folders. What the controls do is wired up by
-:class:`mapstream.viewer.app.ViewerApp`; nothing here imports viser (``gui`` is its GUI API).
+and :func:`add_controls`, which lays out the GUI folders, and :func:`glb_style`, the "Export"
+folder's GLB settings as a :class:`~mapstream.export.GlbStyle`. What the controls do is wired
+up by :class:`mapstream.viewer.app.ViewerApp`; nothing here imports viser (``gui`` is its GUI API).
 """
 from __future__ import annotations
 
@@ -10,20 +11,24 @@ from typing import Any, get_args
 
 import numpy as np
 
+from mapstream.export.glb_style import SPHERE_RADIUS_FRACTION, GlbStyle
 from mapstream.viewer.scene import DEFAULT_MAX_POINTS, FrameMode
 
 __all__ = [
     "DOWNSAMPLE_CHOICES",
+    "FRUSTUM_TUBE_FRACTION",
     "GO_TO",
     "LOOK_FROM",
     "MAX_CAMERA_EVERY",
     "MAX_VIDEO_FPS",
     "RECORD_LABEL",
     "STOP_RECORDING_LABEL",
+    "TRAJECTORY_TUBE_FRACTION",
     "VIDEO_HEIGHTS",
     "ViewerHandles",
     "ViewerOptions",
     "add_controls",
+    "glb_style",
 ]
 
 DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "16", "32")
@@ -40,6 +45,9 @@ MAX_VIDEO_FPS = 60
 """Largest value of the "video fps" slider."""
 RECORD_LABEL, STOP_RECORDING_LABEL = "record video", "stop recording"
 """The two labels of the "Video" folder's button: idle, and while a recording runs."""
+TRAJECTORY_TUBE_FRACTION, FRUSTUM_TUBE_FRACTION = 0.001, 0.0005
+"""Radii of the GLB's tubes ("tubes" checked) as fractions of the scene extent: the trajectory
+as thick as the page draws it, the frustum edges half that (a frustum is 4 % of the extent deep)."""
 
 
 @dataclass
@@ -114,6 +122,12 @@ class ViewerHandles:
     show_frame_image: Any
     frame_image: Any
     glb_path: Any
+    glb_points: Any
+    glb_sphere_radius: Any
+    glb_tubes: Any
+    glb_opacity: Any
+    glb_saturation: Any
+    glb_brightness: Any
     export_glb: Any
     png_path: Any
     screenshot: Any
@@ -175,6 +189,19 @@ def add_controls(
         reset_view = gui.add_button("reset view")
     with gui.add_folder("Export"):
         glb = gui.add_text("GLB path", glb_path)
+        glb_points = gui.add_dropdown(
+            "GLB points", ("points", "spheres"), initial_value="points",
+            hint="spheres: meshes seen at their true size in any glTF viewer (at most 200,000, sampled)",
+        )
+        glb_sphere_radius = gui.add_slider(
+            "sphere radius %", min=0.01, max=2.0, step=0.01, initial_value=100 * SPHERE_RADIUS_FRACTION,
+            hint="of the scene extent",
+        )
+        glb_tubes = gui.add_checkbox("tubes", False, hint="the trajectory and the frustum edges as tubes, not lines")
+        glb_opacity = gui.add_slider("opacity", min=0.05, max=1.0, step=0.05, initial_value=1.0,
+                                     hint="point colours blended toward white (the file stays opaque)")
+        glb_saturation = gui.add_slider("saturation", min=0.0, max=3.0, step=0.05, initial_value=1.0)
+        glb_brightness = gui.add_slider("brightness", min=0.0, max=3.0, step=0.05, initial_value=1.0)
         export_glb = gui.add_button("export GLB", hint="the points, cameras and trajectory shown now")
         png = gui.add_text("PNG path", png_path)
         screenshot = gui.add_button("screenshot", hint="the view of the first browser that connected")
@@ -194,6 +221,27 @@ def add_controls(
         point_size=size, downsample=downsample, hide_sky=hide_sky, show_cameras=show_cameras,
         reset_view=reset_view, status=status, step=step, camera_size=camera_size,
         camera_every=camera_every, look_from=look_from, go_to=go_to, show_frame_image=show_frame_image,
-        frame_image=image, glb_path=glb, export_glb=export_glb, png_path=png, screenshot=screenshot,
+        frame_image=image, glb_path=glb, glb_points=glb_points, glb_sphere_radius=glb_sphere_radius,
+        glb_tubes=glb_tubes, glb_opacity=glb_opacity, glb_saturation=glb_saturation,
+        glb_brightness=glb_brightness, export_glb=export_glb, png_path=png, screenshot=screenshot,
         video_path=video, video_height=video_height, video_fps=video_fps, record_video=record_video,
+    )
+
+
+def glb_style(handles: ViewerHandles, extent: float) -> GlbStyle:
+    """The "Export" folder's GLB settings as a style; ``extent`` (world units) turns the
+    relative sphere and tube sizes into radii.
+
+    Raises:
+        ValueError: a control holds a value the style refuses (a slider edited out of range).
+    """
+    tubes = bool(handles.glb_tubes.value)
+    return GlbStyle(
+        points=handles.glb_points.value,
+        sphere_radius=float(handles.glb_sphere_radius.value) / 100 * extent,
+        trajectory_radius=TRAJECTORY_TUBE_FRACTION * extent if tubes else None,
+        frustum_radius=FRUSTUM_TUBE_FRACTION * extent if tubes else None,
+        opacity=float(handles.glb_opacity.value),
+        saturation=float(handles.glb_saturation.value),
+        brightness=float(handles.glb_brightness.value),
     )

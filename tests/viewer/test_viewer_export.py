@@ -11,7 +11,9 @@ from viewer_fakes import RenderingClient, wait_for
 from viewer_synthetic import CONF_MAX, make_recon
 
 from mapstream.cli.main import main as cli_main
+from mapstream.export import GlbStyle
 from mapstream.export.glb import OPENCV_TO_GLTF, write_glb
+from mapstream.export.glb_style import SPHERE_RADIUS_FRACTION, adjust_colours
 
 pytest.importorskip("viser")
 trimesh = pytest.importorskip("trimesh")
@@ -19,6 +21,7 @@ Image = pytest.importorskip("PIL.Image")
 
 from mapstream.viewer import ViewerApp, ViewerOptions  # noqa: E402
 from mapstream.viewer.actions import FALLBACK_RENDER_HW  # noqa: E402
+from mapstream.viewer.controls import TRAJECTORY_TUBE_FRACTION, glb_style  # noqa: E402
 
 
 def camera_names(scene: object) -> list[str]:
@@ -78,6 +81,46 @@ def test_export_glb_writes_what_the_page_shows(tmp_path: Path, free_port: int) -
     with ViewerApp(recon, port=free_port) as app:  # no run folder: the current directory
         assert app.handles is not None
         assert (app.handles.glb_path.value, app.handles.png_path.value) == ("view.glb", "screenshot.png")
+
+
+def test_export_glb_in_the_folders_style(tmp_path: Path, free_port: int) -> None:
+    """The "Export" folder's style controls reach the file: spheres of the chosen share of the
+    scene extent around the shown points in their (paled) colours, tubes for the trajectory
+    and the frustums; untouched, they draw points and lines."""
+    recon = make_recon(n=4)
+    with ViewerApp(recon, ViewerOptions(conf_threshold=3.0), port=free_port, output_dir=tmp_path) as app:
+        handles, pool, extent = app.handles, app.pool, app.framing.extent
+        assert handles is not None
+        assert glb_style(handles, extent) == GlbStyle(sphere_radius=SPHERE_RADIUS_FRACTION * extent)
+        handles.export_glb.value = True  # untouched controls: points and lines, as before
+        scene = trimesh.load(tmp_path / "view.glb", file_type="glb")
+        assert isinstance(scene.geometry["points"], trimesh.PointCloud)
+        assert isinstance(scene.geometry["trajectory"], trimesh.path.Path3D)
+
+        handles.glb_points.value = "spheres"
+        handles.glb_sphere_radius.value = 0.5  # % of the extent
+        handles.glb_tubes.value = True
+        handles.glb_opacity.value = 0.5
+        handles.export_glb.value = True
+        shown = (pool.conf > 3.0) & ~pool.sky
+        n = int(shown.sum())
+        assert 0 < n == app.shown_point_count
+        assert f"wrote `{tmp_path / 'view.glb'}`: {n:,} spheres, {len(recon)} cameras" in handles.status.content
+        scene = trimesh.load(tmp_path / "view.glb", file_type="glb", process=False)
+        spheres = scene.geometry["points"]
+        assert isinstance(spheres, trimesh.Trimesh) and len(spheres.vertices) == n * 12  # icosahedra
+        vertices = np.asarray(spheres.vertices).reshape(n, 12, 3)
+        centres = pool.xyz[shown].astype(np.float64) @ OPENCV_TO_GLTF.T
+        np.testing.assert_allclose(np.linalg.norm(vertices - centres[:, None], axis=-1), 0.005 * extent, rtol=1e-4)
+        colours = np.asarray(spheres.visual.vertex_attributes["color"]).reshape(n, 12, 4)[..., :3]
+        np.testing.assert_array_equal(colours, np.repeat(adjust_colours(pool.rgb[shown], opacity=0.5)[:, None], 12, 1))
+        tube = scene.geometry["trajectory"]
+        assert isinstance(tube, trimesh.Trimesh) and isinstance(scene.geometry["camera_000000"], trimesh.Trimesh)
+        rings = np.asarray(tube.vertices).reshape(len(recon) - 1, 2, -1, 3)
+        apexes = recon.T_world_cam[:, :, 3].astype(np.float64) @ OPENCV_TO_GLTF.T
+        np.testing.assert_allclose(  # rings about the camera centres, at the trajectory's tube radius
+            np.linalg.norm(rings[:, 0] - apexes[:-1, None], axis=-1), TRAJECTORY_TUBE_FRACTION * extent, rtol=1e-4
+        )
 
 
 def test_cli_passes_the_run_folder_for_exports(tmp_path: Path, free_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
