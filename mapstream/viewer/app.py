@@ -39,14 +39,14 @@ from mapstream.viewer.scene import (
     visible_cameras,
     visible_frames,
 )
-from mapstream.viewer.server import check_port, server_url, start_server
+from mapstream.viewer.server import Served, check_port, start_server
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ViewerApp", "ViewerOptions"]
 
 
-class ViewerApp:
+class ViewerApp(Served):
     """Serve a reconstruction with viser: points, cameras, a frame scrubber and controls.
 
     The point pool and the scene framing are computed on construction (no server yet);
@@ -127,24 +127,6 @@ class ViewerApp:
                 pass
         except KeyboardInterrupt:
             logger.info("viewer: interrupted")
-
-    def __enter__(self) -> ViewerApp:
-        return self if self.server is not None else self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        """The port actually bound (after :meth:`start`)."""
-        if self.server is None:
-            raise RuntimeError("ViewerApp is not started")
-        return int(self.server.get_port())
-
-    @property
-    def url(self) -> str:
-        """``http://host:port``; a wildcard host is shown as 127.0.0.1."""
-        return server_url(self.host, self.port)
 
     @property
     def shown_point_count(self) -> int:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from mapstream.viewer.scene import downscale_image, rotation_to_wxyz
-from mapstream.viewer.server import check_port, server_url, start_server
+from mapstream.viewer.server import Served, check_port, start_server
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class _Frame:
     image: np.ndarray | None
 
 
-class LiveView:
+class LiveView(Served):
     """A viser server whose scene grows with :meth:`add`; see the module docstring."""
 
     def __init__(
@@ -192,22 +192,6 @@ class LiveView:
                 time.sleep(0.5)
         except KeyboardInterrupt:
             logger.info("live view: interrupted")
-
-    def __enter__(self) -> LiveView:
-        return self if self.server is not None else self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        if self.server is None:
-            raise RuntimeError("LiveView is not started")
-        return int(self.server.get_port())
-
-    @property
-    def url(self) -> str:
-        return server_url(self.host, self.port)
 
     @property
     def frames_shown(self) -> list[int]:

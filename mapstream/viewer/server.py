@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-__all__ = ["check_listen_host", "check_port", "import_viser", "server_url", "start_server"]
+__all__ = ["Served", "check_listen_host", "check_port", "import_viser", "server_url", "start_server"]
 
 
 def check_listen_host(host: str) -> None:
@@ -66,3 +66,36 @@ def server_url(host: str, port: int) -> str:
     """``http://host:port``; a wildcard host is shown as 127.0.0.1."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     return f"http://{shown}:{port}"
+
+
+class Served:
+    """What the viewers share once started: a context manager, the port bound and the address.
+    A subclass sets ``server`` (None until :meth:`start`) and ``host``, and defines ``start``
+    (returning itself) and ``stop``."""
+
+    server: Any | None
+    host: str
+
+    def start(self):
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self if self.server is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (after ``start``)."""
+        if self.server is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return int(self.server.get_port())
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``; a wildcard host is shown as 127.0.0.1."""
+        return server_url(self.host, self.port)
