@@ -22,13 +22,20 @@ chunk bytes, warps),
 each timed alone on all SMs and on the first ``--sms`` count, beside the DPT head on all SMs
 (the step's arrangement) and split with it.
 
-Usage (device): python3 scripts/probe_camera_partition.py [--sms 16 24 32 48] [--configs] [--out FILE.json]
+With ``--staged``, a variant of the kernel without the hand-written one-ahead prefetch, whose
+weight loads Triton's software pipeliner stages through shared memory (``tl.range(...,
+num_stages=S)``), is timed against the kernel as it is, alone, on the first ``--sms`` count and
+beside the DPT head: more bytes in flight a multiprocessor, if the pipeliner takes the loads.
+
+Usage (device): python3 scripts/probe_camera_partition.py [--sms 16 24 32 48] [--configs | --staged] [--out FILE.json]
 """
 from __future__ import annotations
 
 import argparse
 
 import torch
+import triton
+import triton.language as tl
 from torch import nn
 
 from _partition import sm_partition
@@ -36,13 +43,68 @@ from _probe import report
 from _timing import timeit
 
 from mapstream.heads.dpt import DPTHead
-from mapstream.layers import row_linear
+from mapstream.layers import _row_linear_kernel, row_linear
 from mapstream.layers.row_linear import linear_residual, norm_linear
 
 DIM, PASSES, BLOCKS = 2048, 4, 4
 # (rows a program, chunk bytes, warps). Session 20 also had the first weight chunk requested
 # after the LayerNorm's statistics as an arm (a kernel flag, since removed: before them won).
 CONFIGS = [(4, 2048, 4), (2, 2048, 4), (8, 2048, 4), (4, 4096, 4), (8, 4096, 8), (16, 2048, 8)]
+
+
+@triton.jit
+def _staged_row_linear(
+    X, W, B, NW, NB, R, G, Y, N, K, stride_w, eps,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_AFFINE: tl.constexpr,
+    ROUND_NORM: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr, STAGES: tl.constexpr,
+):
+    """The product kernel's computation (fp32 row, no half-precision rounding) with its weight
+    loads left to the pipeliner."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    w_rows = W + rows[:, None].to(tl.int64) * stride_w
+    mean = 0.0
+    rstd = 1.0
+    if NORM:
+        total = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for start in tl.range(0, K, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            total += tl.load(X + cols, mask=cols < K, other=0.0)
+        mean = tl.sum(total, 0) / K
+        total = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for start in tl.range(0, K, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            d = tl.load(X + cols, mask=cols < K, other=0.0) - mean
+            total += tl.where(cols < K, d * d, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(total, 0) / K + tl.cast(eps, tl.float32))
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        x = tl.load(X + cols, mask=col_ok, other=0.0)
+        if NORM:
+            x = (x - mean) * rstd
+            if NORM_AFFINE:
+                x = x * tl.load(NW + cols, mask=col_ok, other=0.0) + tl.load(NB + cols, mask=col_ok, other=0.0)
+            x = tl.where(col_ok, x, 0.0)
+        acc += w * x[None, :]
+    y = tl.sum(acc, 1) + tl.load(B + rows, mask=row_ok, other=0.0)
+    if GELU:
+        y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+    if RESIDUAL:
+        y = tl.load(R + rows, mask=row_ok, other=0.0) + tl.load(G + rows, mask=row_ok, other=0.0) * y
+    tl.store(Y + rows, y, mask=row_ok)
+
+
+class _Staged:
+    """Stands in for the product kernel in `launch_row_linear` (kernel[grid](...))."""
+
+    def __init__(self, stages: int) -> None:
+        self.stages = stages
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: _staged_row_linear[grid](*args, STAGES=self.stages, **kwargs)
 
 
 class TrunkBlock(nn.Module):
@@ -54,15 +116,29 @@ class TrunkBlock(nn.Module):
         self.ls1, self.ls2 = nn.Parameter(torch.full((DIM,), 0.1)), nn.Parameter(torch.full((DIM,), 0.1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if DIRECT:  # the launcher itself, so that a stand-in kernel can be swapped in
+            return self.direct(x)
         v = norm_linear(x, self.norm1, self.qkv)[..., 2 * DIM:]  # the values stand in for the attention's output
         x = linear_residual(v, self.proj, x, self.ls1)
         return linear_residual(norm_linear(x, self.norm2, self.fc1, gelu=True), self.fc2, x, self.ls2)
+
+    def direct(self, x: torch.Tensor) -> torch.Tensor:
+        run = row_linear.launch_row_linear
+        n1, n2 = self.norm1, self.norm2
+        v = run(x, self.qkv.weight, self.qkv.bias, n1.weight, n1.bias, None, None, n1.eps, False, True)[..., 2 * DIM:]
+        x = run(v, self.proj.weight, self.proj.bias, None, None, x, self.ls1, 0.0, False, False)
+        h = run(x, self.fc1.weight, self.fc1.bias, n2.weight, n2.bias, None, None, n2.eps, True, True)
+        return run(h, self.fc2.weight, self.fc2.bias, None, None, x, self.ls2, 0.0, False, False)
+
+
+DIRECT = False
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sms", type=int, nargs="*", default=[16, 24, 32, 48])
     parser.add_argument("--configs", action="store_true")
+    parser.add_argument("--staged", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -108,6 +184,28 @@ def main() -> None:
         return round(timeit(graph_of(works).replay), 1)
 
     res = {"camera_weight_bytes_per_frame": weight_bytes}
+    if args.staged:
+        global DIRECT
+        DIRECT = True
+        (part, got), (rest, others) = sm_partition(args.sms[0])
+        product = _row_linear_kernel._row_linear_fwd
+        want = None
+        for stages in (0, 2, 3, 4, 6):  # 0: the product kernel
+            _row_linear_kernel._row_linear_fwd = product if stages == 0 else _Staged(stages)
+            with torch.no_grad():
+                out = camera()
+            want = out if want is None else want
+            alone = time_of([(None, camera)])
+            res[f"stages {stages or 'product'}"] = row = {
+                "camera_us": alone, "camera_TB_s": round(weight_bytes / alone / 1e6, 2),
+                f"camera_on_{got}_us": time_of([(part, camera)]),
+                "beside_dpt_us": time_of([(None, camera), (None, dense)]),
+                "max_abs_diff_vs_product": float((out - want).abs().max()),
+            }
+            print(stages, row, flush=True)
+        _row_linear_kernel._row_linear_fwd = product
+        report(res, args.out)
+        return
     if args.configs:
         (part, got), (rest, others) = sm_partition(args.sms[0])
         want = None
