@@ -92,7 +92,7 @@ class Run:
     """No progress bar."""
 
     def main(self) -> int:
-        from ..pipeline import RunOptions, run
+        from ..pipeline import RunOptions, check_options, run
 
         interval = self.keyframe_interval
         if interval is not None and interval != "auto":
@@ -116,13 +116,15 @@ class Run:
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
         )
-        view = self._start_view()
+        try:
+            if self.view:  # the run's options first: no server for a run that cannot start
+                check_options(opts)
+            view = self._start_view()
+        except ValueError as err:
+            raise ValueError(as_flags(str(err), Run)) from err
         try:
             try:
-                summary = run(
-                    opts, progress=not self.quiet,
-                    on_frame=None if view is None else (lambda pred, frame, i: view.add(pred, frame, index=i)),
-                )
+                summary = run(opts, progress=not self.quiet, on_frame=None if view is None else view.add)
             except ValueError as err:
                 raise ValueError(as_flags(str(err), Run)) from err
             for warning in summary.warnings:
@@ -149,6 +151,8 @@ class Run:
             return None
         from ..viewer.live import LiveOptions, LiveView
 
+        if not 0 <= self.view_port <= 65535:
+            raise ValueError(f"--view-port must be in 0..65535 (0: any free port), got {self.view_port}")
         view = LiveView(
             LiveOptions(conf_threshold=self.cloud.conf_threshold), host=self.view_host, port=self.view_port,
             title=f"mapstream run: {self.input or 'demo'}",

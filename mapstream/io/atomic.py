@@ -101,8 +101,8 @@ def atomic_path(path: str | os.PathLike[str], *, fsync: bool = True) -> Iterator
     path = Path(path)
     prepare_dir(path.parent)
     tmp = _temp_sibling(path)
-    mode = stat.S_IMODE(tmp.stat().st_mode)
     try:
+        mode = stat.S_IMODE(tmp.stat().st_mode)
         yield tmp
         if stat.S_IMODE(tmp.stat().st_mode) != mode:
             # A writer that replaced the temp file with its own (safetensors makes them

@@ -34,7 +34,7 @@ from ..windowed.plan import check_keyframe_interval
 from .frame_store import FrameStore
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 
-__all__ = ["RunOptions", "RunSummary", "run"]
+__all__ = ["RunOptions", "RunSummary", "check_options", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,9 @@ class RunSummary:
     warnings: list[str] = field(default_factory=list)
 
 
-def _check_options(opts: RunOptions) -> None:
-    """The options that would otherwise fail only once every frame has been processed."""
+def check_options(opts: RunOptions) -> None:
+    """Check ``opts`` before any heavy work (`run` does it first): among them those that would
+    otherwise fail only once every frame has been processed. Raises ValueError."""
     check_formats(opts.formats)
     CloudOptions(  # its own errors for the point cloud's settings
         conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile, voxel_size=opts.voxel_size
@@ -222,7 +223,7 @@ def run(
     from ..io.atomic import prepare_dir
 
     started = time.perf_counter()
-    _check_options(opts)  # fail on a bad option before any heavy work
+    check_options(opts)  # fail on a bad option before any heavy work
     device = resolve_device(opts.device)
     out = prepare_dir(opts.out)  # and on an unwritable output
     source = _source(opts)
@@ -266,7 +267,7 @@ def run(
             keyframe_interval=interval, output_device="cpu", precision=precision,
             cache=cache, fast=opts.fast and device.type == "cuda",
         )
-    else:  # "streaming" (`_check_options` took no other mode)
+    else:  # "streaming" (`check_options` took no other mode)
         session = model.session(
             num_scale_frames=opts.num_scale_frames, keyframe_interval=interval, output_device="cpu", precision=precision,
             cache=cache, fast=opts.fast and device.type == "cuda",

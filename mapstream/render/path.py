@@ -59,6 +59,12 @@ class PathStyle:
         for name in ("back", "height", "ahead", "turns"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.mode == "follow" and self.height == 0 and self.back + self.ahead == 0:
+            # The eye would sit on the point it looks at: no view direction.
+            raise ValueError(
+                f"follow: back {self.back} and ahead {self.ahead} with height 0 put the eye on the point it "
+                "looks at; give a height or a back + ahead other than 0"
+            )
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,11 @@ def _segment(index: int, item: object) -> PathSegment:
         raise ValueError(f"{where}: give field 'turns' or field 'degrees', not both")
     if "degrees" in params:
         params["turns"] = params.pop("degrees") / 360.0
-    return PathSegment(style=PathStyle(mode=mode, **params), start=start, end=end)
+    try:
+        style = PathStyle(mode=mode, **params)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    return PathSegment(style=style, start=start, end=end)
 
 
 def _frames(where: str, value: object) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,10 @@ class VideoWriter:
             self._container = stack.enter_context(self._av.open(str(tmp), mode="w"))
             self._stream = self._open_stream()
         except BaseException:
-            stack.close()
-            raise
+            # Exit the temp file's context *with* the error, so that it is removed rather than
+            # renamed, empty, onto an earlier video.
+            if not stack.__exit__(*sys.exc_info()):
+                raise
         self._stack = stack
         return self
 

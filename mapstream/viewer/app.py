@@ -39,7 +39,7 @@ from mapstream.viewer.scene import (
     visible_cameras,
     visible_frames,
 )
-from mapstream.viewer.server import Served, check_port, start_server
+from mapstream.viewer.server import Served, check_port, move_cameras, start_server
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class ViewerApp(Served):
         self._image_frame = -1  # the frame in the "Frame image" panel
         self._message = ""  # the last export / screenshot outcome, under the status
         self._screenshot_thread: threading.Thread | None = None
+        self._stopped = False
         self._recorder = VideoRecorder(self._lock, report=self._report, show_message=self._show_message)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -88,6 +89,9 @@ class ViewerApp(Served):
         """Bind the server (viser takes the next free port if ``port`` is taken) and build the scene."""
         if self.server is not None:
             raise RuntimeError("ViewerApp is already started")
+        if self._stopped:
+            # Its shown points, recorder and scene handles belonged to the stopped server.
+            raise RuntimeError("a ViewerApp cannot start again once stopped; make a new one")
         self.server = start_server(self.host, self.requested_port, self.title)
         try:
             self._build_scene()
@@ -111,6 +115,7 @@ class ViewerApp(Served):
         if self.server is not None:
             server, self.server = self.server, None
             self.handles = None
+            self._stopped = True
             server.stop()  # a render still awaited from a browser now ends with an error
             logger.info("viewer stopped")
         for what, thread in (("a screenshot", self._screenshot_thread), ("a recording", self._recorder.thread)):
@@ -318,12 +323,7 @@ class ViewerApp(Served):
         if self.server is None:
             return
         t = self._frame_t() if self.handles is not None else len(self.recon) - 1
-        position, look_at, up = view_preset(self.recon, self.framing, name, t)
-        for client in self.server.get_clients().values():
-            with client.atomic():
-                client.camera.up_direction = tuple(up)
-                client.camera.position = tuple(position)
-                client.camera.look_at = tuple(look_at)
+        move_cameras(self.server, *view_preset(self.recon, self.framing, name, t))
 
     # -- export -------------------------------------------------------------------------------
     def _target(self, path: str | os.PathLike[str] | None, field: Any) -> Path | None:

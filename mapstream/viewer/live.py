@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from mapstream.viewer.scene import downscale_image, rotation_to_wxyz
-from mapstream.viewer.server import Served, check_port, start_server
+from mapstream.viewer.server import Served, check_port, move_cameras, start_server
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,7 @@ class LiveView(Served):
         self._started_at = time.perf_counter()
         self._gui: dict[str, Any] = {}
         self._lock = threading.Lock()  # the scene's nodes: the worker adds, the GUI's thread resizes
+        self._worker_done = False
         self._abandon = threading.Event()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -156,17 +157,23 @@ class LiveView(Served):
         """Bind the server (the next free port if ``port`` is taken) and start drawing."""
         if self.server is not None:
             raise RuntimeError("LiveView is already started")
+        if self._abandon.is_set() or self._worker_done:
+            raise RuntimeError("a LiveView cannot start again once stopped (its scene went with its server); make a new one")
         self.server = start_server(self.host, self.requested_port, self.title)
-        gui = self.server.gui
-        self._gui = {
-            "status": gui.add_markdown("waiting for the first frame"),
-            "follow": gui.add_checkbox("follow the camera", self.options.follow),
-            "point_size": gui.add_slider("point size", min=0.1, max=10.0, step=0.1, initial_value=1.0),
-        }
-        self._gui["point_size"].on_update(lambda _event: self._set_point_size())
-        self._started_at = time.perf_counter()
-        self._worker = threading.Thread(target=self._draw_loop, name="mapstream-live-view", daemon=True)
-        self._worker.start()
+        try:
+            gui = self.server.gui
+            self._gui = {
+                "status": gui.add_markdown("waiting for the first frame"),
+                "follow": gui.add_checkbox("follow the camera", self.options.follow),
+                "point_size": gui.add_slider("point size", min=0.1, max=10.0, step=0.1, initial_value=1.0),
+            }
+            self._gui["point_size"].on_update(lambda _event: self._set_point_size())
+            self._started_at = time.perf_counter()
+            self._worker = threading.Thread(target=self._draw_loop, name="mapstream-live-view", daemon=True)
+            self._worker.start()
+        except BaseException:
+            self.stop()
+            raise
         logger.info("live view at %s", self.url)
         return self
 
@@ -180,6 +187,7 @@ class LiveView(Served):
             self._queue.put(None)
             self._worker.join(timeout=30.0)
             self._worker = None
+            self._worker_done = True
         if self.server is not None:
             server, self.server = self.server, None
             server.stop()
@@ -196,15 +204,17 @@ class LiveView(Served):
     @property
     def frames_shown(self) -> list[int]:
         """The frames whose point cloud and frustum are in the scene, oldest first."""
-        return list(self._nodes)
+        with self._lock:
+            return list(self._nodes)
 
     @property
     def point_count(self) -> int:
         """Points in the scene now."""
-        return self._points
+        with self._lock:
+            return self._points
 
     # -- frames -------------------------------------------------------------------------------
-    def add(self, pred: Any, frame: torch.Tensor | np.ndarray, *, index: int | None = None) -> None:
+    def add(self, pred: Any, frame: torch.Tensor | np.ndarray, index: int | None = None) -> None:
         """Queue a finished frame (a :class:`mapstream.session.FramePrediction` and its input
         frame, [3, H, W] in [0, 1] or [H, W, 3] uint8) and return at once. ``index`` names the
         frame (default ``pred.index``); a frame added again replaces its points. When
@@ -214,13 +224,14 @@ class LiveView(Served):
             raise RuntimeError("LiveView.add before start()")
         T, K = pred.T_world_cam.detach().cpu().double().numpy(), pred.K.detach().cpu().double().numpy()
         item = _Frame(int(pred.index if index is None else index), T, K, None, None, None)
+        depth = pred.depth.detach().cpu().float().numpy()
+        image = _as_image(frame, depth.shape)  # a frame refused here takes no slot of the queue
         with self._count_lock:
             keep_maps = self._queued_maps < self.options.queue_size
             self._queued_maps += keep_maps
         if keep_maps:
-            item.depth = pred.depth.detach().cpu().float().numpy()
+            item.depth, item.image = depth, image
             item.depth_conf = pred.depth_conf.detach().cpu().float().numpy()
-            item.image = _as_image(frame, item.depth.shape)
         else:
             self.skipped += 1
         self._queue.put(item)
@@ -242,7 +253,8 @@ class LiveView(Served):
         if server is None:
             return
         if self._scale is None:
-            self._scale, self._pixel = self._first_frame(item)
+            self._scale, self._pixel = self._frame_scale(item)  # None until a frame has valid depth
+        scale = self._scale or 1.0
         name = f"frame_{item.index:06d}"
         if item.depth is not None:
             xyz, rgb = frame_points(
@@ -257,8 +269,9 @@ class LiveView(Served):
                 point_shading="flat",
             )
             frustum = server.scene.add_camera_frustum(
-                f"/live/cameras/{name}", fov=2 * math.atan2(h / 2, fy), aspect=w / h, scale=0.05 * self._scale,
-                thickness=0.002 * self._scale, color=(255, 140, 0), wxyz=rotation_to_wxyz(item.T_world_cam[:, :3]), position=item.T_world_cam[:, 3],
+                f"/live/cameras/{name}", fov=2 * math.atan2(h / 2, fy), aspect=w / h, scale=0.05 * scale,
+                thickness=0.002 * scale, color=(255, 140, 0), wxyz=rotation_to_wxyz(item.T_world_cam[:, :3]),
+                position=item.T_world_cam[:, 3],
                 image=downscale_image(item.image, opts.thumbnail_size) if opts.thumbnail_size else None,
             )
             self._nodes[item.index] = (cloud, frustum)
@@ -267,12 +280,7 @@ class LiveView(Served):
                 self._remove(next(iter(self._nodes)))
         self._place_camera(item.index, item.T_world_cam[:, 3])
         if self._gui["follow"].value:
-            eye, target, up = follow_viewpoint(item.T_world_cam, 0.5 * self._scale)
-            for client in server.get_clients().values():
-                with client.atomic():
-                    client.camera.up_direction = tuple(up)
-                    client.camera.position = tuple(eye)
-                    client.camera.look_at = tuple(target)
+            move_cameras(server, *follow_viewpoint(item.T_world_cam, 0.5 * scale))
         elapsed = max(time.perf_counter() - self._started_at, 1e-9)
         frames = self._frames
         self._gui["status"].content = (
@@ -280,13 +288,17 @@ class LiveView(Served):
             + (f", points of {self.skipped} frames skipped to keep up" if self.skipped else "")
         )
 
-    def _first_frame(self, item: _Frame) -> tuple[float, float]:
-        """(the scene's scale: the first frame's median valid depth, a pixel's width at that
-        depth); also sets the world's up: minus the first camera's y axis."""
+    def _frame_scale(self, item: _Frame) -> tuple[float | None, float | None]:
+        """(the scene's scale: the frame's median valid depth, a pixel's width at that depth),
+        (None, None) when the frame has no valid depth (a later frame sets it). The first frame
+        drawn also sets the world's up: minus its camera's y axis."""
         assert self.server is not None
+        if not self._slots:
+            self.server.scene.set_up_direction(tuple(-item.T_world_cam[:, 1]))
         depth = item.depth[np.isfinite(item.depth) & (item.depth > 0)] if item.depth is not None else np.empty(0)
-        scale = float(np.median(depth)) if len(depth) else 1.0
-        self.server.scene.set_up_direction(tuple(-item.T_world_cam[:, 1]))
+        if not len(depth):
+            return None, None
+        scale = float(np.median(depth))
         return scale, scale / float(item.K[0, 0])
 
     def _point_size(self) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-__all__ = ["Served", "check_listen_host", "check_port", "import_viser", "server_url", "start_server"]
+__all__ = ["Served", "check_listen_host", "check_port", "import_viser", "move_cameras", "server_url", "start_server"]
 
 
 def check_listen_host(host: str) -> None:
@@ -60,6 +60,16 @@ def check_port(port: int) -> int:
     if not 0 <= port <= 65535:
         raise ValueError(f"port must be in 0..65535 (0: any free port), got {port}")
     return port
+
+
+def move_cameras(server: Any, eye, target, up) -> None:
+    """Put every connected browser's camera at ``eye`` looking at ``target`` with ``up`` up,
+    each in one update (no frame drawn half-moved)."""
+    for client in server.get_clients().values():
+        with client.atomic():
+            client.camera.up_direction = tuple(up)
+            client.camera.position = tuple(eye)
+            client.camera.look_at = tuple(target)
 
 
 def server_url(host: str, port: int) -> str:

@@ -103,6 +103,8 @@ def test_the_last_segment_goes_on_and_segments_after_the_run_are_not_used() -> N
     ([{"mode": "pivot", "frames": [0, 9], "turns": 1, "degrees": 90}], r"segment 0: give field 'turns' or field 'degrees'"),
     ([{"mode": "follow", "frames": [0, 9], "back": "far"}], r"segment 0: field 'back' must be a finite number, got 'far'"),
     ([{"mode": "pivot", "frames": [0, 9], "turns": float("nan")}], r"segment 0: field 'turns' must be a finite number"),
+    ([{"mode": "follow", "frames": [0, 9], "back": 0.2, "ahead": -0.2, "height": 0}],
+     r"segment 0: follow: back 0.2 and ahead -0.2 with height 0 put the eye on the point it looks at"),
     (["follow"], r"segment 0: expected a mapping"),
     ({"segments": [], "transition": 5}, r"'segments' must be a non-empty list"),
     ({"segments": [{"mode": "static", "frames": [0, 9]}], "transition": -1}, r"'transition' must be a whole number"),

@@ -72,3 +72,17 @@ def test_even_size_keeps_the_aspect_with_even_sides() -> None:
     assert even_size((378, 504), 720) == (720, 960)
     assert even_size((480, 640), 363) == (364, 484)  # 363 -> 364; 484.0 -> 484
     assert even_size((100, 1), 10) == (10, 2)  # never below 2
+
+
+def test_an_encoder_that_cannot_open_leaves_the_earlier_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "v.mp4"
+    path.write_bytes(b"earlier")
+
+    def no_encoder(self):
+        raise RuntimeError("this PyAV build has neither an H.264 (libx264) nor an MPEG-4 encoder")
+
+    monkeypatch.setattr(VideoWriter, "_open_stream", no_encoder)
+    with pytest.raises(RuntimeError, match="encoder"), VideoWriter(path, height=16, width=16, fps=5):
+        pass
+    assert path.read_bytes() == b"earlier"
+    assert [p.name for p in tmp_path.iterdir()] == ["v.mp4"]

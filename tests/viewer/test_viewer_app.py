@@ -53,6 +53,8 @@ def test_start_serves_http_and_stop_frees_the_port(free_port: int) -> None:
     assert app.server is None and app.handles is None
     assert port_is_free(free_port)
     app.stop()  # idempotent
+    with pytest.raises(RuntimeError, match="cannot start again"):  # its scene went with its server
+        app.start()
     with ViewerApp(make_recon(), port=free_port) as again:  # the same port can be taken again
         assert again.port == free_port
     assert port_is_free(free_port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -66,6 +67,15 @@ viser = pytest.importorskip("viser")
 
 from mapstream.viewer import live  # noqa: E402
 from mapstream.viewer.live import LiveView  # noqa: E402
+
+
+def wait_until(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def prediction(i: int, conf: float = 3.0) -> SimpleNamespace:
@@ -158,7 +168,12 @@ def test_mapstream_run_view_serves_while_the_run_streams(tmp_path, free_port: in
 
     shown = []
     add = LiveView.add
-    monkeypatch.setattr(LiveView, "add", lambda self, *a, **k: (shown.append(k["index"]), add(self, *a, **k)))
+
+    def recording_add(self, pred, image, index=None):
+        shown.append(index)
+        add(self, pred, image, index)
+
+    monkeypatch.setattr(LiveView, "add", recording_add)
     out = tmp_path / "run"
     assert main(["run", "--demo", "--out", str(out), "--quiet", "--formats", "npz", "--view", "--no-keep-view",
                  "--view-port", str(free_port)]) == 0
@@ -184,6 +199,54 @@ def test_stopping_without_drain_leaves_the_backlog_undrawn(free_port: int, monke
     assert entered.wait(10)  # the worker is drawing frame 0
     stopper = threading.Thread(target=view.stop, kwargs={"drain": False})
     stopper.start()  # an interrupted run: the frame being drawn ends, the rest is dropped
+    assert wait_until(view._abandon.is_set)  # the stop is asked before frame 0 is done
     release.set()
     stopper.join(10)
     assert view.frames_shown == [0] and view.server is None
+
+
+def test_a_refused_frame_takes_no_place_in_the_queue(free_port: int) -> None:
+    with LiveView(LiveOptions(queue_size=2, points_per_frame=5), port=free_port) as view:
+        for _ in range(3):
+            with pytest.raises(ValueError, match="frame image"):
+                view.add(prediction(0), torch.rand(3, 5, 8))
+        for i in range(2):
+            view.add(prediction(i), frame())
+        view.stop()
+        assert view.skipped == 0 and view.frames_shown == [0, 1]
+
+
+def test_the_scale_waits_for_a_frame_with_valid_depth(free_port: int) -> None:
+    with LiveView(port=free_port) as view:
+        empty = prediction(0)
+        empty.depth = torch.full((H, W), float("nan"))
+        view.add(empty, frame())
+        view.add(prediction(1), frame())  # depth 2 everywhere
+        view.stop()
+        assert view._scale == 2.0 and view._pixel == 2.0 / K[0, 0]
+
+
+def test_a_stopped_view_cannot_start_again(free_port: int) -> None:
+    view = LiveView(port=free_port).start()
+    view.stop()
+    with pytest.raises(RuntimeError, match="cannot start again"):
+        view.start()
+
+
+def test_run_calls_the_view_with_each_frame_and_its_index(tmp_path, free_port: int) -> None:
+    from mapstream.pipeline import RunOptions, run
+
+    with LiveView(LiveOptions(points_per_frame=5), port=free_port) as view:
+        summary = run(RunOptions(input=None, demo=True, out=tmp_path / "run", formats=("npz",)), progress=False, on_frame=view.add)
+        view.stop()
+        assert view.frames_shown == list(range(summary.frames))
+
+
+def test_view_options_are_checked_before_any_server_starts(tmp_path, capsys) -> None:
+    from mapstream.cli.main import main
+
+    for flags, message in [(["--view-port", "70000"], "--view-port must be in 0..65535"),
+                           (["--sliding-window", "0"], "--sliding-window must be >= 1")]:
+        assert main(["run", "--demo", "--out", str(tmp_path / "run"), "--quiet", "--view", *flags]) == 2
+        captured = capsys.readouterr()
+        assert message in captured.err and "live view at" not in captured.out
