@@ -20,7 +20,9 @@ class Render:
     out: Optional[Path] = None
     """Video file to write (default: RUN_DIR/flythrough.mp4)."""
     mode: Literal["follow", "birdeye", "static", "pivot"] = "follow"
-    """follow: behind and above the camera; birdeye: high above it; static: the overview throughout; pivot: the overview turning once about the scene centre."""
+    """follow: behind and above the camera; birdeye: high above it; static: the overview throughout; pivot: the overview turning about the scene centre (--turns)."""
+    turns: float = 1.0
+    """--mode pivot: turns about the scene centre over the run (negative: clockwise)."""
     path: Optional[Path] = None
     """Camera path file (.yaml, .yml or .json): segments of frames, each with its mode, blended into each other (replaces --mode; format in docs/RENDER.md)."""
     height: int = 720
@@ -64,7 +66,7 @@ class Render:
         segments = load_path_file(self.path) if self.path is not None else None
         try:
             options = RenderOptions(
-                mode=self.mode, height=self.height, fps=self.fps, conf_threshold=self.conf_threshold,
+                mode=self.mode, turns=self.turns, height=self.height, fps=self.fps, conf_threshold=self.conf_threshold,
                 hide_sky=self.hide_sky, max_points=self.max_points, radius=self.radius, background=self.background,
                 inset=self.inset, every=self.every, edl_strength=self.edl_strength, edl_radius=self.edl_radius,
                 camera_segments=segments,

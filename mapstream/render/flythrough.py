@@ -45,7 +45,10 @@ class RenderOptions:
 
     mode: PathMode = "follow"
     """Virtual camera: follow (behind the camera), birdeye (above it), static (overview) or
-    pivot (the overview turning once about the scene centre over the run)."""
+    pivot (the overview turning about the scene centre over the run)."""
+    turns: float = 1.0
+    """pivot: turns about the scene centre over the run (counter-clockwise seen from above;
+    negative: clockwise)."""
     height: int = 720
     """Video height in pixels; the width keeps the input frames' aspect (both made even)."""
     fps: float = 10.0
@@ -95,7 +98,11 @@ class RenderOptions:
             raise ValueError(f"edl_strength must be a finite number >= 0 (0: off), got {self.edl_strength}")
         if self.edl_radius < 1:
             raise ValueError(f"edl_radius must be >= 1 pixel, got {self.edl_radius}")
-        PathStyle(mode=self.mode, smooth_frames=self.smooth_frames)  # its own checks
+        self.path_style()  # its own checks
+
+    def path_style(self) -> PathStyle:
+        """The virtual camera's path settings of ``mode`` (unused with ``camera_segments``)."""
+        return PathStyle(mode=self.mode, smooth_frames=self.smooth_frames, turns=self.turns)
 
 
 def render_flythrough(
@@ -145,7 +152,7 @@ def _virtual_camera(recon: Reconstruction, framing: SceneFraming, options: Rende
         return segmented_camera_path(recon.T_world_cam, options.camera_segments, extent=framing.extent,
                                      up=framing.up, overview=overview, smooth_frames=options.smooth_frames)
     return camera_path(recon.T_world_cam, extent=framing.extent, up=framing.up,
-                       style=PathStyle(mode=options.mode, smooth_frames=options.smooth_frames), overview=overview)
+                       style=options.path_style(), overview=overview)
 
 
 def _draw(

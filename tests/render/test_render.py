@@ -176,3 +176,25 @@ def test_the_trajectory_overlay_grows_linearly_with_the_frames() -> None:
     assert len(frusta) == 40 and all(f[0].shape == (8 * 48, 3) for f in frusta)
     np.testing.assert_allclose(points[0].numpy(), recon.T_world_cam[0, :, 3])
     np.testing.assert_allclose(points[per_segment - 1].numpy(), recon.T_world_cam[1, :, 3], atol=1e-6)
+
+
+def test_mapstream_render_pivot_turns_as_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mapstream.render.flythrough as flythrough
+    from mapstream.cli.main import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    plane_run(n=3).save_npz(run / "predictions.npz")
+    styles = []
+    real = flythrough.camera_path
+
+    def recording_path(*args, style, **kwargs):
+        styles.append(style)
+        return real(*args, style=style, **kwargs)
+
+    monkeypatch.setattr(flythrough, "camera_path", recording_path)
+    assert main(["render", str(run), "--height", "32", "--quiet", "--device", "cpu", "--mode", "pivot",
+                 "--turns", "-0.5"]) == 0
+    assert [(s.mode, s.turns) for s in styles] == [("pivot", -0.5)]
+    with pytest.raises(ValueError, match="turns must be a finite number"):
+        RenderOptions(mode="pivot", turns=float("inf"))
