@@ -36,9 +36,9 @@ from mapstream.export.glb_style import (
     tube_segments,
     vertex_coloured_mesh,
 )
-from mapstream.io.atomic import atomic_open
 from mapstream.export.points import CloudOptions, PointSet, build_point_cloud, subsample
 from mapstream.export.reconstruction import Reconstruction
+from mapstream.io.atomic import atomic_open
 
 logger = logging.getLogger(__name__)
 

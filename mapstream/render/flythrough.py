@@ -27,12 +27,12 @@ from mapstream.progress import progress_bar
 from mapstream.render.edl import eye_dome_lighting
 from mapstream.render.path import PathMode, PathStyle, SegmentedPath, camera_path, segmented_camera_path
 from mapstream.render.raster import pinhole, sample_segments, splat
-from mapstream.render.video import VIDEO_SUFFIXES, VideoWriter, check_video_path, even_size
+from mapstream.render.video import VideoWriter, check_video_path, even_size
 from mapstream.viewer.scene import DEFAULT_MAX_POINTS, SceneFraming, build_point_pool, scene_framing, select_points
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VIDEO_SUFFIXES", "RenderOptions", "check_video_path", "frames_drawn", "render_flythrough"]
+__all__ = ["RenderOptions", "frames_drawn", "render_flythrough"]
 
 _TRAIL = (255, 140, 0)
 _FRUSTUM = (220, 20, 60)

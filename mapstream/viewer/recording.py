@@ -113,12 +113,12 @@ def record_video(
         TimeoutError: the browser sent no frame within ``timeout`` seconds; no file was written.
         OSError: the file cannot be written.
     """
-    path = check_video_path(path)
     frames = [int(t) for t in frames]
     if not frames:
         raise ValueError("no frames to record: give at least one frame index")
     size = video_size(client, height)
-    video = VideoWriter(path, height=size[0], width=size[1], fps=fps)  # checks fps and PyAV before any render
+    video = VideoWriter(path, height=size[0], width=size[1], fps=fps)  # checks the path, fps and PyAV before any render
+    path = video.path
     total = len(frames)
     logger.info("recording %d frames at %dx%d, %g fps to %s", total, size[1], size[0], fps, path)
     with video:
