@@ -20,7 +20,7 @@ replays):
 With ``--configs``, the row kernel's launch settings are varied instead (rows a program,
 chunk bytes, warps),
 each timed alone on all SMs and on the first ``--sms`` count, beside the DPT head on all SMs
-(the step's arrangement) and split with it.
+(the step's arrangement) and split with it (``--staged`` the same way).
 
 With ``--staged``, a variant of the kernel without the hand-written one-ahead prefetch, whose
 weight loads Triton's software pipeliner stages through shared memory (``tl.range(...,
@@ -184,46 +184,47 @@ def main() -> None:
         return round(timeit(graph_of(works).replay), 1)
 
     res = {"camera_weight_bytes_per_frame": weight_bytes}
-    if args.staged:
-        global DIRECT
-        DIRECT = True
+
+    def compare(variants) -> None:
+        """Each (label, put in place) variant of the camera chain's kernel timed alone, on the
+        first --sms count, beside the DPT head and split with it; outputs against the first's."""
         (part, got), (rest, others) = sm_partition(args.sms[0])
-        product = _row_linear_kernel._row_linear_fwd
         want = None
-        for stages in (0, 2, 3, 4, 6):  # 0: the product kernel
-            _row_linear_kernel._row_linear_fwd = product if stages == 0 else _Staged(stages)
+        for label, put_in_place in variants:
+            put_in_place()
             with torch.no_grad():
                 out = camera()
             want = out if want is None else want
             alone = time_of([(None, camera)])
-            res[f"stages {stages or 'product'}"] = row = {
-                "camera_us": alone, "camera_TB_s": round(weight_bytes / alone / 1e6, 2),
-                f"camera_on_{got}_us": time_of([(part, camera)]),
-                "beside_dpt_us": time_of([(None, camera), (None, dense)]),
-                "max_abs_diff_vs_product": float((out - want).abs().max()),
-            }
-            print(stages, row, flush=True)
-        _row_linear_kernel._row_linear_fwd = product
-        report(res, args.out)
-        return
-    if args.configs:
-        (part, got), (rest, others) = sm_partition(args.sms[0])
-        want = None
-        for config in CONFIGS:
-            row_linear._BLOCK_N, row_linear._CHUNK_BYTES, row_linear._NUM_WARPS = config
-            with torch.no_grad():
-                out = camera()
-            want = out if want is None else want
-            alone = time_of([(None, camera)])
-            res[f"rows {config[0]}, {config[1]} B, {config[2]} warps"] = row = {
+            res[label] = row = {
                 "camera_us": alone, "camera_TB_s": round(weight_bytes / alone / 1e6, 2),
                 f"camera_on_{got}_us": time_of([(part, camera)]),
                 "beside_dpt_us": time_of([(None, camera), (None, dense)]),
                 f"split_{got}_{others}_us": time_of([(part, camera), (rest, dense)]),
                 "max_abs_diff_vs_first": float((out - want).abs().max()),
             }
-            print(config, row, flush=True)
+            print(label, row, flush=True)
         report(res, args.out)
+
+    if args.staged:
+        global DIRECT
+        DIRECT = True
+        product = _row_linear_kernel._row_linear_fwd
+
+        def kernel(stages: int):
+            return lambda: setattr(_row_linear_kernel, "_row_linear_fwd", _Staged(stages) if stages else product)
+
+        compare([(f"stages {stages or 'product'}", kernel(stages)) for stages in (0, 2, 3, 4, 6)])
+        _row_linear_kernel._row_linear_fwd = product
+        return
+    if args.configs:
+
+        def launch(config):
+            def put_in_place():
+                row_linear._BLOCK_N, row_linear._CHUNK_BYTES, row_linear._NUM_WARPS = config
+            return put_in_place
+
+        compare([(f"rows {c[0]}, {c[1]} B, {c[2]} warps", launch(c)) for c in CONFIGS])
         return
     alone = time_of([(None, camera)])
     res["all SMs"] = {
