@@ -24,14 +24,6 @@ Conventions, in one place:
 PLY, GLB and the previews/figure need ``pip install 'mapstream[export]'`` (plyfile, trimesh,
 matplotlib); they are imported only when used.
 """
-from mapstream.io.atomic import (
-    atomic_open,
-    atomic_path,
-    atomic_write_bytes,
-    atomic_write_text,
-    prepare_dir,
-    remove_stale_temp_files,
-)
 from mapstream.export.bundle import ALL_FORMATS, check_formats, export_all
 from mapstream.export.colmap import colmap_camera_params, write_colmap
 from mapstream.export.depth import colorize_depth, depth_to_millimetres, write_depth_maps
@@ -51,6 +43,14 @@ from mapstream.export.reconstruction import NPZ_KEYS, Reconstruction
 from mapstream.export.run_info import runtime_versions, to_jsonable, write_run_json
 from mapstream.export.summary import summary_figure, write_summary_figure
 from mapstream.export.trajectory import tum_rows, write_tum
+from mapstream.io.atomic import (
+    atomic_open,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_text,
+    prepare_dir,
+    remove_stale_temp_files,
+)
 
 __all__ = [
     "ALL_FORMATS",

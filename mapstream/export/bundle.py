@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from mapstream.io.atomic import prepare_dir
 from mapstream.export.colmap import write_colmap
 from mapstream.export.depth import write_depth_maps
 from mapstream.export.frames import write_frame_images
@@ -37,6 +36,7 @@ from mapstream.export.points import CloudOptions, PointSet, build_point_cloud, s
 from mapstream.export.reconstruction import Reconstruction
 from mapstream.export.summary import write_summary_figure
 from mapstream.export.trajectory import write_tum
+from mapstream.io.atomic import prepare_dir
 from mapstream.progress import progress_bar
 
 logger = logging.getLogger(__name__)

@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mapstream.io.atomic import atomic_open, prepare_dir
 from mapstream.export.frames import frame_file_names
 from mapstream.export.points import CloudOptions, PointSet, build_point_cloud
 from mapstream.export.reconstruction import Reconstruction
+from mapstream.io.atomic import atomic_open, prepare_dir
 from mapstream.geometry import mat_to_quat
 
 logger = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from mapstream.export._optional import import_optional
-from mapstream.io.atomic import prepare_dir
 from mapstream.export.frames import save_png
 from mapstream.export.reconstruction import Reconstruction
+from mapstream.io.atomic import prepare_dir
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mapstream.io.atomic import atomic_path, prepare_dir
 from mapstream.export.reconstruction import Reconstruction
+from mapstream.io.atomic import atomic_path, prepare_dir
 
 logger = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from mapstream.io.atomic import atomic_write_text, prepare_dir
 from mapstream.export.frames import frame_file_names, write_frame_images, write_sky_masks
 from mapstream.export.reconstruction import Reconstruction
+from mapstream.io.atomic import atomic_write_text, prepare_dir
 
 logger = logging.getLogger(__name__)
 

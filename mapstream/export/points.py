@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from mapstream.export._optional import import_optional
-from mapstream.io.atomic import atomic_open
 from mapstream.export.reconstruction import Reconstruction
+from mapstream.io.atomic import atomic_open
 from mapstream.geometry import unproject_depth
 
 logger = logging.getLogger(__name__)

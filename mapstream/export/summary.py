@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mapstream.export._optional import import_optional
-from mapstream.io.atomic import atomic_path
 from mapstream.export.depth import colorize_depth, depth_range
 from mapstream.export.reconstruction import Reconstruction
+from mapstream.io.atomic import atomic_path
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mapstream.io.atomic import atomic_open
 from mapstream.export.reconstruction import Reconstruction
+from mapstream.io.atomic import atomic_open
 from mapstream.geometry import mat_to_quat
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..io.atomic import atomic_path, atomic_write_text, prepare_dir, remove_stale_temp_files
 from ..export.reconstruction import Reconstruction
+from ..io.atomic import atomic_path, atomic_write_text, prepare_dir, remove_stale_temp_files
 
 __all__ = ["FrameStore", "FrameRecord"]
 
