@@ -141,10 +141,11 @@ class LiveView(Served):
         self._nodes: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # frame -> (points, frustum)
         self._positions: list[np.ndarray] = []  # camera centres in arrival order
         self._slots: OrderedDict[int, int] = OrderedDict()  # recent frame -> its place in _positions
-        self._frames = 0
         self._chunks: list[Any] = []
-        self._scale: float | None = None  # the first frame's median depth: sizes the scene's marks
-        self._pixel: float | None = None  # a pixel's width at that depth: the points' base size
+        # The median depth of the first frame with valid depth sizes the scene's marks; a pixel's
+        # width at that depth is the points' base size.
+        self._scale: float | None = None
+        self._pixel: float | None = None
         self._points = 0
         self._started_at = time.perf_counter()
         self._gui: dict[str, Any] = {}
@@ -157,7 +158,7 @@ class LiveView(Served):
         """Bind the server (the next free port if ``port`` is taken) and start drawing."""
         if self.server is not None:
             raise RuntimeError("LiveView is already started")
-        if self._abandon.is_set() or self._worker_done:
+        if self._worker_done:
             raise RuntimeError("a LiveView cannot start again once stopped (its scene went with its server); make a new one")
         self.server = start_server(self.host, self.requested_port, self.title)
         try:
@@ -282,7 +283,7 @@ class LiveView(Served):
         if self._gui["follow"].value:
             move_cameras(server, *follow_viewpoint(item.T_world_cam, 0.5 * scale))
         elapsed = max(time.perf_counter() - self._started_at, 1e-9)
-        frames = self._frames
+        frames = len(self._positions)  # one a frame: a frame given again moves its own
         self._gui["status"].content = (
             f"**{frames} frames** ({frames / elapsed:.1f}/s), {self._points:,} points shown"
             + (f", points of {self.skipped} frames skipped to keep up" if self.skipped else "")
@@ -326,7 +327,6 @@ class LiveView(Served):
         if slot is None:
             slot = self._slots[index] = len(self._positions)
             self._positions.append(np.asarray(position, np.float64))
-            self._frames += 1
             if len(self._slots) > self.options.max_frames:  # only recent frames come again
                 self._slots.popitem(last=False)
         else:
