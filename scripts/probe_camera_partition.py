@@ -22,12 +22,15 @@ chunk bytes, warps),
 each timed alone on all SMs and on the first ``--sms`` count, beside the DPT head on all SMs
 (the step's arrangement) and split with it (``--staged`` the same way).
 
+With ``--tma``, the weights reach the kernel by bulk copies (TMA) through a tensor descriptor,
+in [rows, chunk] boxes staged by the pipeliner (stages, rows, chunk as listed); timed the same way.
+
 With ``--staged``, a variant of the kernel without the hand-written one-ahead prefetch, whose
 weight loads Triton's software pipeliner stages through shared memory (``tl.range(...,
 num_stages=S)``), is timed against the kernel as it is, alone, on the first ``--sms`` count and
 beside the DPT head: more bytes in flight a multiprocessor, if the pipeliner takes the loads.
 
-Usage (device): python3 scripts/probe_camera_partition.py [--sms 16 24 32 48] [--configs | --staged] [--out FILE.json]
+Usage (device): python3 scripts/probe_camera_partition.py [--sms 16 24 32 48] [--configs | --staged | --tma] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -107,6 +110,72 @@ class _Staged:
         return lambda *args, **kwargs: _staged_row_linear[grid](*args, STAGES=self.stages, **kwargs)
 
 
+@triton.jit
+def _tma_row_linear(
+    X, W, B, NW, NB, R, G, Y, N, K, stride_w, eps,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_AFFINE: tl.constexpr,
+    ROUND_NORM: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr, STAGES: tl.constexpr,
+):
+    """The product kernel's computation (fp32 row) with W a tensor descriptor: the weights
+    arrive by bulk copies (TMA) in [BLOCK_N, BLOCK_K] boxes, staged by the pipeliner."""
+    n0 = tl.program_id(0) * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    mean = 0.0
+    rstd = 1.0
+    if NORM:
+        total = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for start in tl.range(0, K, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            total += tl.load(X + cols, mask=cols < K, other=0.0)
+        mean = tl.sum(total, 0) / K
+        total = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for start in tl.range(0, K, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            d = tl.load(X + cols, mask=cols < K, other=0.0) - mean
+            total += tl.where(cols < K, d * d, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(total, 0) / K + tl.cast(eps, tl.float32))
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        w = W.load([n0, start])
+        x = tl.load(X + cols, mask=col_ok, other=0.0)
+        if NORM:
+            x = (x - mean) * rstd
+            if NORM_AFFINE:
+                x = x * tl.load(NW + cols, mask=col_ok, other=0.0) + tl.load(NB + cols, mask=col_ok, other=0.0)
+            x = tl.where(col_ok, x, 0.0)
+        acc += w * x[None, :]
+    y = tl.sum(acc, 1) + tl.load(B + rows, mask=row_ok, other=0.0)
+    if GELU:
+        y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+    if RESIDUAL:
+        y = tl.load(R + rows, mask=row_ok, other=0.0) + tl.load(G + rows, mask=row_ok, other=0.0) * y
+    tl.store(Y + rows, y, mask=row_ok)
+
+
+class _Tma:
+    """Stands in for the product kernel in `launch_row_linear`: the same arguments, the weight
+    handed to the kernel as a tensor descriptor of [rows, chunk] boxes (kept per weight)."""
+
+    def __init__(self, stages: int, rows: int, chunk: int) -> None:
+        self.stages, self.rows, self.chunk = stages, rows, chunk
+        self.descriptors = {}
+
+    def __getitem__(self, grid):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        def launch(X, W, *args, **kwargs):
+            n, k = W.shape
+            key = (W.data_ptr(), n, k)
+            if key not in self.descriptors:
+                self.descriptors[key] = TensorDescriptor(W, [n, k], [W.stride(0), 1], [self.rows, self.chunk])
+            kwargs.update(BLOCK_N=self.rows, BLOCK_K=self.chunk, num_warps=4)
+            _tma_row_linear[(triton.cdiv(n, self.rows),)](X, self.descriptors[key], *args, STAGES=self.stages, **kwargs)
+        return launch
+
+
 class TrunkBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -135,10 +204,12 @@ DIRECT = False
 
 
 def main() -> None:
+    global DIRECT
     parser = argparse.ArgumentParser()
     parser.add_argument("--sms", type=int, nargs="*", default=[16, 24, 32, 48])
     parser.add_argument("--configs", action="store_true")
     parser.add_argument("--staged", action="store_true")
+    parser.add_argument("--tma", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -207,7 +278,6 @@ def main() -> None:
         report(res, args.out)
 
     if args.staged:
-        global DIRECT
         DIRECT = True
         product = _row_linear_kernel._row_linear_fwd
 
@@ -215,6 +285,16 @@ def main() -> None:
             return lambda: setattr(_row_linear_kernel, "_row_linear_fwd", _Staged(stages) if stages else product)
 
         compare([(f"stages {stages or 'product'}", kernel(stages)) for stages in (0, 2, 3, 4, 6)])
+        _row_linear_kernel._row_linear_fwd = product
+        return
+    if args.tma:
+        DIRECT = True
+        product = _row_linear_kernel._row_linear_fwd
+
+        def tma(config):
+            return lambda: setattr(_row_linear_kernel, "_row_linear_fwd", _Tma(*config) if config else product)
+
+        compare([(f"tma {c}" if c else "product", tma(c)) for c in (None, (4, 16, 256), (6, 16, 256), (4, 32, 256))])
         _row_linear_kernel._row_linear_fwd = product
         return
     if args.configs:
