@@ -281,9 +281,10 @@ def run(
     # Inputs awaiting their prediction (scale phase), with the time the source gave them.
     frames: dict[int, tuple[torch.Tensor, float | None]] = {}
     new = 0
+    in_callback = 0.0  # time spent in `on_frame`: the caller's, not the run's
 
     def emit(preds: list[FramePrediction]) -> None:
-        nonlocal new
+        nonlocal new, in_callback
         for pred in preds:
             seq_index = pred.index + offset
             if realign is not None:
@@ -293,7 +294,9 @@ def run(
             frame, when = frames.pop(seq_index)
             store.add(_record(pred, frame, when))
             if on_frame is not None:
+                called = time.perf_counter()
                 on_frame(pred, frame, seq_index)
+                in_callback += time.perf_counter() - called
             new += 1
             bar.update(1)
 
@@ -323,7 +326,7 @@ def run(
         progress=progress,
     )
     exported = time.perf_counter()
-    fps = new / max(inferred - loaded, 1e-9)
+    fps = new / max(inferred - loaded - in_callback, 1e-9)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     info = {
         "config": {**config, "options": {k: str(v) for k, v in asdict(opts).items()}},
@@ -332,7 +335,8 @@ def run(
         "frames": len(recon),
         "new_frames": new,
         "resumed_from": resume_at,
-        "timings_s": {"setup": loaded - started, "inference": inferred - loaded, "export": exported - inferred},
+        "timings_s": {"setup": loaded - started, "inference": inferred - loaded - in_callback, "on_frame": in_callback,
+                      "export": exported - inferred},
         "fps": fps,
         "peak_gpu_memory_bytes": peak,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -498,3 +498,24 @@ def test_one_input_named_three_ways_is_one_run(tmp_path, monkeypatch):
     progress["config"]["input"] = "frames"  # as earlier versions recorded it
     (out / "progress.json").write_text(json.dumps(progress))
     assert new_frames("./frames/") == 0
+
+
+def test_time_in_the_frame_callback_is_not_the_runs(tmp_path):
+    """A slow `on_frame` (a live view's copies, say) is timed on its own: the run's FPS and its
+    inference time leave it out."""
+    import time
+
+    from mapstream.pipeline import RunOptions, run
+
+    seen = []
+
+    def slow(pred, frame, index):
+        seen.append(index)
+        time.sleep(0.25)
+
+    summary = run(RunOptions(input=str(photos(tmp_path, n=4)), out=tmp_path / "out", model="tiny", image_size=140,
+                             num_scale_frames=2, formats=("npz",)), progress=False, on_frame=slow)
+    timings = json.loads((tmp_path / "out" / "run.json").read_text())["timings_s"]
+    assert seen == [0, 1, 2, 3]
+    assert 4 * 0.25 <= timings["on_frame"] < 4 * 0.25 + 0.5
+    assert summary.fps == pytest.approx(4 / timings["inference"], rel=1e-6)
