@@ -25,13 +25,16 @@ class PointCloudFlags:
     """Point cloud: leave out near-black pixels (R+G+B < 16), e.g. a black backdrop."""
     drop_white_background: bool = False
     """Point cloud: leave out near-white pixels (all channels > 240), e.g. a white backdrop or the padding of --preprocess pad."""
+    max_points: Optional[int] = 2_000_000
+    """Point cloud: at most this many points, a seeded subsample of those kept (None keeps them all)."""
 
     def options(self, **rest) -> CloudOptions:
         """These settings as the library's CloudOptions (which checks them), with ``rest``
-        (mask_sky, max_points, seed) as the command has them."""
+        (mask_sky, seed) as the command has them."""
         return CloudOptions(
             conf_threshold=self.conf_threshold, conf_percentile=self.conf_percentile, voxel_size=self.voxel_size,
-            drop_black=self.drop_black_background, drop_white=self.drop_white_background, **rest,
+            drop_black=self.drop_black_background, drop_white=self.drop_white_background, max_points=self.max_points,
+            **rest,
         )
 
 

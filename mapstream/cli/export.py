@@ -28,8 +28,6 @@ class Export:
     formats: Optional[tuple[str, ...]] = None
     """Outputs to write (default: all; all but predictions.npz when writing into the run folder itself)."""
     cloud: CloudFlags = field(default_factory=PointCloudFlags)
-    max_points: Optional[int] = 2_000_000
-    """Point cloud: most points (seeded uniform subsample beyond; None: no cap)."""
     mask_sky: bool = True
     """Point cloud: leave out sky pixels when the run has a sky mask."""
     glb: GlbFlags = field(default_factory=GlbStyleFlags)
@@ -51,7 +49,7 @@ class Export:
         if self.frames is not None:
             frame_slice(self.frames)
         try:
-            cloud = self.cloud.options(mask_sky=self.mask_sky, max_points=self.max_points)
+            cloud = self.cloud.options(mask_sky=self.mask_sky)
             glb_style = self.glb.style()
         except ValueError as err:
             raise ValueError(as_flags(str(err), Export)) from err

@@ -61,6 +61,9 @@ class Run:
     """Windowed mode: frames two windows share, used to align them."""
     overlap_keyframes: Optional[int] = None
     """Windowed mode: the overlap in keyframes instead, k x interval frames (at least the scale frames)."""
+    shared_from: Literal["earlier", "later"] = "later"
+    """Windowed mode: the window a frame shared by two windows comes from; later: as the reference's
+    inference_windowed (each waits for the next window); earlier: emitted as soon as predicted."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (the first CUDA GPU when there is one, else the CPU)."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
@@ -109,10 +112,10 @@ class Run:
             keyframe_interval=interval, sliding_window=self.sliding_window,
             trajectory_capacity=self.trajectory_capacity, camera_iterations=self.camera_iterations,
             window_size=self.window_size, overlap=self.overlap, overlap_keyframes=self.overlap_keyframes,
-            device=self.device, precision=self.precision, backend=self.backend, formats=self.formats,
+            shared_from=self.shared_from, device=self.device, precision=self.precision, backend=self.backend, formats=self.formats,
             conf_threshold=self.cloud.conf_threshold, conf_percentile=self.cloud.conf_percentile,
             voxel_size=self.cloud.voxel_size, drop_black_background=self.cloud.drop_black_background,
-            drop_white_background=self.cloud.drop_white_background,
+            drop_white_background=self.cloud.drop_white_background, max_points=self.cloud.max_points,
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
         )

@@ -68,12 +68,14 @@ class RunOptions:
     window_size: int = 64
     overlap: int = 16
     overlap_keyframes: int | None = None  # windowed: overlap in keyframes (overrides overlap)
+    shared_from: str = "later"  # windowed: the window a shared frame comes from (the offline stitch's)
     device: str = "auto"
     precision: str = "auto"
     backend: str = "auto"
     formats: tuple[str, ...] = ALL_FORMATS
     conf_threshold: float = 1.5
     conf_percentile: float | None = None  # also keep only pixels above this percentile of confidence
+    max_points: int | None = 2_000_000  # point cloud: a seeded subsample of at most this many (None: all)
     voxel_size: float | None = None
     drop_black_background: bool = False  # point cloud: leave out near-black pixels
     drop_white_background: bool = False  # point cloud: leave out near-white pixels
@@ -103,7 +105,8 @@ def check_options(opts: RunOptions) -> None:
     otherwise fail only once every frame has been processed. Raises ValueError."""
     check_formats(opts.formats)
     CloudOptions(  # its own errors for the point cloud's settings
-        conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile, voxel_size=opts.voxel_size
+        conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile, voxel_size=opts.voxel_size,
+        max_points=opts.max_points,
     )
     if opts.fps is not None:
         from ..io.video import sample_interval
@@ -119,7 +122,7 @@ def check_options(opts: RunOptions) -> None:
     if opts.mode not in ("streaming", "windowed"):
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
     if opts.mode == "windowed":
-        check_window_options(opts.window_size, opts.overlap)
+        check_window_options(opts.window_size, opts.overlap, opts.shared_from)
         if opts.overlap_keyframes is not None and opts.overlap_keyframes < 1:
             raise ValueError(f"overlap_keyframes must be >= 1 (or unset), got {opts.overlap_keyframes}")
         if opts.keyframe_interval is not None:
@@ -210,6 +213,16 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
     )
 
 
+def _as_recorded_today(config: dict) -> dict:
+    """An earlier run's recorded settings as this version records them: its input path
+    resolved, and the window its shared frames came from (before `shared_from` existed, a
+    windowed run emitted them from the earlier window)."""
+    today = {**config, "input": _input_key(config.get("input"))}
+    if "shared_from" not in config:
+        today["shared_from"] = "earlier" if config.get("mode") == "windowed" else None
+    return today
+
+
 def run(
     opts: RunOptions, *, progress: bool | None = None,
     on_frame: Callable[[FramePrediction, torch.Tensor, int], None] | None = None,
@@ -248,6 +261,7 @@ def run(
         "stride": opts.stride,
         "first_k": opts.first_k, "num_scale_frames": opts.num_scale_frames, "keyframe_interval": interval,
         "window_size": opts.window_size, "overlap": opts.overlap, "overlap_keyframes": opts.overlap_keyframes,
+        "shared_from": opts.shared_from if opts.mode == "windowed" else None,
         "precision": precision,
         "cache_scale_frames": cache.scale_frames, "sliding_window": cache.sliding_window,
         "trajectory_capacity": cache.trajectory_capacity,
@@ -256,7 +270,7 @@ def run(
     }
     store = FrameStore(
         out, config, resume=opts.resume, recorded_later=_RECORDED_LATER,
-        same_as_now=lambda old: {**old, "input": _input_key(old.get("input"))},
+        same_as_now=_as_recorded_today,
     )
     loaded = time.perf_counter()
 
@@ -265,7 +279,7 @@ def run(
             model, window_size=opts.window_size, overlap_size=opts.overlap, overlap_keyframes=opts.overlap_keyframes,
             num_scale_frames=opts.num_scale_frames,
             keyframe_interval=interval, output_device="cpu", precision=precision,
-            cache=cache, fast=opts.fast and device.type == "cuda",
+            cache=cache, fast=opts.fast and device.type == "cuda", shared_from=opts.shared_from,
         )
     else:  # "streaming" (`check_options` took no other mode)
         session = model.session(
@@ -322,8 +336,8 @@ def run(
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
     outputs = export_all(
         recon, out, formats=opts.formats, conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile,
-        voxel_size=opts.voxel_size, drop_black=opts.drop_black_background, drop_white=opts.drop_white_background,
-        progress=progress,
+        voxel_size=opts.voxel_size, max_points=opts.max_points, drop_black=opts.drop_black_background,
+        drop_white=opts.drop_white_background, progress=progress,
     )
     exported = time.perf_counter()
     fps = new / max(inferred - loaded - in_callback, 1e-9)

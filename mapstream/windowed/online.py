@@ -7,9 +7,12 @@ previous window's (already aligned) predictions of them with the same Sim(3) est
 the offline `inference_windowed`, and every later frame is emitted in window 0's frame.
 Poses are re-encoded with unit quaternions (w >= 0) in every window, the first included.
 
-Difference from the offline form: a frame shared by two windows is emitted once, as soon as
-the earlier window predicts it (the offline stitch, which sees the whole sequence, takes it
-from the later window). Frames of the first window are identical to the offline result.
+A frame shared by two windows is emitted once. By default (`shared_from="earlier"`) that is
+as soon as the earlier window predicts it, while the offline stitch takes it from the later
+window; other frames are identical to the offline result. With `shared_from="later"` the
+session emits exactly what the offline stitch returns: a window's last `overlap` frames wait
+until the next window has predicted them (or the stream ends, when the last window gives
+them), so each of them is emitted a few frames later.
 """
 from __future__ import annotations
 
@@ -24,7 +27,10 @@ from ..session import FramePrediction, Session
 from .align import Sim3, pairwise_alignment, warp_predictions
 from .plan import check_keyframe_interval, check_window_size, effective_overlap, warn_if_windows_evict
 
-__all__ = ["WindowedSession", "check_window_options", "warp_prediction", "predictions_as_window"]
+__all__ = ["SHARED_FROM", "WindowedSession", "check_window_options", "warp_prediction", "predictions_as_window"]
+
+SHARED_FROM = ("earlier", "later")
+"""Which window a frame shared by two windows is emitted from (`WindowedSession(shared_from=)`)."""
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +44,10 @@ class _Pending:
     held: list[FramePrediction]
 
 
-def check_window_options(window_size: int, overlap_size: int | None) -> None:
+def check_window_options(window_size: int, overlap_size: int | None, shared_from: str = "earlier") -> None:
     """A clear error for window options no online windowed session can run with."""
+    if shared_from not in SHARED_FROM:
+        raise ValueError(f"shared_from must be one of {', '.join(SHARED_FROM)}, got {shared_from!r}")
     check_window_size(window_size)
     if overlap_size is not None and overlap_size < 1:
         raise ValueError(
@@ -58,6 +66,9 @@ class WindowedSession:
         overlap_size / overlap_keyframes: frames shared by consecutive windows (default: the
             scale frames; keyframes x interval when overlap_keyframes is given).
         num_scale_frames, keyframe_interval, output_device, precision, cache, fast: as `Session`.
+        shared_from: "earlier" (default) emits a frame shared by two windows as soon as the
+            earlier window predicts it; "later" emits it from the later window, as the offline
+            `inference_windowed` stitches (see module docstring).
     """
 
     def __init__(
@@ -73,9 +84,11 @@ class WindowedSession:
         precision: str = "auto",
         cache=None,
         fast: bool = False,
+        shared_from: str = "earlier",
     ) -> None:
         check_keyframe_interval(keyframe_interval)
-        check_window_options(window_size, overlap_size)  # before the session takes any memory
+        check_window_options(window_size, overlap_size, shared_from)  # before the session takes any memory
+        self.shared_from = shared_from
         self._session = Session(
             model,
             num_scale_frames=num_scale_frames,
@@ -114,6 +127,9 @@ class WindowedSession:
         self._frames = 0  # frames of the sequence fed so far
         self._window_start = 0  # sequence index of the current window's first frame
         self._shared_prev: list[FramePrediction] = []  # previous window's aligned shared frames
+        # shared_from="later": this window's aligned predictions of its last `overlap` frames,
+        # held until the next window predicts them again (or the stream ends).
+        self._tail: list[FramePrediction] = []
         self.transforms: list[Sim3] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -140,18 +156,20 @@ class WindowedSession:
     @torch.no_grad()
     def step(self, frame: torch.Tensor, *, name: str | None = None) -> list[FramePrediction]:
         """Feed one frame; returns the predictions (in the first window's frame) it completed."""
-        if self._in_window == self.span:
-            self._start_next_window()
-        out = self._feed(frame, name)
+        out = self._start_next_window() if self._in_window == self.span else []
+        out += self._feed(frame, name)
         self._recent.append((frame, name))
         self._frames += 1
         return out
 
     def flush(self) -> list[FramePrediction]:
-        """Process frames still buffered (a short stream's scale phase) and release held ones."""
+        """Process frames still buffered (a short stream's scale phase) and release held ones:
+        the stream has ended, so the current window is the last and gives all its frames."""
         emitted = self._route(self._session.flush())
         if self._pending is not None:  # the stream ended inside a window's shared frames
             emitted += self._resolve()
+        emitted += self._tail
+        self._tail = []
         return emitted
 
     def run_frames(self, frames) -> list[FramePrediction]:
@@ -166,7 +184,9 @@ class WindowedSession:
         self._in_window += 1
         return self._route(self._session.step(frame, name=name))
 
-    def _start_next_window(self) -> None:
+    def _start_next_window(self) -> list[FramePrediction]:
+        """Open the next window with the shared frames; returns what their predictions
+        release (with shared_from="later", the shared frames themselves)."""
         # The finished window's view of the frames the new window starts with.
         self._shared_prev = list(self._window_preds)[-len(self._recent) :]
         self._window_preds.clear()
@@ -177,9 +197,12 @@ class WindowedSession:
         self._sim = None
         self._pending = _Pending(shared=[], held=[])
         log.debug("window %d starts %d frames back", self._window, len(self._recent))
-        # Re-feed the shared frames; their predictions only serve the alignment.
+        # Re-feed the shared frames: their predictions align the window (and, with
+        # shared_from="later", are the ones emitted).
+        out: list[FramePrediction] = []
         for frame, name in list(self._recent):
-            self._feed(frame, name)
+            out += self._feed(frame, name)
+        return out
 
     def _route(self, preds: list[FramePrediction]) -> list[FramePrediction]:
         if self._window == 0:
@@ -190,7 +213,7 @@ class WindowedSession:
             # (as the offline multi-window output).
             emitted = [self._warp(p) for p in preds]
             self._window_preds.extend(emitted)
-            return emitted
+            return self._release(emitted)
         emitted: list[FramePrediction] = []
         for pred in preds:
             if self._pending is not None and len(self._pending.shared) < len(self._shared_prev):
@@ -202,7 +225,16 @@ class WindowedSession:
                 self._window_preds.append(emitted[-1])
         if self._pending is not None and len(self._pending.shared) == len(self._shared_prev):
             emitted = self._resolve() + emitted
-        return emitted
+        return self._release(emitted)
+
+    def _release(self, preds: list[FramePrediction]) -> list[FramePrediction]:
+        """What of this window's aligned `preds` to emit now. With shared_from="later", a frame
+        the next window will start with (the window's last `overlap`) is held in `_tail`."""
+        if self.shared_from == "earlier":
+            return preds
+        last_own = self._window_start + self.span - self.overlap  # first index of the tail
+        self._tail.extend(p for p in preds if p.index >= last_own)
+        return [p for p in preds if p.index < last_own]
 
     def _resolve(self) -> list[FramePrediction]:
         pending = self._pending
@@ -214,12 +246,19 @@ class WindowedSession:
             self._sim = self.transforms[-1]
         self.transforms.append(self._sim)
         self._pending = None
-        # The shared frames' predictions of this window are not emitted (the earlier window's
-        # were), but the next window may be aligned on them.
-        self._window_preds.extend(self._warp(p) for p in pending.shared)
+        shared = [self._warp(p) for p in pending.shared]
         held = [self._warp(p) for p in pending.held]
-        self._window_preds.extend(held)
-        return held
+        self._window_preds.extend(shared + held)
+        if self.shared_from == "earlier":
+            # The shared frames' predictions of this window are not emitted (the earlier
+            # window's were), but the next window may be aligned on them.
+            return held
+        # The previous window's tail is these shared frames: this window's replace it (any
+        # the window did not predict again, were the stream to end early, keep the old ones).
+        again = {p.index for p in shared}
+        kept = [p for p in self._tail if p.index not in again]
+        self._tail = []
+        return kept + shared + held
 
     def _warp(self, pred: FramePrediction) -> FramePrediction:
         """`pred` (window-local) in the first window's frame, with its sequence index."""

@@ -397,35 +397,78 @@ def test_the_command_line_tells_its_version(capsys):
         assert capsys.readouterr().out.strip() == f"mapstream {mapstream.__version__}"
 
 
-def test_a_windowed_run_is_the_librarys_windowed_session(tmp_path):
-    """`--mode windowed` with --overlap-keyframes gives what `WindowedSession` gives for the
-    same settings (10 photos, windows of 4 stored frames, an overlap of 3 keyframes of
-    interval 1: 3 frames, so the windows advance one frame at a time), and other than an
-    overlap of 2 frames gives."""
+def test_a_windowed_run_is_the_reference_windowed_inference(tmp_path):
+    """`--mode windowed` with --overlap-keyframes gives what the offline `inference_windowed`
+    (the reference's stitch) gives for the same settings: 10 photos, windows of 4 stored
+    frames, an overlap of 3 keyframes of interval 1 (3 frames, so that the windows advance one
+    frame at a time and most frames lie in several windows). `--shared-from earlier` is the
+    online session's default instead, which differs on the shared frames; and an overlap of 2
+    frames differs again."""
     import torch
 
     import mapstream
     from mapstream.windowed import WindowedSession
 
     src = photos(tmp_path, 10)
-    out = tmp_path / "out"
     options = ["--mode", "windowed", "--window-size", "4", "--overlap-keyframes", "3", "--keyframe-interval", "1"]
-    assert run_cli(str(src), "--out", str(out), "--formats", "npz", *options) == 0
-    got = np.load(out / "predictions.npz")
-    assert json.loads((out / "run.json").read_text())["config"]["overlap_keyframes"] == 3
+    got = {}
+    for shared_from in ("later", "earlier"):
+        out = tmp_path / shared_from
+        assert run_cli(str(src), "--out", str(out), "--formats", "npz", *options, "--shared-from", shared_from) == 0
+        got[shared_from] = np.load(out / "predictions.npz")
+        config = json.loads((out / "run.json").read_text())["config"]
+        assert config["overlap_keyframes"] == 3 and config["shared_from"] == shared_from
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny", kv_cache_scale_frames=2)).eval()
     frames = mapstream.load_images(sorted(src.glob("*.png")), image_size=140)
+    offline = model.inference_windowed(frames, window_size=4, overlap_size=3, num_scale_frames=2, keyframe_interval=1)
+    np.testing.assert_allclose(got["later"]["pose_enc"], offline["pose_enc"][0].numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["later"]["depth"], offline["depth"][0, ..., 0].numpy(), rtol=1e-4, atol=1e-5)
 
-    def session_poses(**overlap):
-        with WindowedSession(model, window_size=4, num_scale_frames=2, **overlap) as session:
+    def session_poses(**options):
+        with WindowedSession(model, window_size=4, num_scale_frames=2, **options) as session:
             preds = session.run_frames(frames)
             return session.overlap, torch.stack([p.pose_enc for p in preds]), torch.stack([p.depth for p in preds])
 
     overlap, pose, depth = session_poses(overlap_keyframes=3)
     assert overlap == 3
-    np.testing.assert_allclose(got["pose_enc"], pose.numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got["depth"], depth.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["earlier"]["pose_enc"], pose.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["earlier"]["depth"], depth.numpy(), rtol=1e-4, atol=1e-5)
+    # The first window's own frames agree; the frames it shares with the next do not.
+    np.testing.assert_allclose(got["earlier"]["pose_enc"][:1], got["later"]["pose_enc"][:1], rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got["earlier"]["pose_enc"][1:4], got["later"]["pose_enc"][1:4], atol=1e-4)
     assert not torch.allclose(session_poses(overlap_size=2)[1], pose, atol=1e-4)
+
+
+def test_a_windowed_run_folder_from_before_shared_from_resumes_only_as_earlier(tmp_path):
+    """Before --shared-from, windowed runs emitted shared frames from the earlier window: such a
+    folder resumes with --shared-from earlier and starts over with the default (later)."""
+    src = photos(tmp_path, 6)
+    out = tmp_path / "out"
+    args = ["--out", str(out), "--formats", "npz", "--mode", "windowed", "--window-size", "4", "--overlap", "2"]
+
+    def older():
+        progress = json.loads((out / "progress.json").read_text())
+        progress["config"].pop("shared_from", None)
+        (out / "progress.json").write_text(json.dumps(progress))
+
+    def new_frames(*options) -> int:
+        assert run_cli(str(src), *args, *options) == 0
+        return json.loads((out / "run.json").read_text())["new_frames"]
+
+    assert new_frames("--shared-from", "earlier") == 6
+    older()
+    assert new_frames("--shared-from", "earlier") == 0
+    older()
+    assert new_frames() == 6
+    assert new_frames() == 0
+
+
+def test_max_points_caps_the_point_cloud_of_a_run(tmp_path):
+    from plyfile import PlyData
+
+    out = tmp_path / "out"
+    assert run_cli(str(photos(tmp_path, 3)), "--out", str(out), "--formats", "ply", "--max-points", "500") == 0
+    assert len(PlyData.read(str(out / "points.ply"))["vertex"].data) == 500
 
 
 def test_a_confidence_percentile_thins_the_point_cloud(tmp_path):

@@ -153,3 +153,41 @@ def test_windows_that_outgrow_the_cache_say_so_and_keep_the_reference_outputs(wi
 def test_only_the_median_scale_estimator_exists(model):
     with pytest.raises(ValueError, match="scale_mode must be 'median'"):
         model.inference_windowed(frames_of(6), window_size=4, overlap_size=2, num_scale_frames=2, scale_mode="mean")
+
+
+@pytest.mark.parametrize("overlap, scale, interval, n", [(2, 2, 1, 20), (3, 2, 2, 23), (1, 2, 1, 13), (3, 2, 1, 14),
+                                                         (7, 2, 1, 9), (2, 3, 1, 11), (4, 2, 1, 16)])
+def test_shared_frames_from_the_later_window_are_the_offline_stitch(model, overlap, scale, interval, n):
+    """shared_from="later": every frame, shared or not, is the offline result, in order, each
+    emitted once; a window's last `overlap` frames wait for the next window (or the end)."""
+    x = frames_of(n, seed=overlap + n)
+    offline = model.inference_windowed(
+        x, window_size=5, overlap_size=overlap, num_scale_frames=scale, keyframe_interval=interval
+    )
+    emitted_after: dict[int, int] = {}
+    with WindowedSession(model, window_size=5, overlap_size=overlap, num_scale_frames=scale,
+                         keyframe_interval=interval, shared_from="later") as online:
+        preds = []
+        for fed, frame in enumerate(x):
+            for p in online.step(frame):
+                emitted_after[p.index] = fed
+                preds.append(p)
+        preds += online.flush()
+        span, overlap = online.span, online.overlap
+    assert [p.index for p in preds] == list(range(n))
+    torch.testing.assert_close(torch.stack([p.pose_enc for p in preds]), offline["pose_enc"][0])
+    torch.testing.assert_close(torch.stack([p.depth for p in preds]), offline["depth"][0, ..., 0])
+    torch.testing.assert_close(torch.stack([p.depth_conf for p in preds]), offline["depth_conf"][0])
+    # Each frame comes from the last window holding it, so it is emitted no sooner than that
+    # window opened: window k (k >= 1) starts at frame k * step and opens when frame
+    # (k - 1) * step + span arrives; it exists when that frame does.
+    step = span - overlap
+    opened = [0] + [(k - 1) * step + span for k in range(1, n) if (k - 1) * step + span < n]
+    for i, fed in emitted_after.items():
+        last = max(k for k in range(len(opened)) if k * step <= i)
+        assert fed >= opened[last], (i, fed, opened[last])
+
+
+def test_shared_from_takes_only_the_two_choices(model):
+    with pytest.raises(ValueError, match="shared_from must be one of earlier, later"):
+        WindowedSession(model, window_size=5, overlap_size=2, num_scale_frames=2, shared_from="last")
