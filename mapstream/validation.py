@@ -1,10 +1,14 @@
 """Input checks at the public boundary: every failure says what was wrong and what to do."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
-__all__ = ["ValueCheck", "check_images", "check_scale_frames", "keyframe_flag"]
+__all__ = ["OVERSHOOT", "ValueCheck", "check_images", "check_scale_frames", "keyframe_flag"]
+
+log = logging.getLogger(__name__)
 
 
 def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = True) -> torch.Tensor:
@@ -44,8 +48,8 @@ def check_images(images: torch.Tensor, patch_size: int, *, check_values: bool = 
 
 
 class ValueCheck:
-    """The check that frames hold finite values in [0, 1], started now and answered by
-    `wait()`.
+    """The check that frames hold finite values in [0, 1] (give or take `OVERSHOOT`), started
+    now and answered by `wait()`.
 
     Frames on a GPU are checked there: their minimum and maximum come back to the host in one
     asynchronous copy, so a caller can queue work that does not depend on the answer (a
@@ -95,11 +99,31 @@ class ValueCheck:
             bad = (~torch.isfinite(images)).flatten(2).any(-1).nonzero()
             where = ", ".join(f"batch {int(b)} frame {int(s)}" for b, s in bad[:5].tolist())
             raise ValueError(f"images contain NaN or inf values (at {where}); check the frame source")
-        if lo < 0.0 or hi > 1.0:
+        if lo < -OVERSHOOT or hi > 1.0 + OVERSHOOT:
             raise ValueError(
-                f"image values must lie in [0, 1], got [{lo:.4g}, {hi:.4g}]; "
-                "divide 0-255 data by 255 (mapstream.load_images does this)"
+                f"image values must lie in [0, 1] (up to {OVERSHOOT} beyond, as a resize's overshoot, is accepted), "
+                f"got [{lo:.4g}, {hi:.4g}]; divide 0-255 data by 255 (mapstream.load_images does this) and give "
+                "frames before any mean/std normalization (the model normalizes them itself)"
             )
+        if lo < 0.0 or hi > 1.0:
+            _tell_overshoot(lo, hi)
+
+
+OVERSHOOT = 0.25
+"""How far beyond [0, 1] frame values may reach. A bicubic or Lanczos resize of an image in
+[0, 1] overshoots it near sharp edges (by a few hundredths, up to ≈ 0.1); such frames are used
+as they are, as the reference does. Wider ranges are data on another scale (0-255, or
+mean/std-normalized), which the model would read as garbage, so they are refused."""
+
+_told_overshoot = False
+
+
+def _tell_overshoot(lo: float, hi: float) -> None:
+    global _told_overshoot
+    if not _told_overshoot:
+        _told_overshoot = True
+        log.warning("frame values reach [%.4g, %.4g], a little beyond [0, 1] (a resize's overshoot?); "
+                    "they are used as they are (said once)", lo, hi)
 
 
 def keyframe_flag(keyframe) -> bool | None:

@@ -301,6 +301,31 @@ def test_misuse_is_a_clear_error(model):
         model.session(cache=CacheConfig(), state=model.new_state())
 
 
+def test_a_resize_overshoot_is_used_as_it_is_and_other_scales_are_refused(model, caplog, monkeypatch):
+    """A bicubic resize of frames in [0, 1] overshoots them a little near edges: such frames
+    run unchanged (said once), as in the reference; 0-255 data, [-1, 1] data and mean/std
+    normalized frames are refused with what to do."""
+    import torch.nn.functional as F
+
+    from mapstream import validation
+
+    monkeypatch.setattr(validation, "_told_overshoot", False)
+    x = frames_of(3, seed=5)
+    edges = torch.zeros_like(x)
+    edges[..., x.shape[-1] // 2:] = 1.0
+    resized = F.interpolate(torch.cat([x, edges])[:, :, ::2, ::2], size=x.shape[-2:], mode="bicubic")
+    lo, hi = float(resized.min()), float(resized.max())
+    assert lo < 0 and hi > 1 and -validation.OVERSHOOT < lo and hi < 1 + validation.OVERSHOOT
+    with caplog.at_level(logging.WARNING, logger="mapstream.validation"):
+        got = model.inference_streaming(resized, num_scale_frames=2)
+        model.inference_streaming(resized, num_scale_frames=2)
+    assert [r.message.count("beyond [0, 1]") for r in caplog.records] == [1]
+    assert torch.equal(got["images"][0], resized)  # used as given: not clamped
+    for bad in (x * 255, x * 2 - 1, (x - 0.45) / 0.225):
+        with pytest.raises(ValueError, match=r"must lie in \[0, 1\] \(up to 0.25 beyond.*divide 0-255 data by 255"):
+            model.inference_streaming(bad, num_scale_frames=2)
+
+
 def test_a_batch_of_sequences_equals_each_sequence_streamed_alone(model):
     """[B, S, 3, H, W] is B independent sequences (the reference takes batch 1 only,
     LIMITS.md 14): each gets exactly what it gets alone, and no cache is left behind."""
