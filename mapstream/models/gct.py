@@ -353,6 +353,8 @@ class GCTStream(nn.Module):
         num_scale_frames: int | None = None,
         keyframe_interval: int = 1,
         output_device: torch.device | str | None = None,
+        flow_threshold: float = 0.0,
+        max_non_keyframe_gap: int = 30,
         *,
         progress: bool | None = None,
     ) -> dict[str, torch.Tensor]:
@@ -363,7 +365,11 @@ class GCTStream(nn.Module):
         `output_device` is None). What remains is the default state's leased cache pages,
         kept for the next call (no memory growth across calls); `free_kv_cache()` returns
         them. Frame i >= scale is a keyframe iff keyframe_interval <= 1 or
-        (i - scale) % keyframe_interval == 0.
+        (i - scale) % keyframe_interval == 0. With `flow_threshold` > 0 (the windowed
+        module's form of the reference) keyframes are chosen by image motion instead:
+        `FlowKeyframes(flow_threshold, max_non_keyframe_gap)`, i.e. the first streaming frame,
+        a frame whose mean flow against the last keyframe exceeds `flow_threshold` pixels, or
+        one `max_non_keyframe_gap` frames after it.
 
         A batch [B, S, 3, H, W] is B independent sequences, each run on a clean cache in turn
         (the reference takes batch 1 only, LIMITS.md 14); the outputs are stacked.
@@ -375,12 +381,13 @@ class GCTStream(nn.Module):
         from ..session import Session
 
         images = check_images(images, self.config.patch_size)
+        policy = _streaming_keyframes(keyframe_interval, flow_threshold, max_non_keyframe_gap)
 
         def one_sequence(sequence: torch.Tensor) -> dict[str, torch.Tensor]:
             session = Session(
                 self,
                 num_scale_frames=num_scale_frames,
-                keyframe_interval=keyframe_interval,
+                keyframe_interval=policy() if callable(policy) else policy,
                 output_device=output_device,
                 state=self.default_state,
             )
@@ -458,3 +465,19 @@ def heads_without_autocast(device: torch.device):
     else:
         with torch.autocast("cpu", enabled=False):
             yield
+
+
+def _streaming_keyframes(keyframe_interval, flow_threshold: float, max_non_keyframe_gap: int):
+    """`inference_streaming`'s keyframe rule: the interval as given, or with flow_threshold > 0
+    a maker of a fresh flow policy for each sequence (a policy remembers its last keyframe)."""
+    from ..keyframes import FlowKeyframes
+
+    if not flow_threshold > 0:
+        return keyframe_interval
+    if keyframe_interval not in (1, None):
+        raise ValueError(
+            f"give either keyframe_interval ({keyframe_interval!r}) or flow_threshold ({flow_threshold}), "
+            "not both: flow_threshold > 0 chooses keyframes by image motion"
+        )
+    FlowKeyframes(flow_threshold, max_non_keyframe_gap)  # its own error for a bad gap
+    return lambda: FlowKeyframes(flow_threshold, max_non_keyframe_gap)

@@ -46,6 +46,8 @@ def inference_windowed(
     scale_mode: str = "median",
     output_device: torch.device | str | None = None,
     keyframe_interval: int = 1,
+    flow_threshold: float = 0.0,
+    max_non_keyframe_gap: int = 30,
     *,
     precision: str = "auto",
     return_windows: bool = False,
@@ -57,12 +59,19 @@ def inference_windowed(
     is_keyframe, and with two or more windows chunk_scales [B, n] and chunk_transforms
     [B, n, 4, 4]; alignment_mode = "scaled"; images; with `return_windows` also "windows",
     the raw per-window predictions before alignment; `progress`: a bar over the windows
-    (None: when stderr is a terminal). A batch [B, S, 3, H, W] is B independent
+    (None: when stderr is a terminal). `flow_threshold` and `max_non_keyframe_gap` complete the
+    reference's signature: only flow_threshold=0 (fixed-interval windows) runs. A batch [B, S, 3, H, W] is B independent
     sequences, run in turn and stacked (the reference pairs keyframes from batch element 0
     only, LIMITS.md 14).
     """
     if scale_mode != "median":
         raise ValueError(f"scale_mode must be 'median' (the only estimator), got {scale_mode!r}")
+    if flow_threshold > 0:
+        raise ValueError(
+            f"flow_threshold={flow_threshold}: windows are planned from a fixed keyframe interval; motion-based "
+            "keyframes run in streaming (inference_streaming(..., flow_threshold=...), or keyframe_interval='auto' "
+            "in a session); give flow_threshold=0 and a keyframe_interval here"
+        )
     images = check_images(images, model.config.patch_size)
     scale = num_scale_frames if num_scale_frames is not None else model._default_scale_frames()
     return each_sequence(images, lambda sequence: _windowed_sequence(

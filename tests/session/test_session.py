@@ -945,3 +945,31 @@ def test_long_library_calls_show_progress_when_asked_and_stay_quiet_in_logs(mode
     err = capfd.readouterr().err
     assert "windows" in err and "2/2" in err and "streaming" not in err  # one bar, over the windows
     assert windowed["depth"].shape[1] == 6
+
+
+def test_the_reference_flow_arguments_choose_keyframes_by_motion(model):
+    """inference_streaming(flow_threshold=t, max_non_keyframe_gap=g) is a session with
+    FlowKeyframes(t, g) (the windowed module's form of the reference); 0 is the fixed interval.
+    Windowed inference takes the arguments but runs fixed intervals only."""
+    from mapstream.keyframes import FlowKeyframes
+
+    x = frames_of(9, seed=31)
+    for threshold, gap in ((1e-3, 30), (1e9, 3)):
+        got = model.inference_streaming(x, num_scale_frames=2, flow_threshold=threshold, max_non_keyframe_gap=gap)
+        with model.session(num_scale_frames=2, keyframe_interval=FlowKeyframes(threshold, gap)) as s:
+            want = s.run(x)
+        assert torch.equal(got["pose_enc"], want["pose_enc"]) and torch.equal(got["depth"], want["depth"])
+    # A threshold no motion reaches stores only the first streaming frame and every 3rd after.
+    fixed = model.inference_streaming(x, num_scale_frames=2, keyframe_interval=3)
+    torch.testing.assert_close(got["pose_enc"], fixed["pose_enc"])
+    plain = model.inference_streaming(x, num_scale_frames=2, flow_threshold=0.0, max_non_keyframe_gap=5)
+    assert torch.equal(plain["pose_enc"], model.inference_streaming(x, num_scale_frames=2)["pose_enc"])
+    with pytest.raises(ValueError, match="give either keyframe_interval"):
+        model.inference_streaming(x, num_scale_frames=2, keyframe_interval=2, flow_threshold=5.0)
+    with pytest.raises(ValueError, match="max_gap >= 1"):
+        model.inference_streaming(x, num_scale_frames=2, flow_threshold=5.0, max_non_keyframe_gap=0)
+    windowed = model.inference_windowed(x, window_size=4, overlap_size=2, num_scale_frames=2, flow_threshold=0.0,
+                                        max_non_keyframe_gap=30)
+    assert windowed["pose_enc"].shape[1] == 9
+    with pytest.raises(ValueError, match="windows are planned from a fixed keyframe interval"):
+        model.inference_windowed(x, window_size=4, overlap_size=2, num_scale_frames=2, flow_threshold=5.0)
