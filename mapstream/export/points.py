@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "CloudOptions",
+    "measured_pixels",
     "PointSet",
     "build_point_cloud",
     "confidence_threshold",
@@ -119,9 +120,14 @@ def confidence_threshold(recon: Reconstruction, percentile: float, *, mask_sky: 
     return float(np.percentile(sample, percentile)) if sample.size else float("inf")
 
 
+def measured_pixels(depth: np.ndarray, depth_conf: np.ndarray) -> np.ndarray:
+    """Pixels with a measurement (finite depth > 0 and a finite confidence), the one rule
+    every point cloud (files, viewers, the live view) starts from; any shape, as bool."""
+    return np.isfinite(depth) & (depth > 0) & np.isfinite(depth_conf)
+
+
 def _base_mask(recon: Reconstruction, mask_sky: bool) -> np.ndarray:
-    depth = recon.depth
-    valid = np.isfinite(depth) & (depth > 0) & np.isfinite(recon.depth_conf)
+    valid = measured_pixels(recon.depth, recon.depth_conf)
     if mask_sky and recon.sky_mask is not None:
         valid &= ~recon.sky_mask
     return valid

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mapstream.export.points import measured_pixels
 from mapstream.viewer.scene import downscale_image, rotation_to_wxyz
 from mapstream.viewer.server import Served, check_port, move_cameras, start_server
 
@@ -70,13 +71,13 @@ def frame_points(
     depth: np.ndarray, depth_conf: np.ndarray, K: np.ndarray, T_world_cam: np.ndarray, image: np.ndarray, *,
     conf_threshold: float, max_points: int, seed: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A frame's world points and colours: pixels with finite depth > 0 and confidence strictly
-    above ``conf_threshold``, at most ``max_points`` of them (a uniform subsample drawn with
+    """A frame's world points and colours: measured pixels (`measured_pixels`: finite depth > 0,
+    finite confidence) with confidence strictly above ``conf_threshold``, at most ``max_points`` of them (a uniform subsample drawn with
     ``seed``, kept in raster order). ``image`` is [H, W, 3] uint8. Returns ([M, 3] float32,
     [M, 3] uint8)."""
     from mapstream.geometry import unproject_depth
 
-    keep = np.isfinite(depth) & (depth > 0) & (depth_conf > conf_threshold)
+    keep = measured_pixels(depth, depth_conf) & (depth_conf > conf_threshold)
     index = np.flatnonzero(keep)
     if len(index) > max_points:
         index = np.sort(np.random.default_rng(seed).choice(index, max_points, replace=False))

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mapstream.export import Reconstruction
+from mapstream.export.points import measured_pixels
 from mapstream.geometry import unproject_depth
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def build_point_pool(recon: Reconstruction, max_points: int = DEFAULT_MAX_POINTS
     if max_points < 1:
         raise ValueError(f"max_points must be >= 1, got {max_points}")
     n, h, w = recon.depth.shape
-    valid = np.isfinite(recon.depth) & (recon.depth > 0) & np.isfinite(recon.depth_conf)
+    valid = measured_pixels(recon.depth, recon.depth_conf)
     flat = np.flatnonzero(valid)
     num_valid = int(flat.size)
     rng = np.random.default_rng(seed)

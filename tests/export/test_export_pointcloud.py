@@ -177,3 +177,21 @@ def test_glb_with_no_points_still_has_cameras(tmp_path: Path) -> None:
     assert sum(name.startswith("camera_") for name in scene.geometry) == N
     empty = plyfile.PlyData.read(str(write_ply(make_recon(), tmp_path / "e.ply", CloudOptions(conf_threshold=100.0))))
     assert len(empty["vertex"].data) == 0
+
+
+def test_one_rule_says_which_pixels_are_measured_for_files_and_the_live_view():
+    """measured_pixels: finite depth > 0 and a finite confidence. The export cloud and the
+    live view's frame points both start from it."""
+    from mapstream.export.points import measured_pixels
+    from mapstream.viewer.live import frame_points
+
+    depth = np.array([[1.0, np.nan, 0.0], [-2.0, np.inf, 3.0]], np.float32)
+    conf = np.array([[2.0, 2.0, 2.0], [2.0, 2.0, np.inf]], np.float32)
+    np.testing.assert_array_equal(measured_pixels(depth, conf), [[True, False, False], [False, False, False]])
+    conf[1, 2] = 2.0
+    want = np.array([[True, False, False], [False, False, True]])
+    np.testing.assert_array_equal(measured_pixels(depth, conf), want)
+    xyz, rgb = frame_points(depth, conf, np.diag([1.0, 1.0, 1.0]), np.eye(4)[:3], np.zeros((2, 3, 3), np.uint8),
+                            conf_threshold=1.5, max_points=10, seed=0)
+    assert len(xyz) == want.sum() == 2
+    np.testing.assert_allclose(xyz, [[0.0, 0.0, 1.0], [6.0, 3.0, 3.0]])
