@@ -218,6 +218,10 @@ class ViewerApp(Served):
     def _frame_image(self, t: int) -> np.ndarray:
         return downscale_image(self.recon.images[t], self.options.frame_image_size)
 
+    def _input_image(self, t: int) -> np.ndarray:
+        """Frame ``t`` as it went into the model ([H, W, 3] uint8), for the inputs' video."""
+        return np.asarray(self.recon.images[t])
+
     def _default_path(self, name: str) -> str:
         return str(self.output_dir / name) if self.output_dir is not None else name
 
@@ -403,7 +407,9 @@ class ViewerApp(Served):
             if self.server is None or self.handles is None:
                 return None
             target = self._target(path, self.handles.video_path)
-            return self._recorder.start(self.handles, first_client(self.server), target, len(self.recon))
+            return self._recorder.start(
+                self.handles, first_client(self.server), target, len(self.recon), originals=self._input_image
+            )
 
     def stop_recording(self) -> bool:
         """Stop the recording under way after the frame it is rendering; no video is written.

@@ -134,6 +134,7 @@ class ViewerHandles:
     video_path: Any
     video_height: Any
     video_fps: Any
+    video_originals: Any
     record_video: Any
     point_clouds: list[Any] = field(default_factory=list)
     frustums: list[Any] = field(default_factory=list)
@@ -213,6 +214,9 @@ def add_controls(
             "video fps", min=1, max=MAX_VIDEO_FPS, step=1,
             initial_value=min(max(int(round(options.play_fps)), 1), MAX_VIDEO_FPS),
         )
+        video_originals = gui.add_checkbox(
+            "also the input frames", False, hint="a second video, NAME_original.mp4, of the frames as they went in"
+        )
         record_video = gui.add_button(
             RECORD_LABEL, hint='frames 0 to last as "show" draws them, in the view of the first browser that connected'
         )
@@ -224,7 +228,8 @@ def add_controls(
         frame_image=image, glb_path=glb, glb_points=glb_points, glb_sphere_radius=glb_sphere_radius,
         glb_tubes=glb_tubes, glb_opacity=glb_opacity, glb_saturation=glb_saturation,
         glb_brightness=glb_brightness, export_glb=export_glb, png_path=png, screenshot=screenshot,
-        video_path=video, video_height=video_height, video_fps=video_fps, record_video=record_video,
+        video_path=video, video_height=video_height, video_fps=video_fps, video_originals=video_originals,
+        record_video=record_video,
     )
 
 

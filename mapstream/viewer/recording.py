@@ -10,6 +10,7 @@ viewer's "record video" button on a background thread and turns the outcome into
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -25,7 +26,9 @@ from mapstream.viewer.controls import RECORD_LABEL, STOP_RECORDING_LABEL, VIDEO_
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PAGE_BACKGROUND", "RecordingCancelled", "VideoRecorder", "fit_render", "record_video", "video_size"]
+__all__ = [
+    "PAGE_BACKGROUND", "RecordingCancelled", "VideoRecorder", "fit_render", "originals_path", "record_video", "video_size",
+]
 
 PAGE_BACKGROUND = (255, 255, 255)
 """The page's background colour (white; what a JPEG render shows): a PNG render's transparent
@@ -83,6 +86,13 @@ def _check_not_cancelled(cancel: threading.Event | None, done: int, total: int) 
         raise RecordingCancelled(done, total)
 
 
+def originals_path(path: str | os.PathLike[str]) -> Path:
+    """Where the input frames' video of a recording to ``path`` goes: ``NAME_original.SUFFIX``
+    beside it (the reference viewer's name)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}_original{path.suffix}")
+
+
 def record_video(
     client: Any,
     show: Callable[[int], None],
@@ -95,13 +105,16 @@ def record_video(
     progress: Callable[[int, int], None] | None = None,
     timeout: float = RENDER_TIMEOUT_S,
     transport_format: Literal["jpeg", "png"] = "jpeg",
+    originals: Callable[[int], np.ndarray] | None = None,
 ) -> Path:
     """Record ``frames`` (frame indices, in this order) as ``client`` (a viser ClientHandle)
     sees them: for each, ``show(t)`` puts frame ``t`` on the page, then the browser renders its
     current view at :func:`video_size` and the render becomes one video frame (see
     :func:`fit_render`). ``progress(done, total)`` is called after each frame; ``cancel`` is
     checked before each frame and before the video is closed. JPEG renders (the default) keep
-    each round trip small; the video is lossy anyway.
+    each round trip small; the video is lossy anyway. ``originals(t)``, if given, is frame
+    ``t``'s input image ([H, W, 3] uint8): they make a second video at :func:`originals_path`,
+    frame for frame, at their own size (cut to even sides), written or not with the first.
 
     Returns:
         ``path``, once the whole video is there.
@@ -119,14 +132,21 @@ def record_video(
     size = video_size(client, height)
     video = VideoWriter(path, height=size[0], width=size[1], fps=fps)  # checks the path, fps and PyAV before any render
     path = video.path
+    inputs = None
+    if originals is not None:
+        first = np.asarray(originals(frames[0]))
+        inputs = VideoWriter(originals_path(path), height=first.shape[0] // 2 * 2, width=first.shape[1] // 2 * 2, fps=fps)
     total = len(frames)
     logger.info("recording %d frames at %dx%d, %g fps to %s", total, size[1], size[0], fps, path)
-    with video:
+    # Both videos are committed only when the block ends cleanly (the inputs' first).
+    with video, inputs if inputs is not None else contextlib.nullcontext():
         for done, t in enumerate(frames):
             _check_not_cancelled(cancel, done, total)
             show(t)
             image = client.get_render(size[0], size[1], transport_format=transport_format, timeout=timeout)
             video.write(fit_render(image, *size))
+            if inputs is not None:
+                inputs.write(np.asarray(originals(t))[: inputs.height, : inputs.width])
             if progress is not None:
                 progress(done + 1, total)
         _check_not_cancelled(cancel, total, total)  # a stop during the last render still means "no video"
@@ -164,11 +184,13 @@ class VideoRecorder:
         return self._thread
 
     def start(
-        self, handles: ViewerHandles, client: Any | None, path: Path | None, num_frames: int
+        self, handles: ViewerHandles, client: Any | None, path: Path | None, num_frames: int,
+        originals: Callable[[int], np.ndarray] | None = None,
     ) -> threading.Thread | None:
         """Record frames ``0..num_frames - 1`` with ``client`` to ``path`` at the resolution and fps
-        chosen in the "Video" folder of ``handles``. Returns the thread, or None when refused (no
-        path or not a video file, no browser, a recording under way; reported)."""
+        chosen in the "Video" folder of ``handles``, and the input frames (``originals``) beside
+        it when its "also the input frames" box is ticked. Returns the thread, or None when
+        refused (no path or not a video file, no browser, a recording under way; reported)."""
         with self._lock:
             refusal = self._refusal(path, client)
             if refusal is not None:
@@ -176,11 +198,13 @@ class VideoRecorder:
                 return None
             assert path is not None
             height, fps = VIDEO_HEIGHTS[handles.video_height.value], float(handles.video_fps.value)
+            inputs = originals if handles.video_originals.value else None
             self._cancel = cancel = threading.Event()  # a fresh one: a late "stop" cannot end the next recording
             start_frame = self._hold_playback(handles)
             self._show_message(f"recording 0/{num_frames}")
             thread = threading.Thread(
-                target=self._run, args=(handles, client, path, range(num_frames), height, fps, cancel, start_frame),
+                target=self._run,
+                args=(handles, client, path, range(num_frames), height, fps, cancel, start_frame, inputs),
                 name="mapstream-viewer-record", daemon=True,
             )
             self._thread = thread
@@ -239,14 +263,16 @@ class VideoRecorder:
 
     def _run(
         self, handles: ViewerHandles, client: Any, path: Path, frames: range, height: int, fps: float,
-        cancel: threading.Event, start_frame: int,
+        cancel: threading.Event, start_frame: int, originals: Callable[[int], np.ndarray] | None,
     ) -> None:
         try:
             record_video(
                 client, lambda t: self._show_frame(handles, t), frames, path, height=height, fps=fps,
                 cancel=cancel, progress=lambda done, total: self._show_message(f"recording {done}/{total}"),
+                originals=originals,
             )
-            outcome, failed = f"wrote `{path}` ({len(frames)} frames)", False
+            also = f" and `{originals_path(path)}`" if originals is not None else ""
+            outcome, failed = f"wrote `{path}`{also} ({len(frames)} frames)", False
         except RecordingCancelled as stop:
             outcome, failed = f"recording stopped after {stop.done} of {stop.total} frames; no video written", False
         except Exception as err:  # a closed tab, a timeout or a bad path: reported, never raised

@@ -13,7 +13,7 @@ from viewer_synthetic import make_recon
 
 from mapstream.viewer.actions import FALLBACK_RENDER_HW, RENDER_TIMEOUT_S
 from mapstream.viewer.app import ViewerApp, ViewerOptions
-from mapstream.viewer.recording import PAGE_BACKGROUND, RecordingCancelled, fit_render, record_video
+from mapstream.viewer.recording import PAGE_BACKGROUND, RecordingCancelled, fit_render, originals_path, record_video
 
 av = pytest.importorskip("av")
 
@@ -169,6 +169,28 @@ def test_cancel_keeps_the_earlier_file_and_leaves_no_temp(tmp_path: Path) -> Non
     assert path.read_bytes() == b"earlier" and files_in(tmp_path) == ["v.mp4"]
 
 
+def test_the_input_frames_make_a_second_video_beside_the_first(tmp_path: Path) -> None:
+    """originals: NAME_original.mp4, one input frame per recorded frame in the same order, at
+    the inputs' own size cut to even sides; a stopped recording writes neither video."""
+    inputs = [np.full((31, 45, 3), COLOURS[t], np.uint8) for t in range(4)]
+    shown: list[int] = []
+    client = FrameClient(lambda: shown[-1])
+    record_video(client, shown.append, [3, 1, 2], tmp_path / "v.mp4", height=16, fps=8,
+                 originals=lambda t: inputs[t])
+    assert files_in(tmp_path) == ["v.mp4", "v_original.mp4"]
+    assert originals_path(tmp_path / "v.mp4") == tmp_path / "v_original.mp4"
+    frames = decode(tmp_path / "v_original.mp4")
+    assert frames[0].shape == (30, 44, 3)
+    assert_colours(frames, [COLOURS[t] for t in (3, 1, 2)])
+    assert_colours(decode(tmp_path / "v.mp4"), [COLOURS[t] for t in (3, 1, 2)])
+
+    cancel = threading.Event()
+    with pytest.raises(RecordingCancelled):
+        record_video(client, shown.append, range(4), tmp_path / "w.mp4", height=16, fps=8, cancel=cancel,
+                     progress=lambda done, total: cancel.set(), originals=lambda t: inputs[t])
+    assert files_in(tmp_path) == ["v.mp4", "v_original.mp4"]
+
+
 def test_a_browser_that_sends_no_frame_is_an_error_and_nothing_is_written(tmp_path: Path) -> None:
     shown: list[int] = []
     client = FrameClient(lambda: shown[-1])
@@ -256,6 +278,18 @@ def test_the_button_records_every_frame_as_the_page_shows_it_and_puts_the_scrubb
         with av.open(str(target)) as container:
             assert container.streams.video[0].average_rate == 20
         assert files_in(tmp_path) == ["viewer.mp4"]
+
+        # Ticking "also the input frames" adds the inputs' video beside it.
+        assert handles.video_originals.value is False
+        handles.video_originals.value = True
+        handles.record_video.value = True
+        wait_for(lambda: "_original" in handles.status.content, "the second recording")
+        original = tmp_path / "viewer_original.mp4"
+        assert handles.status.content.endswith(f"wrote `{target}` and `{original}` (4 frames)")
+        assert files_in(tmp_path) == ["viewer.mp4", "viewer_original.mp4"]
+        recon = app.recon
+        decoded = decode(original)
+        assert len(decoded) == 4 and decoded[0].shape[:2] == (recon.images.shape[1] // 2 * 2, recon.images.shape[2] // 2 * 2)
 
 
 def test_stop_recording_keeps_the_earlier_video_and_play_is_held_meanwhile(
