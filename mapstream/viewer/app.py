@@ -26,7 +26,7 @@ import numpy as np
 
 from mapstream.export import Reconstruction
 from mapstream.viewer.actions import export_shown_glb, first_client, save_render
-from mapstream.viewer.controls import ViewerHandles, ViewerOptions, add_controls, glb_style
+from mapstream.viewer.controls import VIEW_STEP_S, ViewerHandles, ViewerOptions, add_controls, glb_style
 from mapstream.viewer.recording import VideoRecorder
 from mapstream.viewer.scene import (
     build_point_pool,
@@ -327,7 +327,8 @@ class ViewerApp(Served):
         if self.server is None:
             return
         t = self._frame_t() if self.handles is not None else len(self.recon) - 1
-        move_cameras(self.server, *view_preset(self.recon, self.framing, name, t))
+        move_cameras(self.server, *view_preset(self.recon, self.framing, name, t),
+                     steps=self.options.view_steps, step_s=VIEW_STEP_S)
 
     # -- export -------------------------------------------------------------------------------
     def _target(self, path: str | os.PathLike[str] | None, field: Any) -> Path | None:

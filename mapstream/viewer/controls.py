@@ -43,6 +43,8 @@ VIDEO_HEIGHTS: dict[str, int] = {"720p": 720, "1080p": 1080, "4K": 2160}
 the browser canvas's aspect)."""
 MAX_VIDEO_FPS = 60
 """Largest value of the "video fps" slider."""
+VIEW_STEP_S = 0.03
+"""Seconds between the steps of a camera's glide to a chosen view (`ViewerOptions.view_steps`)."""
 RECORD_LABEL, STOP_RECORDING_LABEL = "record video", "stop recording"
 """The two labels of the "Video" folder's button: idle, and while a recording runs."""
 TRAJECTORY_TUBE_FRACTION, FRUSTUM_TUBE_FRACTION = 0.001, 0.0005
@@ -79,6 +81,8 @@ class ViewerOptions:
     """Seed of the subsample and of the downsample order."""
     video_height: int = 1080
     """Initial height in pixels of a recorded video (one of :data:`VIDEO_HEIGHTS`)."""
+    view_steps: int = 15
+    """Steps of a camera's glide to a chosen view, 30 ms each (the reference's 15); 1 jumps there."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the option when a value has no control to match it."""
@@ -96,6 +100,8 @@ class ViewerOptions:
         if self.video_height not in VIDEO_HEIGHTS.values():
             heights = ", ".join(str(h) for h in VIDEO_HEIGHTS.values())
             raise ValueError(f"video_height must be one of {heights} (pixels), got {self.video_height}")
+        if self.view_steps < 1:
+            raise ValueError(f"view_steps must be >= 1 (1: jump to a chosen view), got {self.view_steps}")
 
 
 @dataclass

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
+    "glide",
     "FrameMode",
     "PRESET_DISTANCE",
     "VIEW_PRESETS",
@@ -373,3 +374,24 @@ def view_preset(
         "top": (up, forward),
     }[name]
     return center + PRESET_DISTANCE * framing.extent * away, center.copy(), view_up.copy()
+
+
+def glide(
+    start: tuple[np.ndarray, np.ndarray, np.ndarray], end: tuple[np.ndarray, np.ndarray, np.ndarray], steps: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The ``steps`` viewpoints ``(position, look_at, up)`` of a smooth move from ``start`` to
+    ``end`` (the reference viewer moves in 15): position and look-at eased in and out
+    (3u^2 - 2u^3 of the step's fraction u), up turned along with them; the last is ``end``.
+    ``steps`` <= 1 is the jump alone."""
+    end = tuple(np.asarray(v, np.float64) for v in end)
+    if steps <= 1:
+        return [end]
+    start = tuple(np.asarray(v, np.float64) for v in start)
+    path = []
+    for k in range(1, steps):
+        u = k / steps
+        w = u * u * (3.0 - 2.0 * u)
+        position, look_at, up = ((1.0 - w) * a + w * b for a, b in zip(start, end))
+        norm = np.linalg.norm(up)
+        path.append((position, look_at, up / norm if norm > 1e-9 else end[2]))  # opposite ups: the end's
+    return [*path, end]

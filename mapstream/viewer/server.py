@@ -5,6 +5,7 @@ viser is imported here, when a server starts, never when mapstream is imported.
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 __all__ = ["Served", "check_listen_host", "check_port", "import_viser", "move_cameras", "server_url", "start_server"]
@@ -62,14 +63,30 @@ def check_port(port: int) -> int:
     return port
 
 
-def move_cameras(server: Any, eye, target, up) -> None:
+def move_cameras(server: Any, eye, target, up, *, steps: int = 1, step_s: float = 0.0) -> None:
     """Put every connected browser's camera at ``eye`` looking at ``target`` with ``up`` up,
-    each in one update (no frame drawn half-moved)."""
+    each in one update (no frame drawn half-moved). With ``steps`` > 1 each camera glides there
+    from where it is (:func:`~mapstream.viewer.scene.glide`), ``step_s`` seconds a step; a
+    camera whose viewpoint the server does not know yet jumps."""
+    from mapstream.viewer.scene import glide
+
+    paths = []
     for client in server.get_clients().values():
-        with client.atomic():
-            client.camera.up_direction = tuple(up)
-            client.camera.position = tuple(eye)
-            client.camera.look_at = tuple(target)
+        try:
+            start = (client.camera.position, client.camera.look_at, client.camera.up_direction)
+        except (AttributeError, AssertionError):  # viser asserts until the browser has sent its camera
+            start = None
+        paths.append((client, glide(start, (eye, target, up), steps if start is not None else 1)))
+    for k in range(max((len(path) for _, path in paths), default=0)):
+        if k:
+            time.sleep(step_s)
+        for client, path in paths:
+            if k < len(path):
+                position, look_at, view_up = path[k]
+                with client.atomic():
+                    client.camera.up_direction = tuple(view_up)
+                    client.camera.position = tuple(position)
+                    client.camera.look_at = tuple(look_at)
 
 
 def server_url(host: str, port: int) -> str:

@@ -248,6 +248,64 @@ def test_view_buttons_move_every_browser_camera(free_port: int, monkeypatch: pyt
         assert_view(app.framing.camera_position, center, app.framing.up)
 
 
+def test_a_chosen_view_is_reached_in_a_smooth_glide(free_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A browser whose camera the server knows glides to the view in `view_steps` atomic
+    updates, eased in and out, ending exactly on it; one whose camera is not known yet (viser
+    asserts on reading it) jumps; view_steps=1 jumps."""
+    from mapstream.viewer.scene import glide, view_preset
+
+    recon = make_recon()
+    with ViewerApp(recon, ViewerOptions(view_steps=5), port=free_port) as app:
+        assert app.server is not None
+        known, fresh = FakeClient(), FakeClient()
+        start = (np.array([0.0, 0.0, -5.0]), np.zeros(3), np.array([0.0, -1.0, 0.0]))
+        known.camera.position, known.camera.look_at, known.camera.up_direction = start
+        known.outside_atomic.clear()  # the browser's own camera, not the server's doing
+
+        class Unknown:
+            """viser before the browser's first camera message: reading asserts."""
+
+            def __getattr__(self, name: str) -> object:
+                raise AssertionError("no camera update yet")
+
+        object.__setattr__(fresh.camera, "__class__", type("Fresh", (Unknown, FakeCamera), {}))
+        seen: list[np.ndarray] = []
+        original = FakeCamera.__setattr__
+
+        def noting(self, name: str, value: object) -> None:
+            original(self, name, value)
+            if self.client is known and name == "position":
+                seen.append(np.asarray(value, np.float64))
+
+        monkeypatch.setattr(FakeCamera, "__setattr__", noting)
+        monkeypatch.setattr(app.server, "get_clients", lambda: {1: known, 2: fresh})
+        app.apply_view("top")
+        want = view_preset(recon, app.framing, "top")
+        assert len(seen) == 5
+        np.testing.assert_allclose(seen, [p for p, _, _ in glide(start, want, 5)])
+        np.testing.assert_allclose(seen[-1], want[0])
+        steps = np.linalg.norm(np.diff(np.stack([start[0], *seen]), axis=0), axis=1)
+        assert steps[2] > steps[0] and steps[2] > steps[-1]  # eased in and out
+        for client in (known, fresh):
+            np.testing.assert_allclose(client.camera.position, want[0])
+            np.testing.assert_allclose(client.camera.look_at, want[1])
+            assert client.outside_atomic == []
+    with pytest.raises(ValueError, match="view_steps must be >= 1"):
+        ViewerOptions(view_steps=0).validate()
+
+
+def test_glide_ends_on_the_view_and_keeps_up_a_unit_vector() -> None:
+    from mapstream.viewer.scene import glide
+
+    start = (np.zeros(3), np.array([0.0, 0.0, 1.0]), np.array([0.0, -1.0, 0.0]))
+    end = (np.array([2.0, 0.0, 0.0]), np.array([2.0, 0.0, 1.0]), np.array([0.0, 1.0, 0.0]))  # up turned over
+    path = glide(start, end, 4)
+    assert len(path) == 4 and all(np.allclose(a, b) for a, b in zip(path[-1], end))
+    np.testing.assert_allclose([p[0][0] for p in path], [2 * w for w in (0.15625, 0.5, 0.84375, 1.0)])
+    assert all(np.isclose(np.linalg.norm(up), 1.0) for _, _, up in path)
+    assert len(glide(start, end, 1)) == 1
+
+
 def test_frame_image_panel_shows_frame_t_downscaled(free_port: int) -> None:
     recon = make_recon()
     recon.images[:, 0, 0] = np.arange(N)[:, None]  # tell the frames apart
