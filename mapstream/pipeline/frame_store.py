@@ -116,6 +116,10 @@ class FrameStore:
         log.info("resuming: %d frames already finished in %s", self.finished, self.out)
         return True
 
+    def finished_name(self, index: int) -> str:
+        """The name of finished frame ``index`` (0 <= index < finished), as the source gave it."""
+        return self._names[index]
+
     def add(self, record: FrameRecord) -> None:
         self._buffer.append(record)
         if len(self._buffer) >= self.shard_frames or time.monotonic() - self._last_flush > self.shard_seconds:

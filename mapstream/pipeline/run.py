@@ -8,9 +8,11 @@ Sim(3) estimate.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import resource
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -213,6 +215,32 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
     )
 
 
+def _previous_outputs(out: Path) -> list[Path]:
+    """The outputs an earlier run in ``out`` listed in its run.json (none if unreadable)."""
+    try:
+        listed = json.loads((out / "run.json").read_text()).get("outputs", {})
+        return [Path(p) for p in listed.values()] if isinstance(listed, dict) else []
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+
+
+def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path]) -> None:
+    """Remove what an earlier run in ``out`` wrote and this one did not (another input, fewer
+    formats): the folder then holds this run's outputs only, as its run.json lists them.
+    Only paths inside ``out`` are touched."""
+    keep = {Path(p).resolve() for p in written.values()}
+    root = out.resolve()
+    for path in previous:
+        path = (out / path).resolve() if not path.is_absolute() else path.resolve()
+        if path in keep or root not in path.parents or not path.exists():
+            continue
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        log.info("removed %s, an earlier run's output this run does not write", path)
+
+
 def _as_recorded_today(config: dict) -> dict:
     """An earlier run's recorded settings as this version records them: its input path
     resolved, and the window its shared frames came from (before `shared_from` existed, a
@@ -318,6 +346,12 @@ def run(
     keep = 4 * max(opts.num_scale_frames, getattr(session, "overlap", 0), 8)
     try:
         for index, (name, frame) in enumerate(source):
+            if index < resume_at and name != store.finished_name(index):
+                raise ValueError(
+                    f"the input is not the one the interrupted run in {out} read: its frame {index} was "
+                    f"{store.finished_name(index)!r}, now it is {name!r} (frames added or removed before the end?); "
+                    "give the same input to resume, or --no-resume to start over"
+                )
             if index < offset:
                 continue
             frames[index] = frame, source.last_time
@@ -331,6 +365,7 @@ def run(
         session.close()
     inferred = time.perf_counter()
 
+    previous = _previous_outputs(out)  # before this run's run.json replaces the list
     recon = store.assemble(fps=opts.fps)
     if opts.sky_mask:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
@@ -339,6 +374,7 @@ def run(
         voxel_size=opts.voxel_size, max_points=opts.max_points, drop_black=opts.drop_black_background,
         drop_white=opts.drop_white_background, progress=progress,
     )
+    _remove_stale_outputs(out, previous, outputs)
     exported = time.perf_counter()
     fps = new / max(inferred - loaded - in_callback, 1e-9)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

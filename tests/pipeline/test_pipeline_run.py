@@ -562,3 +562,59 @@ def test_time_in_the_frame_callback_is_not_the_runs(tmp_path):
     assert seen == [0, 1, 2, 3]
     assert 4 * 0.25 <= timings["on_frame"] < 4 * 0.25 + 0.5
     assert summary.fps == pytest.approx(4 / timings["inference"], rel=1e-6)
+
+
+def test_a_rerun_leaves_only_its_own_outputs(tmp_path):
+    """A run into a folder holding another input's outputs removes what it does not write
+    again (formats it was not asked for, per-frame files of frames it does not have): the
+    folder then holds exactly what its run.json lists. Files that are not a run's outputs stay."""
+    src = photos(tmp_path, 6)
+    out = tmp_path / "out"
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz", "ply", "depth", "images") == 0
+    assert len(list((out / "depth").glob("*.png"))) == 6 and (out / "points.ply").exists()
+    (out / "notes.txt").write_text("mine")
+    fewer = tmp_path / "fewer"
+    fewer.mkdir()
+    for p in sorted(src.glob("*.png"))[:3]:
+        shutil.copy(p, fewer / f"x{p.name}")
+    assert run_cli(str(fewer), "--out", str(out), "--formats", "npz", "depth") == 0
+    assert not (out / "points.ply").exists() and not (out / "images").exists()
+    assert sorted(p.name for p in (out / "depth").glob("*.png")) == [f"x{i:06d}.png" for i in range(3)]
+    assert sorted(p.name for p in (out / "depth_preview").glob("*.png")) == [f"x{i:06d}.png" for i in range(3)]
+    assert (out / "notes.txt").read_text() == "mine"
+    listed = json.loads((out / "run.json").read_text())["outputs"]
+    assert sorted(listed) == ["depth", "depth_preview", "npz"]
+
+
+def test_a_resume_refuses_an_input_whose_finished_frames_changed(tmp_path, monkeypatch, capsys):
+    """Frames added after the finished ones resume; a frame inserted among them (another order)
+    is refused with what to do, the finished frames left as they were."""
+    from mapstream import session as session_module
+
+    src = photos(tmp_path, 6)
+    out = tmp_path / "out"
+    real_step = session_module.Session.step
+    calls = {"n": 0}
+
+    def failing_step(self, frame, **kw):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real_step(self, frame, **kw)
+
+    monkeypatch.setattr(session_module.Session, "step", failing_step)
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 130
+    monkeypatch.setattr(session_module.Session, "step", real_step)
+    finished = json.loads((out / "progress.json").read_text())["frames"]
+    assert finished == 4
+    capsys.readouterr()
+    shutil.copy(src / "000000.png", src / "000000a.png")  # sorts second
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 2
+    err = capsys.readouterr().err
+    assert "its frame 1 was '000001.png', now it is '000000a.png'" in err and "--no-resume" in err
+    assert json.loads((out / "progress.json").read_text())["frames"] == finished
+    (src / "000000a.png").unlink()
+    shutil.copy(src / "000000.png", src / "000009.png")  # after the finished frames: resumes
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["resumed_from"] == 4 and info["frames"] == 7
