@@ -120,8 +120,17 @@ def open_image(path: str | os.PathLike) -> Image.Image:
             # exif_transpose returns a new image even without an orientation tag; do it
             # here while the EXIF data is at hand, then the result no longer needs the file.
             return ImageOps.exif_transpose(im)
+    except Image.DecompressionBombError as exc:
+        raise _too_large(p, exc) from exc
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise _unreadable_image(p, exc) from exc
+
+
+def _too_large(path: Path, exc: Exception) -> ValueError:
+    return ValueError(
+        f"image {path} is too large to open: {exc}. Downscale it first (the model reads frames "
+        "about 518 pixels wide), e.g. with an image editor or PIL's Image.reduce"
+    )
 
 
 def _unreadable_image(path: Path, exc: Exception) -> ValueError:
@@ -199,6 +208,8 @@ def oriented_size(path: str | os.PathLike) -> tuple[int, int]:
             # Orientations 5-8 turn the image a quarter: exif_transpose swaps the sides.
             if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
                 width, height = height, width
+    except Image.DecompressionBombError as exc:
+        raise _too_large(p, exc) from exc
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise _unreadable_image(p, exc) from exc
     return width, height
@@ -289,7 +300,8 @@ def load_images(
     """Load and preprocess images exactly like the reference loader.
 
     Args:
-        paths: image files (or already opened PIL images), in sequence order.
+        paths: image files (or already opened PIL images), in sequence order; a single path
+            or image is one frame.
         mode: ``"crop"`` (width = image_size, centre-crop taller images) or ``"pad"``
             (longer side = image_size, pad to a white square).
         image_size: target width (crop) / square side (pad); a multiple of ``patch_size``.
@@ -303,9 +315,20 @@ def load_images(
         ValueError: empty ``paths``, bad arguments, or an unreadable image (names the file).
         FileNotFoundError: a path does not exist.
     """
+    if isinstance(paths, (str, os.PathLike, Image.Image)):
+        paths = [paths]  # one image
+    elif isinstance(paths, (torch.Tensor, np.ndarray)):
+        raise TypeError(
+            f"load_images takes image paths (or PIL images), got a {type(paths).__name__}; "
+            "frames already in memory go to the model as they are ([N, 3, H, W] in [0, 1])"
+        )
     if len(paths) == 0:
         raise ValueError("load_images needs at least one image path")
     check_preprocess_args(mode, image_size, patch_size)
+
+    for item in paths:
+        if not isinstance(item, (str, os.PathLike, Image.Image)):
+            raise TypeError(f"load_images takes image paths or PIL images, got a {type(item).__name__} among them")
 
     def one(item: ImageInput) -> torch.Tensor:
         image = item if isinstance(item, Image.Image) else open_image(item)

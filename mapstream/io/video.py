@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_SRC_FPS = 30.0
 VIDEO_EXTENSIONS: tuple[str, ...] = (
     ".mp4", ".mov", ".avi", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv", ".ts",
+    ".mts", ".m2ts", ".3gp", ".3g2", ".ogv", ".mxf", ".vob", ".asf", ".f4v", ".divx", ".y4m",
 )
 
 

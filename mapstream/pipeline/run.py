@@ -121,6 +121,12 @@ def check_options(opts: RunOptions) -> None:
         raise ValueError(f"camera_iterations must be >= 1, got {opts.camera_iterations}")
     if opts.keyframe_interval is not None:
         make_policy(opts.keyframe_interval)  # its own error for a bad interval
+    if opts.input is not None and not opts.demo and Path(opts.input).is_dir() and \
+            Path(opts.out).resolve() == Path(opts.input).resolve():
+        raise ValueError(
+            f"the output folder is the input folder {opts.input}: the run would read its own outputs (summary.png...) "
+            "as frames when run again; write them elsewhere, e.g. to a subfolder"
+        )
     if opts.mode not in ("streaming", "windowed"):
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
     if opts.mode == "windowed":
@@ -266,8 +272,8 @@ def run(
     started = time.perf_counter()
     check_options(opts)  # fail on a bad option before any heavy work
     device = resolve_device(opts.device)
-    out = prepare_dir(opts.out)  # and on an unwritable output
-    source = _source(opts)
+    source = _source(opts)  # a missing or unreadable input is told before any folder is made
+    out = prepare_dir(opts.out)  # and an unwritable output before the model loads
     model, model_desc, warnings = resolve_model(
         opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.backend,
         camera_num_iterations=opts.camera_iterations,

@@ -244,6 +244,33 @@ def test_corrupt_and_truncated_images_named(tmp_path: Path) -> None:
         load_images([good, truncated])
 
 
+def test_one_path_is_one_frame_and_other_types_are_told(tmp_path: Path) -> None:
+    path = tmp_path / "one.png"
+    _random_rgb(60, 40).save(path)
+    one = load_images(path, image_size=56)
+    assert one.shape[0] == 1 and torch.equal(one, load_images([str(path)], image_size=56))
+    assert torch.equal(load_images(str(path), image_size=56), one)
+    with pytest.raises(TypeError, match="takes image paths .* got a Tensor; frames already in memory"):
+        load_images(torch.rand(2, 3, 28, 28))
+    with pytest.raises(TypeError, match="got a ndarray among them"):
+        load_images([path, np.zeros((28, 28, 3))])
+
+
+def test_an_image_too_large_to_open_is_named_with_what_to_do(tmp_path: Path, monkeypatch) -> None:
+    """Past Pillow's decompression-bomb limit (twice MAX_IMAGE_PIXELS) an image is refused by
+    name, from its header already, with a way out."""
+    from PIL import Image
+
+    from mapstream.io.images import oriented_size
+
+    path = tmp_path / "huge.png"
+    _random_rgb(60, 40).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 2400 pixels: over twice the limit
+    for read in (lambda: oriented_size(path), lambda: load_images([path])):
+        with pytest.raises(ValueError, match=r"huge\.png is too large to open.*Downscale it first"):
+            read()
+
+
 # --------------------------------------------------------------------------------------------
 # list_images
 # --------------------------------------------------------------------------------------------

@@ -618,3 +618,27 @@ def test_a_resume_refuses_an_input_whose_finished_frames_changed(tmp_path, monke
     assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 0
     info = json.loads((out / "run.json").read_text())
     assert info["resumed_from"] == 4 and info["frames"] == 7
+
+
+def test_inputs_found_by_the_input_audit_are_told_clearly(tmp_path, capsys):
+    """The output folder as the input folder is refused (a second run would read summary.png as
+    a frame); a missing input leaves no output folder behind; a camcorder .MTS file is a video."""
+    src = photos(tmp_path, 3)
+    assert run_cli(str(src), "--out", str(src)) == 2
+    assert "the output folder is the input folder" in capsys.readouterr().err
+    missing = tmp_path / "missing"
+    assert run_cli(str(missing), "--out", str(tmp_path / "never")) == 2
+    assert "not found" in capsys.readouterr().err.lower() and not (tmp_path / "never").exists()
+
+    import av
+
+    video = tmp_path / "clip.MTS"
+    with av.open(str(video), "w", format="mpegts") as container:
+        stream = container.add_stream("mpeg2video", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(4):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), 40 * i, np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    assert run_cli(str(video), "--out", str(tmp_path / "mts"), "--formats", "npz", "--fps", "None") == 0
+    assert len(np.load(tmp_path / "mts" / "predictions.npz")["depth"]) == 4
