@@ -164,8 +164,22 @@ def iter_video_frames(
         stream.thread_type = "AUTO"
         kept = 0
         index = -1
+        damaged: list[str] = []  # the decoder's complaints about packets it could not decode
+
+        def decoded():
+            # Packet by packet, so that one damaged packet costs its frames, not the video (as
+            # ffmpeg's own tools conceal it); a damaged container still ends the decoding.
+            for packet in container.demux(stream):
+                try:
+                    yield from packet.decode()
+                except av.error.FFmpegError as exc:
+                    if not damaged:
+                        logger.warning("%s: a damaged packet after frame %d was skipped (%s); its frames are "
+                                       "missing from the sequence", path, index, exc)
+                    damaged.append(str(exc))
+
         try:
-            for frame in container.decode(stream):
+            for frame in decoded():
                 index += 1
                 if index % step:
                     continue
@@ -181,8 +195,11 @@ def iter_video_frames(
                 f"error decoding {path} after frame {index}: {exc}. The file is damaged or "
                 "uses an unsupported codec; re-encode it, e.g. ffmpeg -i INPUT -c:v libx264 out.mp4"
             ) from exc
+        if len(damaged) > 1:
+            logger.warning("%s: %d damaged packets were skipped in all", path, len(damaged))
     if kept == 0:
-        raise ValueError(f"no frames could be decoded from {path}")
+        because = f" (the decoder: {damaged[0]}; damaged, or an unsupported codec?)" if damaged else ""
+        raise ValueError(f"no frames could be decoded from {path}{because}")
 
 
 def iter_video_tensors(

@@ -164,3 +164,60 @@ def test_upright_quarter_turns() -> None:
     assert upright(image, 0) is image
     assert np.array_equal(np.asarray(upright(image, 270)), np.asarray(upright(image, -90)))
     assert upright(image, 90).size == (H, W)
+
+
+def test_a_damaged_packet_costs_its_frames_not_the_video(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Packets the decoder refuses are skipped with one warning (and a count); the frames around
+    them come through, in order, with their own pictures. Nothing decodable is an error that
+    quotes the decoder."""
+    import mapstream.io.video as video
+
+    lossless_video = write_video(tmp_path / "bars.mov", "png", "rgb24")  # every packet a whole picture
+
+    real_open = video._open
+
+    class Damaged:
+        def decode(self):
+            raise av.error.InvalidDataError(1094995529, "Invalid data found when processing input")
+
+    class Container:
+        """The real container, with the packets numbered in `bad` damaged."""
+
+        def __init__(self, container, bad) -> None:
+            self._container, self._bad = container, bad
+
+        def demux(self, stream):
+            for i, packet in enumerate(self._container.demux(stream)):
+                yield Damaged() if i in self._bad else packet
+
+        def __getattr__(self, name):
+            return getattr(self._container, name)
+
+        def __enter__(self):
+            self._container.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self._container.__exit__(*exc)
+
+    def opening(bad):
+        def open_(path):
+            container, stream = real_open(path)
+            return Container(container, bad), stream
+        return open_
+
+    monkeypatch.setattr(video, "_open", opening({5, 6}))
+    with caplog.at_level("WARNING", logger="mapstream.io.video"):
+        frames = list(iter_video_frames(lossless_video, fps=None))
+    assert len(frames) == N_FRAMES - 2
+    kept = [i for i in range(N_FRAMES) if i not in (5, 6)]
+    for f, i in zip(frames, kept):
+        np.testing.assert_array_equal(np.asarray(f.image), colour_bars(i))
+    assert [f.index for f in frames] == list(range(N_FRAMES - 2))
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("a damaged packet after frame" in m and "was skipped" in m for m in messages) == 1
+    assert any("2 damaged packets were skipped in all" in m for m in messages)
+
+    monkeypatch.setattr(video, "_open", opening(set(range(1000))))
+    with pytest.raises(ValueError, match=r"no frames could be decoded from .*bars\.mkv \(the decoder: .*Invalid data"):
+        list(iter_video_frames(lossless_video, fps=None))
