@@ -219,5 +219,5 @@ def test_a_damaged_packet_costs_its_frames_not_the_video(tmp_path: Path, monkeyp
     assert any("2 damaged packets were skipped in all" in m for m in messages)
 
     monkeypatch.setattr(video, "_open", opening(set(range(1000))))
-    with pytest.raises(ValueError, match=r"no frames could be decoded from .*bars\.mkv \(the decoder: .*Invalid data"):
+    with pytest.raises(ValueError, match=r"no frames could be decoded from .*bars\.mov \(the decoder: .*Invalid data"):
         list(iter_video_frames(lossless_video, fps=None))
