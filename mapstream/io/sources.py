@@ -106,14 +106,39 @@ class FrameSource:
         None when the input does not say (image files)."""
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        first: tuple[int, int] | None = None  # a stream's frame size, kept when it changes
         for name, image, *when in self._frames():
             self.last_time = when[0] if when else None
             if self.rotate:
                 image = image.transpose(_CLOCKWISE[self.rotate])
-            frame = preprocess_image(image, self.mode, self.image_size, self.patch_size)
+            try:
+                frame = preprocess_image(image, self.mode, self.image_size, self.patch_size)
+            except ValueError as err:
+                raise ValueError(f"frame {name} of {self.description}: {err}") from err
             if self.pad_height is not None and frame.shape[1] < self.pad_height:
                 frame = pad_white(frame, self.pad_height, frame.shape[2])
+            elif self.pad_height is None:
+                if first is None:
+                    first = tuple(frame.shape[1:])
+                elif tuple(frame.shape[1:]) != first:
+                    frame = self._to_first_size(frame, first, name)
             yield name, frame
+
+    def _to_first_size(self, frame: torch.Tensor, size: tuple[int, int], name: str) -> torch.Tensor:
+        """A frame of a stream whose picture changed size (a video's resolution switch): made
+        the stream's first frame size, as one sequence needs, by white padding (the files'
+        rule) or a centred crop of its rows. Crop preprocessing keeps the width; a frame whose
+        width still differs is left as it is (the session then says what is wrong)."""
+        height, width = size
+        if frame.shape[2] != width:
+            return frame
+        logger.warning("%s: frame %s is %dx%d after preprocessing, the stream's first %dx%d; %s to that size",
+                       self.description, name, frame.shape[2], frame.shape[1], width, height,
+                       "padded with white" if frame.shape[1] < height else "centre-cropped")
+        if frame.shape[1] < height:
+            return pad_white(frame, height, width)
+        top = (frame.shape[1] - height) // 2
+        return frame[:, top : top + height]
 
     def __len__(self) -> int:
         if self.length is None:
@@ -232,7 +257,14 @@ def _common_height(files: Sequence[Path], mode: Mode, image_size: int, patch_siz
     sizes = [oriented_size(f) for f in files]
     if rotate in (90, 270):
         sizes = [(h, w) for w, h in sizes]
-    heights = {preprocessed_height(w, h, mode, image_size, patch_size) for w, h in sizes}
+    per_file = [preprocessed_height(w, h, mode, image_size, patch_size) for w, h in sizes]
+    for f, (w, h), height in zip(files, sizes, per_file):
+        if height < patch_size:  # told now, from the headers, not after the frames before it ran
+            raise ValueError(
+                f"image {f} ({w}x{h}) would be {image_size} wide and less than one {patch_size}-pixel patch tall: "
+                "its aspect ratio is too extreme for crop preprocessing; crop it first, or use preprocess 'pad'"
+            )
+    heights = set(per_file)
     if len(heights) < 2:
         return None
     tallest = max(heights)

@@ -216,3 +216,35 @@ def test_frames_can_be_turned_clockwise_before_preprocessing(tmp_path: Path) -> 
     assert unturned.pad_height == 28 and torch.equal(next(iter(unturned))[1][:, 7:21], preprocess_image(Image.open(wide), "crop", 28))
     with pytest.raises(ValueError, match="rotate must be 0, 90, 180 or 270"):
         FrameSource.from_paths([wide], rotate=45)
+
+
+def test_a_stream_that_changes_resolution_keeps_its_first_frame_size(caplog) -> None:
+    """A video or camera whose picture changes size mid-stream (a resolution switch): later
+    frames are padded with white or centre-cropped to the first frame's preprocessed size, as
+    one sequence needs, with a warning; the first-size frames are untouched."""
+    rng = np.random.default_rng(3)
+    pictures = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((42, 56), (28, 56), (56, 56), (42, 56))]
+
+    def frames():
+        for i, p in enumerate(pictures):
+            yield f"f{i}", Image.fromarray(p)
+
+    source = FrameSource(frames, length=None, description="a stream", image_size=56)
+    with caplog.at_level("WARNING", logger="mapstream.io.sources"):
+        got = dict(source)
+    assert {name: tuple(f.shape) for name, f in got.items()} == {f"f{i}": (3, 42, 56) for i in range(4)}
+    direct = [preprocess_image(Image.fromarray(p), "crop", 56) for p in pictures]
+    assert torch.equal(got["f0"], direct[0]) and torch.equal(got["f3"], direct[3])
+    assert torch.equal(got["f1"][:, 7:35], direct[1]) and bool((got["f1"][:, :7] == 1).all())  # padded white
+    assert torch.equal(got["f2"], direct[2][:, 7:49])  # the middle rows
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and "frame f1 is 56x28 after preprocessing, the stream's first 56x42; padded" in warned[0]
+
+
+def test_a_file_too_extreme_to_crop_is_named_when_the_source_opens(tmp_path: Path) -> None:
+    """From the files' headers, before the first frame is yielded (it used to fail at that frame,
+    after every frame before it had run, without its name)."""
+    Image.fromarray(np.zeros((28, 28, 3), np.uint8)).save(tmp_path / "0.png")
+    Image.fromarray(np.zeros((10, 4000, 3), np.uint8)).save(tmp_path / "1.png")
+    with pytest.raises(ValueError, match=r"1\.png \(4000x10\) would be 56 wide and less than one 14-pixel patch.*'pad'"):
+        open_source(tmp_path, image_size=56)
