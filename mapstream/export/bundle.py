@@ -47,7 +47,10 @@ ALL_FORMATS: tuple[str, ...] = ("npz", "tum", "ply", "glb", "depth", "images", "
 
 
 def check_formats(formats: Iterable[str]) -> None:
-    """Raise ValueError naming the format names that are not export formats."""
+    """Raise ValueError naming the format names that are not export formats, or for none."""
+    formats = list(formats)
+    if not formats:
+        raise ValueError(f"no output format given; choose one or more of {list(ALL_FORMATS)}")
     unknown = sorted(set(formats) - set(ALL_FORMATS))
     if unknown:
         raise ValueError(f"unknown export formats {unknown}; choose from {list(ALL_FORMATS)}")

@@ -8,8 +8,10 @@ memory-mapped arrays (bounded RAM however long the run) for the exporters.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import time
 import zipfile
 from pathlib import Path
@@ -214,3 +216,32 @@ def _timestamps(times: np.ndarray) -> np.ndarray | None:
     the reconstruction then numbers them by the sampling rate."""
     times = np.asarray(times, dtype=np.float64)
     return times.copy() if times.size and np.isfinite(times).all() else None
+
+
+@contextlib.contextmanager
+def lock_run_folder(out: Path):
+    """Hold ``out`` for one run: a second run into it (another process, or the same one) is
+    refused while this one works there, since both would write the same finished-frame files.
+    An advisory lock on ``out/.lock``, released when the run ends, even by a crash."""
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks (Windows): runs are not guarded
+        yield
+        return
+    with open(out / ".lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise RuntimeError(
+                f"another mapstream run ({holder}) is writing to {out}; wait for it to end or give another output folder"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

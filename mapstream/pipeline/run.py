@@ -33,7 +33,7 @@ from ..validation import check_scale_frames
 from ..windowed import WindowedSession, pairwise_alignment
 from ..windowed.online import check_window_options, predictions_as_window, warp_prediction
 from ..windowed.plan import check_keyframe_interval
-from .frame_store import FrameStore
+from .frame_store import FrameStore, lock_run_folder
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 
 __all__ = ["RunOptions", "RunSummary", "check_options", "run"]
@@ -274,6 +274,12 @@ def run(
     device = resolve_device(opts.device)
     source = _source(opts)  # a missing or unreadable input is told before any folder is made
     out = prepare_dir(opts.out)  # and an unwritable output before the model loads
+    with lock_run_folder(out):  # and another run writing there
+        return _run_into(out, opts, source, device, started, progress, on_frame)
+
+
+def _run_into(out: Path, opts: RunOptions, source, device, started: float, progress, on_frame) -> RunSummary:
+    """`run` once its options are checked, its input open and its folder held."""
     model, model_desc, warnings = resolve_model(
         opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.backend,
         camera_num_iterations=opts.camera_iterations,

@@ -642,3 +642,31 @@ def test_inputs_found_by_the_input_audit_are_told_clearly(tmp_path, capsys):
         container.mux(stream.encode())
     assert run_cli(str(video), "--out", str(tmp_path / "mts"), "--formats", "npz", "--fps", "None") == 0
     assert len(np.load(tmp_path / "mts" / "predictions.npz")["depth"]) == 4
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys):
+    """While a run works in a folder (the lock on its .lock file is held), another run there is
+    refused with the holder named, before its model loads; once the first ends, runs go on.
+    No format at all is refused as well, before any work."""
+    import subprocess
+    import sys
+
+    src = photos(tmp_path, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"f = open({str(out / '.lock')!r}, 'a+'); fcntl.flock(f, fcntl.LOCK_EX); f.write('pid 4242'); f.flush()\n"
+        "print('held', flush=True); time.sleep(60)"
+    )], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 2
+        assert "another mapstream run (pid 4242) is writing to" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 0
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 0  # released after each run
+    assert main(["run", str(src), "--out", str(out), "--model", "tiny", "--formats"]) == 2
+    assert "no output format given" in capsys.readouterr().err
