@@ -17,7 +17,7 @@ from mapstream.export import GlbStyle, PointSet, Reconstruction
 from mapstream.io.atomic import atomic_path
 from mapstream.viewer.scene import PointPool
 
-__all__ = ["RENDER_TIMEOUT_S", "canvas_size", "export_shown_glb", "first_client", "save_render"]
+__all__ = ["RENDER_TIMEOUT_S", "canvas_size", "export_shown_glb", "first_client", "render_size", "save_render"]
 
 RENDER_TIMEOUT_S = 30.0
 """Longest wait for a browser's render: a tab in the background may never draw a frame."""
@@ -67,9 +67,21 @@ def canvas_size(client: Any) -> tuple[int, int]:
     return (height, width) if height > 0 and width > 0 else FALLBACK_RENDER_HW
 
 
-def save_render(client: Any, path: str | os.PathLike[str], *, timeout: float = RENDER_TIMEOUT_S) -> Path:
-    """Ask ``client`` (a viser ClientHandle) to render its current view at its canvas size and
-    write it losslessly as an RGBA PNG (the page background is transparent).
+def render_size(client: Any, height: int | None) -> tuple[int, int]:
+    """(height, width) of a render ``height`` pixels tall with the aspect of ``client``'s canvas;
+    None: the canvas's own size (:func:`canvas_size`)."""
+    canvas_h, canvas_w = canvas_size(client)
+    if height is None:
+        return canvas_h, canvas_w
+    return height, max(1, round(height * canvas_w / canvas_h))
+
+
+def save_render(
+    client: Any, path: str | os.PathLike[str], *, height: int | None = None, timeout: float = RENDER_TIMEOUT_S
+) -> Path:
+    """Ask ``client`` (a viser ClientHandle) to render its current view, at its canvas size or
+    ``height`` pixels tall with the canvas's aspect, and write it losslessly as an RGBA PNG (the
+    page background is transparent).
 
     Raises:
         TimeoutError: the browser sent no frame within ``timeout`` seconds.
@@ -77,7 +89,7 @@ def save_render(client: Any, path: str | os.PathLike[str], *, timeout: float = R
     """
     from PIL import Image
 
-    height, width = canvas_size(client)
+    height, width = render_size(client, height)
     image = np.asarray(client.get_render(height, width, transport_format="png", timeout=timeout))
     path = Path(path)
     with atomic_path(path) as tmp:

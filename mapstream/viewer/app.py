@@ -26,7 +26,7 @@ import numpy as np
 
 from mapstream.export import Reconstruction
 from mapstream.viewer.actions import export_shown_glb, first_client, save_render
-from mapstream.viewer.controls import VIEW_STEP_S, ViewerHandles, ViewerOptions, add_controls, glb_style
+from mapstream.viewer.controls import SCREENSHOT_SIZES, VIEW_STEP_S, ViewerHandles, ViewerOptions, add_controls, glb_style
 from mapstream.viewer.recording import VideoRecorder
 from mapstream.viewer.scene import (
     build_point_pool,
@@ -365,7 +365,7 @@ class ViewerApp(Served):
 
     def screenshot(self, path: str | os.PathLike[str] | None = None) -> threading.Thread | None:
         """Save the first connected browser's view as PNG to ``path`` (default: the "PNG path"
-        field), on a background thread (a render takes a round trip to the browser). Returns
+        field) at the "screenshot size" chosen, on a background thread (a render takes a round trip to the browser). Returns
         the thread, or None when no browser is connected or a screenshot is under way (both
         reported in the status)."""
         with self._lock:
@@ -383,16 +383,18 @@ class ViewerApp(Served):
             if refusal is not None:
                 self._report(f"screenshot: {refusal}", failed=True)
                 return None
+            height = SCREENSHOT_SIZES[self.handles.screenshot_size.value]
             thread = threading.Thread(
-                target=self._take_screenshot, args=(client, target), name="mapstream-viewer-screenshot", daemon=True
+                target=self._take_screenshot, args=(client, target, height), name="mapstream-viewer-screenshot",
+                daemon=True,
             )
             self._screenshot_thread = thread
             thread.start()  # inside the lock: a second click sees this one alive
         return thread
 
-    def _take_screenshot(self, client: Any, target: Path) -> None:
+    def _take_screenshot(self, client: Any, target: Path, height: int | None) -> None:
         try:
-            save_render(client, target)
+            save_render(client, target, height=height)
         except Exception as err:  # a closed tab, a timeout or a bad path: reported, never raised
             self._report(f"screenshot to `{target}` failed: {err}", failed=True)
             return

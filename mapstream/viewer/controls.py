@@ -41,6 +41,9 @@ MAX_CAMERA_EVERY = 50
 VIDEO_HEIGHTS: dict[str, int] = {"720p": 720, "1080p": 1080, "4K": 2160}
 """The "resolution" choices of the "Video" folder: video heights in pixels (the width follows
 the browser canvas's aspect)."""
+SCREENSHOT_SIZES: dict[str, int | None] = {"canvas": None, **VIDEO_HEIGHTS}
+"""The "screenshot size" choices: the browser canvas's own size, or a height in pixels with its
+aspect (the reference viewer's resolution presets)."""
 MAX_VIDEO_FPS = 60
 """Largest value of the "video fps" slider."""
 VIEW_STEP_S = 0.03
@@ -136,6 +139,7 @@ class ViewerHandles:
     glb_brightness: Any
     export_glb: Any
     png_path: Any
+    screenshot_size: Any
     screenshot: Any
     video_path: Any
     video_height: Any
@@ -211,6 +215,7 @@ def add_controls(
         glb_brightness = gui.add_slider("brightness", min=0.0, max=3.0, step=0.05, initial_value=1.0)
         export_glb = gui.add_button("export GLB", hint="the points, cameras and trajectory shown now")
         png = gui.add_text("PNG path", png_path)
+        screenshot_size = gui.add_dropdown("screenshot size", tuple(SCREENSHOT_SIZES), initial_value="canvas")
         screenshot = gui.add_button("screenshot", hint="the view of the first browser that connected")
     with gui.add_folder("Video"):
         video = gui.add_text("video path", video_path)
@@ -233,7 +238,7 @@ def add_controls(
         camera_every=camera_every, look_from=look_from, go_to=go_to, show_frame_image=show_frame_image,
         frame_image=image, glb_path=glb, glb_points=glb_points, glb_sphere_radius=glb_sphere_radius,
         glb_tubes=glb_tubes, glb_opacity=glb_opacity, glb_saturation=glb_saturation,
-        glb_brightness=glb_brightness, export_glb=export_glb, png_path=png, screenshot=screenshot,
+        glb_brightness=glb_brightness, export_glb=export_glb, png_path=png, screenshot_size=screenshot_size, screenshot=screenshot,
         video_path=video, video_height=video_height, video_fps=video_fps, video_originals=video_originals,
         record_video=record_video,
     )

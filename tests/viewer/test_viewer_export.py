@@ -188,6 +188,12 @@ def test_screenshot_saves_the_first_browser_render(
         pending.join(timeout=30)
         assert (tmp_path / "c.png").exists() and not (tmp_path / "d.png").exists()
 
+        # The size presets: a height with the canvas's aspect (4 x 6 here), or the canvas.
+        handles.screenshot_size.value = "720p"
+        app.screenshot(tmp_path / "big.png").join(timeout=30)  # type: ignore[union-attr]
+        assert first.calls[-1][:3] == (720, 1080, "png")
+        handles.screenshot_size.value = "canvas"
+
         # A browser that has not reported its canvas size yet gets the fallback size.
         first.camera.image_height = first.camera.image_width = 0
         app.screenshot(tmp_path / "e.png").join(timeout=30)  # type: ignore[union-attr]
