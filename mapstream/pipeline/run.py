@@ -362,7 +362,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
                 raise ValueError(
                     f"the input is not the one the interrupted run in {out} read: its frame {index} was "
                     f"{store.finished_name(index)!r}, now it is {name!r} (frames added or removed before the end?); "
-                    "give the same input to resume, or --no-resume to start over"
+                    "give the same input to resume, or start over (--no-resume; RunOptions(resume=False))"
                 )
             if index < offset:
                 continue
