@@ -235,7 +235,8 @@ def lock_run_folder(out: Path):
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             raise RuntimeError(
-                f"another mapstream run ({holder}) is writing to {out}; wait for it to end or give another output folder"
+                f"another mapstream run ({holder}) is writing to {out}; "
+                "wait for it to end or give another output folder"
             ) from None
         handle.seek(0)
         handle.truncate()

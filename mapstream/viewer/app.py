@@ -26,7 +26,15 @@ import numpy as np
 
 from mapstream.export import Reconstruction
 from mapstream.viewer.actions import export_shown_glb, first_client, save_render
-from mapstream.viewer.controls import SCREENSHOT_SIZES, VIEW_STEP_S, ViewerHandles, ViewerOptions, add_controls, glb_style
+from mapstream.viewer.controls import (
+    LOOK_AT_CENTRE,
+    SCREENSHOT_SIZES,
+    VIEW_STEP_S,
+    ViewerHandles,
+    ViewerOptions,
+    add_controls,
+    glb_style,
+)
 from mapstream.viewer.recording import VideoRecorder
 from mapstream.viewer.scene import (
     build_point_pool,
@@ -323,12 +331,16 @@ class ViewerApp(Served):
 
     def apply_view(self, name: str) -> None:
         """Move every connected browser's camera to the viewpoint ``name``, one of
-        :data:`mapstream.viewer.scene.VIEW_PRESETS` (see :func:`~mapstream.viewer.scene.view_preset`)."""
+        :data:`mapstream.viewer.scene.VIEW_PRESETS` (see :func:`~mapstream.viewer.scene.view_preset`),
+        or turn it where it stands to the scene centre (:data:`~mapstream.viewer.controls.LOOK_AT_CENTRE`)."""
         if self.server is None:
             return
-        t = self._frame_t() if self.handles is not None else len(self.recon) - 1
-        move_cameras(self.server, *view_preset(self.recon, self.framing, name, t),
-                     steps=self.options.view_steps, step_s=VIEW_STEP_S)
+        if name == LOOK_AT_CENTRE:
+            view = (None, np.asarray(self.framing.center, np.float64), np.asarray(self.framing.up, np.float64))
+        else:
+            t = self._frame_t() if self.handles is not None else len(self.recon) - 1
+            view = view_preset(self.recon, self.framing, name, t)
+        move_cameras(self.server, *view, steps=self.options.view_steps, step_s=VIEW_STEP_S)
 
     # -- export -------------------------------------------------------------------------------
     def _target(self, path: str | os.PathLike[str] | None, field: Any) -> Path | None:
@@ -365,9 +377,9 @@ class ViewerApp(Served):
 
     def screenshot(self, path: str | os.PathLike[str] | None = None) -> threading.Thread | None:
         """Save the first connected browser's view as PNG to ``path`` (default: the "PNG path"
-        field) at the "screenshot size" chosen, on a background thread (a render takes a round trip to the browser). Returns
-        the thread, or None when no browser is connected or a screenshot is under way (both
-        reported in the status)."""
+        field) at the "screenshot size" chosen, on a background thread (a render takes a round
+        trip to the browser). Returns the thread, or None when no browser is connected or a
+        screenshot is under way (both reported in the status)."""
         with self._lock:
             if self.server is None or self.handles is None:
                 return None

@@ -18,6 +18,7 @@ __all__ = [
     "DOWNSAMPLE_CHOICES",
     "FRUSTUM_TUBE_FRACTION",
     "GO_TO",
+    "LOOK_AT_CENTRE",
     "LOOK_FROM",
     "MAX_CAMERA_EVERY",
     "MAX_VIDEO_FPS",
@@ -34,8 +35,11 @@ __all__ = [
 DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "16", "32")
 """Values of the "keep 1 point in" control."""
 LOOK_FROM: tuple[str, ...] = ("front", "back", "left", "right", "top")
-GO_TO: tuple[str, ...] = ("overview", "first camera", "current camera")
-"""The "View" folder's two rows of :data:`mapstream.viewer.scene.VIEW_PRESETS` buttons."""
+LOOK_AT_CENTRE = "look at centre"
+"""The "go to" button that turns each browser's camera, where it stands, to the scene centre."""
+GO_TO: tuple[str, ...] = ("overview", LOOK_AT_CENTRE, "first camera", "current camera")
+"""The "View" folder's two rows of buttons: :data:`mapstream.viewer.scene.VIEW_PRESETS` and
+:data:`LOOK_AT_CENTRE`."""
 MAX_CAMERA_EVERY = 50
 """Largest value of the "show 1 camera in" slider."""
 VIDEO_HEIGHTS: dict[str, int] = {"720p": 720, "1080p": 1080, "4K": 2160}
@@ -238,7 +242,8 @@ def add_controls(
         camera_every=camera_every, look_from=look_from, go_to=go_to, show_frame_image=show_frame_image,
         frame_image=image, glb_path=glb, glb_points=glb_points, glb_sphere_radius=glb_sphere_radius,
         glb_tubes=glb_tubes, glb_opacity=glb_opacity, glb_saturation=glb_saturation,
-        glb_brightness=glb_brightness, export_glb=export_glb, png_path=png, screenshot_size=screenshot_size, screenshot=screenshot,
+        glb_brightness=glb_brightness, export_glb=export_glb, png_path=png, screenshot_size=screenshot_size,
+        screenshot=screenshot,
         video_path=video, video_height=video_height, video_fps=video_fps, video_originals=video_originals,
         record_video=record_video,
     )

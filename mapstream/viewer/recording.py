@@ -135,7 +135,8 @@ def record_video(
     inputs = None
     if originals is not None:
         first = np.asarray(originals(frames[0]))
-        inputs = VideoWriter(originals_path(path), height=first.shape[0] // 2 * 2, width=first.shape[1] // 2 * 2, fps=fps)
+        even_h, even_w = first.shape[0] // 2 * 2, first.shape[1] // 2 * 2
+        inputs = VideoWriter(originals_path(path), height=even_h, width=even_w, fps=fps)
     total = len(frames)
     logger.info("recording %d frames at %dx%d, %g fps to %s", total, size[1], size[0], fps, path)
     # Both videos are committed only when the block ends cleanly (the inputs' first).

@@ -64,10 +64,11 @@ def check_port(port: int) -> int:
 
 
 def move_cameras(server: Any, eye, target, up, *, steps: int = 1, step_s: float = 0.0) -> None:
-    """Put every connected browser's camera at ``eye`` looking at ``target`` with ``up`` up,
-    each in one update (no frame drawn half-moved). With ``steps`` > 1 each camera glides there
-    from where it is (:func:`~mapstream.viewer.scene.glide`), ``step_s`` seconds a step; a
-    camera whose viewpoint the server does not know yet jumps."""
+    """Put every connected browser's camera at ``eye`` (None: where it is) looking at ``target``
+    with ``up`` up, each in one update (no frame drawn half-moved). With ``steps`` > 1 each
+    camera glides there from where it is (:func:`~mapstream.viewer.scene.glide`), ``step_s``
+    seconds a step; a camera whose viewpoint the server does not know yet jumps (or, without an
+    ``eye``, stays)."""
     from mapstream.viewer.scene import glide
 
     paths = []
@@ -76,7 +77,10 @@ def move_cameras(server: Any, eye, target, up, *, steps: int = 1, step_s: float 
             start = (client.camera.position, client.camera.look_at, client.camera.up_direction)
         except (AttributeError, AssertionError):  # viser asserts until the browser has sent its camera
             start = None
-        paths.append((client, glide(start, (eye, target, up), steps if start is not None else 1)))
+        if start is None and eye is None:
+            continue
+        end = (start[0] if eye is None else eye, target, up)
+        paths.append((client, glide(start, end, steps if start is not None else 1)))
     for k in range(max((len(path) for _, path in paths), default=0)):
         if k:
             time.sleep(step_s)

@@ -294,6 +294,28 @@ def test_a_chosen_view_is_reached_in_a_smooth_glide(free_port: int, monkeypatch:
         ViewerOptions(view_steps=0).validate()
 
 
+def test_look_at_centre_turns_each_camera_where_it_stands(free_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"look at centre" keeps each browser's camera position and points it at the scene centre;
+    a browser whose camera is not known yet is left alone."""
+    from mapstream.viewer.controls import LOOK_AT_CENTRE
+
+    with ViewerApp(make_recon(), ViewerOptions(view_steps=3), port=free_port) as app:
+        assert app.server is not None and app.handles is not None
+        a, b, fresh = FakeClient(), FakeClient(), FakeClient()
+        for client, eye in ((a, [1.0, 2.0, -3.0]), (b, [-4.0, 0.5, 2.0])):
+            client.camera.position, client.camera.look_at = np.array(eye), np.array(eye) + [0.0, 0.0, 1.0]
+            client.camera.up_direction = np.array([0.0, -1.0, 0.0])
+            client.outside_atomic.clear()
+        monkeypatch.setattr(app.server, "get_clients", lambda: {1: a, 2: b, 3: fresh})
+        app.handles.go_to.value = LOOK_AT_CENTRE
+        for client, eye in ((a, [1.0, 2.0, -3.0]), (b, [-4.0, 0.5, 2.0])):
+            np.testing.assert_allclose(client.camera.position, eye)
+            np.testing.assert_allclose(client.camera.look_at, app.framing.center)
+            np.testing.assert_allclose(client.camera.up_direction, app.framing.up)
+            assert client.outside_atomic == []
+        assert not hasattr(fresh.camera, "position")
+
+
 def test_glide_ends_on_the_view_and_keeps_up_a_unit_vector() -> None:
     from mapstream.viewer.scene import glide
 
