@@ -127,6 +127,7 @@ def write_glb(
     *,
     points: PointSet | None = None,
     frustum_scale: float = 0.04,
+    frustum_depth: float | None = None,
     colormap: str = "viridis",
     trajectory: bool = True,
     cameras: Sequence[int] | np.ndarray | None = None,
@@ -140,6 +141,8 @@ def write_glb(
         options: point-cloud filters (ignored when ``points`` is given).
         points: a precomputed cloud (e.g. shared with the PLY writer).
         frustum_scale: frustum depth as a fraction of :func:`scene_extent`.
+        frustum_depth: the frustum depth in world units instead (e.g. the size a viewer draws
+            them at); > 0.
         colormap: matplotlib colormap over the frame index for the frustums.
         trajectory: also draw the polyline through the camera centres (all of them).
         cameras: the frames whose frustums are drawn (indices, or a boolean mask over the
@@ -153,7 +156,9 @@ def write_glb(
     cloud = build_point_cloud(recon, options) if points is None else points
     centres = recon.T_world_cam[:, :, 3]
     extent = scene_extent(cloud, centres)
-    depth = frustum_scale * extent
+    if frustum_depth is not None and not 0 < frustum_depth < np.inf:
+        raise ValueError(f"frustum_depth must be > 0 and finite (world units), or unset; got {frustum_depth}")
+    depth = frustum_scale * extent if frustum_depth is None else frustum_depth
     frames = frustum_corners(recon, depth)
 
     scene = trimesh.Scene()

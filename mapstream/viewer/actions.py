@@ -35,10 +35,12 @@ def export_shown_glb(
     *,
     trajectory: bool = True,
     style: GlbStyle = GlbStyle(),
+    frustum_depth: float | None = None,
 ) -> Path:
     """Write the pool's points at ``point_index``, the frustums of the frames where ``cameras``
     ([N] bool) is True and (``trajectory``) the camera path as a GLB scene, drawn as ``style``
-    says (see :func:`mapstream.export.glb.write_glb` for its axes and layout).
+    says, the frustums ``frustum_depth`` deep (world units; None: the file's default size; see
+    :func:`mapstream.export.glb.write_glb` for its axes and layout).
 
     Raises:
         ValueError: there is nothing to write (a GLB scene cannot be empty).
@@ -50,7 +52,8 @@ def export_shown_glb(
         raise ValueError("nothing is shown: no point, camera or trajectory to export")
     points = PointSet(pool.xyz[point_index], pool.rgb[point_index], pool.conf[point_index], pool.frame[point_index])
     return write_glb(
-        recon, Path(path), points=points, cameras=np.flatnonzero(cameras), trajectory=trajectory, style=style
+        recon, Path(path), points=points, cameras=np.flatnonzero(cameras), trajectory=trajectory, style=style,
+        frustum_depth=frustum_depth,
     )
 
 

@@ -349,8 +349,8 @@ class ViewerApp(Served):
 
     def export_glb(self, path: str | os.PathLike[str] | None = None) -> Path | None:
         """Write what the page shows to ``path`` (default: the "GLB path" field) as GLB: the shown
-        points, the drawn frustums and, with "show cameras", the trajectory, in the folder's
-        style (:func:`~mapstream.viewer.controls.glb_style`). The outcome goes to the log and
+        points, the drawn frustums at their drawn size and, with "show cameras", the trajectory,
+        in the folder's style (:func:`~mapstream.viewer.controls.glb_style`). The outcome goes to the log and
         the status; returns the path written, or None when it failed."""
         with self._lock:
             handles = self.handles
@@ -361,12 +361,16 @@ class ViewerApp(Served):
             index = np.concatenate([self._shown[i] for i in np.flatnonzero(frames)])
             cameras = self._visible_cameras(frames)
             trajectory = bool(handles.show_cameras.value)
+            # Frustums as deep as the page draws them ("camera size" included).
+            depth = self._frustum_scale() * float(handles.camera_size.value)
         if target is None:
             self._report("export GLB: enter a file path first", failed=True)
             return None
         try:
             style = glb_style(handles, self.framing.extent)  # a value set from code may be out of range
-            export_shown_glb(self.recon, self.pool, index, cameras, target, trajectory=trajectory, style=style)
+            export_shown_glb(
+                self.recon, self.pool, index, cameras, target, trajectory=trajectory, style=style, frustum_depth=depth
+            )
         except Exception as err:  # any failure is the user's to see; the server keeps serving
             self._report(f"GLB export to `{target}` failed: {err}", failed=True)
             return None

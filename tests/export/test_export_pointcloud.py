@@ -170,6 +170,19 @@ def test_glb_scene_axes_frustums_and_colours(tmp_path: Path) -> None:
     assert "trajectory" in scene.geometry
 
 
+def test_glb_frustums_can_be_given_their_depth_in_world_units(tmp_path: Path) -> None:
+    recon = make_recon()
+    scene = trimesh.load(write_glb(recon, tmp_path / "d.glb", frustum_depth=0.37), file_type="glb")
+    T = poses()
+    vertices = np.asarray(scene.geometry["camera_000002"].vertices)
+    apex = T[2, :, 3] * [1, -1, -1]
+    np.testing.assert_allclose(((vertices - apex) @ (T[2, :, 2] * [1, -1, -1])).max(), 0.37, rtol=1e-6)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="frustum_depth must be > 0"):
+            write_glb(recon, tmp_path / "bad.glb", frustum_depth=bad)
+    assert not (tmp_path / "bad.glb").exists()
+
+
 def test_glb_with_no_points_still_has_cameras(tmp_path: Path) -> None:
     path = write_glb(make_recon(), tmp_path / "empty.glb", CloudOptions(conf_threshold=100.0))
     scene = trimesh.load(path, file_type="glb")

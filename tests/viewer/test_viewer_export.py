@@ -49,6 +49,19 @@ def test_export_glb_writes_what_the_page_shows(tmp_path: Path, free_port: int) -
         assert camera_names(scene) == ["camera_000000", "camera_000002", "camera_000003"]
         assert "trajectory" in scene.geometry
         assert f"wrote `{tmp_path / 'view.glb'}`: {shown.sum():,} points, 3 cameras" in handles.status.content
+        # The frustums are as deep as the page draws them, "camera size" included.
+        def frustum_depth(scene: object) -> float:
+            vertices = np.asarray(scene.geometry["camera_000000"].vertices)  # type: ignore[attr-defined]
+            apex = recon.T_world_cam[0, :, 3].astype(np.float64) @ OPENCV_TO_GLTF.T
+            axis = recon.T_world_cam[0, :, 2].astype(np.float64) @ OPENCV_TO_GLTF.T
+            return float(np.max((vertices - apex) @ axis))
+
+        assert frustum_depth(scene) == pytest.approx(handles.frustums[0].scale, rel=1e-5)
+        handles.camera_size.value = 2.5
+        handles.export_glb.value = True
+        scene = trimesh.load(tmp_path / "view.glb", file_type="glb")
+        assert frustum_depth(scene) == pytest.approx(handles.frustums[0].scale, rel=1e-5)
+        assert handles.frustums[0].scale == pytest.approx(2.5 * 0.03 * app.framing.extent)
 
         # Other controls, another path typed in the field (its folder is created).
         handles.conf_threshold.value = 1.0
