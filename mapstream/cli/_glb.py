@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import tyro
 
 from ..export import GlbStyle
-from ..export.glb_style import PointMode
+from ..export.glb_style import GlbAxes, PointMode
 
 __all__ = ["GlbFlags", "GlbStyleFlags"]
 
@@ -34,6 +34,8 @@ class GlbStyleFlags:
     """GLB: point colours' saturation factor (0: grey, 1: as is, 2: twice as vivid)."""
     glb_brightness: float = 1.0
     """GLB: point colours multiplied by this (clipped to 255)."""
+    glb_axes: GlbAxes = "gltf"
+    """GLB: the scene's axes; gltf: the world as (x, -y, -z); reference: laid out as the reference's GLB export."""
 
     def style(self) -> GlbStyle:
         """These settings as the library's GlbStyle, which checks them; an error names the
@@ -43,7 +45,7 @@ class GlbStyleFlags:
                 points=self.glb_points, sphere_radius=self.glb_sphere_radius, max_spheres=self.glb_max_spheres,
                 sphere_detail=self.glb_sphere_detail, trajectory_radius=self.glb_trajectory_radius,
                 frustum_radius=self.glb_frustum_radius, opacity=self.glb_opacity,
-                saturation=self.glb_saturation, brightness=self.glb_brightness,
+                saturation=self.glb_saturation, brightness=self.glb_brightness, axes=self.glb_axes,
             )
         except ValueError as err:
             # GlbStyle's messages begin with its field's name: `opacity must be ...`.

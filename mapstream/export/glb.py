@@ -13,6 +13,11 @@ seen from the first camera's side. Geometry (all nodes are placed with identity 
   frame = colormap start);
 * ``trajectory``: a grey LINES primitive through the camera centres.
 
+With ``GlbStyle(axes="reference")`` every coordinate is mapped instead as the reference's
+``predictions_to_glb`` maps its scene: by ``T_world_cam[0] · diag(1, -1, -1) · Ry(180°)``
+(:func:`scene_transform`; the first camera as reference, then its glTF flip and a half turn
+about y), for files that must line up with the reference's.
+
 A :class:`~mapstream.export.glb_style.GlbStyle` can instead draw the points as spheres and the
 frustum edges and the trajectory as tubes (triangle meshes under the same node names), and
 adjust the point colours (opacity toward white, saturation, brightness); the default style
@@ -24,12 +29,14 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
 from mapstream.export._optional import import_optional
 from mapstream.export.glb_style import (
     SPHERE_RADIUS_FRACTION,
+    GlbAxes,
     GlbStyle,
     adjust_colours,
     sphere_instances,
@@ -42,10 +49,35 @@ from mapstream.io.atomic import atomic_open
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FRUSTUM_EDGES", "OPENCV_TO_GLTF", "GlbStyle", "frustum_corners", "scene_extent", "write_glb"]
+__all__ = [
+    "FRUSTUM_EDGES", "OPENCV_TO_GLTF", "GlbStyle", "frustum_corners", "scene_extent", "scene_transform",
+    "write_glb",
+]
 
 OPENCV_TO_GLTF = np.diag([1.0, -1.0, -1.0])
 """World axes map from the reconstruction (OpenCV-style) to the GLB (glTF y-up)."""
+
+
+def scene_transform(recon: Reconstruction, axes: str = "gltf") -> np.ndarray:
+    """``[4, 4]`` float64 map of world coordinates into the GLB's scene for ``axes`` (see
+    :class:`~mapstream.export.glb_style.GlbStyle`): "gltf" ``diag(1, -1, -1)``, or "reference"
+    the reference's ``T_world_cam[0] · diag(1, -1, -1) · Ry(180°)`` (its
+    ``inverse(extrinsic[0])``, extrinsics being world-to-camera)."""
+    if axes not in get_args(GlbAxes):
+        raise ValueError(f"axes must be one of {', '.join(get_args(GlbAxes))}, got {axes!r}")
+    flip = np.eye(4)
+    flip[:3, :3] = OPENCV_TO_GLTF
+    if axes == "gltf":
+        return flip
+    first = np.eye(4)
+    first[:3] = recon.T_world_cam[0].astype(np.float64)
+    half_turn_y = np.diag([-1.0, 1.0, -1.0, 1.0])
+    return first @ flip @ half_turn_y
+
+
+def _mapped(xyz: np.ndarray, transform: np.ndarray) -> np.ndarray:
+    """``[..., 3]`` points through a ``[4, 4]`` rigid transform, as float64."""
+    return xyz.astype(np.float64) @ transform[:3, :3].T + transform[:3, 3]
 
 FRUSTUM_EDGES = np.array([[0, 1], [0, 2], [0, 3], [0, 4], [1, 2], [2, 3], [3, 4], [4, 1]])
 """The 8 edges of a frustum, as pairs of indices into :func:`frustum_corners`' vertices
@@ -95,7 +127,7 @@ def _edges(trimesh, vertices: np.ndarray, edges: np.ndarray, rgba: np.ndarray, r
     return vertex_coloured_mesh(trimesh, tube_segments(vertices[edges[:, 0]], vertices[edges[:, 1]], rgba, radius))
 
 
-def _point_geometry(trimesh, cloud: PointSet, style: GlbStyle, extent: float):
+def _point_geometry(trimesh, cloud: PointSet, style: GlbStyle, extent: float, transform: np.ndarray):
     """The ``points`` node's geometry (a point cloud or one merged sphere mesh, glTF axes) and
     a few words on it for the log."""
     if style.points == "spheres":
@@ -103,7 +135,7 @@ def _point_geometry(trimesh, cloud: PointSet, style: GlbStyle, extent: float):
     rgb = cloud.rgb if style.keeps_colours else adjust_colours(
         cloud.rgb, opacity=style.opacity, saturation=style.saturation, brightness=style.brightness
     )
-    xyz = cloud.xyz.astype(np.float64) @ OPENCV_TO_GLTF.T
+    xyz = _mapped(cloud.xyz, transform)
     if style.points == "points":
         rgba = np.concatenate([rgb, np.full((len(cloud), 1), 255, np.uint8)], axis=1)
         return trimesh.PointCloud(xyz, colors=rgba), f"{len(cloud)} points"
@@ -149,10 +181,11 @@ def write_glb(
             frames); None: every frame. Colours and node names keep the frame's own index.
         style: spheres instead of points, tubes instead of lines, the point colours' opacity,
             saturation and brightness (:class:`~mapstream.export.glb_style.GlbStyle`; the
-            default draws points and lines with the cloud's colours).
+            default draws points and lines with the cloud's colours, in the "gltf" axes).
     """
     trimesh = import_optional("trimesh", "writing GLB scenes")
     matplotlib = import_optional("matplotlib", "colouring camera frustums")
+    transform = scene_transform(recon, style.axes)
     cloud = build_point_cloud(recon, options) if points is None else points
     centres = recon.T_world_cam[:, :, 3]
     extent = scene_extent(cloud, centres)
@@ -164,7 +197,7 @@ def write_glb(
     scene = trimesh.Scene()
     drawn_points = "no points"
     if len(cloud):
-        geometry, drawn_points = _point_geometry(trimesh, cloud, style, extent)
+        geometry, drawn_points = _point_geometry(trimesh, cloud, style, extent, transform)
         scene.add_geometry(geometry, geom_name="points")
     else:
         logger.warning("no point passed the filters; the GLB holds cameras only")
@@ -174,13 +207,13 @@ def write_glb(
     drawn = np.arange(len(recon)) if cameras is None else np.arange(len(recon))[_frame_selection(cameras)]
     for i in drawn:
         scene.add_geometry(
-            _edges(trimesh, frames[i] @ OPENCV_TO_GLTF.T, FRUSTUM_EDGES, colours[i], style.frustum_radius),
+            _edges(trimesh, _mapped(frames[i], transform), FRUSTUM_EDGES, colours[i], style.frustum_radius),
             geom_name=f"camera_{i:06d}",
         )
     if trajectory and len(recon) > 1:
         steps = np.stack([np.arange(len(recon) - 1), np.arange(1, len(recon))], axis=1)
         scene.add_geometry(
-            _edges(trimesh, centres.astype(np.float64) @ OPENCV_TO_GLTF.T, steps, np.array([128, 128, 128, 255]),
+            _edges(trimesh, _mapped(centres, transform), steps, np.array([128, 128, 128, 255]),
                    style.trajectory_radius),
             geom_name="trajectory",
         )

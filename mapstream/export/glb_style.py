@@ -30,6 +30,7 @@ import numpy as np
 __all__ = [
     "SPHERE_RADIUS_FRACTION",
     "TUBE_SIDES",
+    "GlbAxes",
     "GlbStyle",
     "MeshArrays",
     "PointMode",
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 PointMode = Literal["points", "spheres"]
+GlbAxes = Literal["gltf", "reference"]
 
 SPHERE_RADIUS_FRACTION = 0.002
 """Sphere radius when :attr:`GlbStyle.sphere_radius` is None, as a fraction of the scene extent
@@ -76,6 +78,9 @@ class GlbStyle:
             0: grey, 2: twice as vivid, clipped to 0-255).
         brightness: >= 0; multiplies the point colours (clipped to 255).
         seed: random seed of the ``max_spheres`` subsample.
+        axes: the scene's axes: "gltf", the world's ``(x, -y, -z)``, or "reference", as the
+            reference's GLB export lays its scene out
+            (:func:`mapstream.export.glb.scene_transform`).
 
     The colour settings change the points only; cameras keep their colormap colours and the
     trajectory its grey.
@@ -91,11 +96,14 @@ class GlbStyle:
     saturation: float = 1.0
     brightness: float = 1.0
     seed: int = 0
+    axes: GlbAxes = "gltf"
 
     def __post_init__(self) -> None:
         # Every message starts with the field's name: the command line rewrites it as its flag.
         if self.points not in get_args(PointMode):
             raise ValueError(f"points must be 'points' or 'spheres', got {self.points!r}")
+        if self.axes not in get_args(GlbAxes):
+            raise ValueError(f"axes must be 'gltf' or 'reference', got {self.axes!r}")
         for name in ("sphere_radius", "trajectory_radius", "frustum_radius"):
             value = getattr(self, name)
             if value is not None and not 0 < value < math.inf:

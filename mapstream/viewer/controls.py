@@ -141,6 +141,7 @@ class ViewerHandles:
     glb_opacity: Any
     glb_saturation: Any
     glb_brightness: Any
+    glb_axes: Any
     export_glb: Any
     png_path: Any
     screenshot_size: Any
@@ -217,6 +218,10 @@ def add_controls(
                                      hint="point colours blended toward white (the file stays opaque)")
         glb_saturation = gui.add_slider("saturation", min=0.0, max=3.0, step=0.05, initial_value=1.0)
         glb_brightness = gui.add_slider("brightness", min=0.0, max=3.0, step=0.05, initial_value=1.0)
+        glb_axes = gui.add_dropdown(
+            "GLB axes", ("gltf", "reference"), initial_value="gltf",
+            hint="gltf: the world as (x, -y, -z); reference: laid out as the reference viewer's export",
+        )
         export_glb = gui.add_button("export GLB", hint="the points, cameras and trajectory shown now")
         png = gui.add_text("PNG path", png_path)
         screenshot_size = gui.add_dropdown("screenshot size", tuple(SCREENSHOT_SIZES), initial_value="canvas")
@@ -242,7 +247,8 @@ def add_controls(
         camera_every=camera_every, look_from=look_from, go_to=go_to, show_frame_image=show_frame_image,
         frame_image=image, glb_path=glb, glb_points=glb_points, glb_sphere_radius=glb_sphere_radius,
         glb_tubes=glb_tubes, glb_opacity=glb_opacity, glb_saturation=glb_saturation,
-        glb_brightness=glb_brightness, export_glb=export_glb, png_path=png, screenshot_size=screenshot_size,
+        glb_brightness=glb_brightness, glb_axes=glb_axes, export_glb=export_glb, png_path=png,
+        screenshot_size=screenshot_size,
         screenshot=screenshot,
         video_path=video, video_height=video_height, video_fps=video_fps, video_originals=video_originals,
         record_video=record_video,
@@ -265,4 +271,5 @@ def glb_style(handles: ViewerHandles, extent: float) -> GlbStyle:
         opacity=float(handles.glb_opacity.value),
         saturation=float(handles.glb_saturation.value),
         brightness=float(handles.glb_brightness.value),
+        axes=handles.glb_axes.value,
     )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from export_synthetic import FX, FY, H, N, PLANE_Z, W, expected_mask, make_recon, poses, world_point
 
-from mapstream.export import CloudOptions, PointSet, build_point_cloud, voxel_downsample, write_glb, write_ply
+from mapstream.export import CloudOptions, GlbStyle, PointSet, build_point_cloud, voxel_downsample, write_glb, write_ply
 
 plyfile = pytest.importorskip("plyfile")
 trimesh = pytest.importorskip("trimesh")
@@ -181,6 +181,31 @@ def test_glb_frustums_can_be_given_their_depth_in_world_units(tmp_path: Path) ->
         with pytest.raises(ValueError, match="frustum_depth must be > 0"):
             write_glb(recon, tmp_path / "bad.glb", frustum_depth=bad)
     assert not (tmp_path / "bad.glb").exists()
+
+
+def test_glb_in_the_reference_axes(tmp_path: Path) -> None:
+    """GlbStyle(axes="reference"): every coordinate mapped by T_world_cam[0] · diag(1, -1, -1) ·
+    Ry(180°), the reference's inverse(extrinsic[0]) · OpenGL flip · half turn about y; with the
+    first camera at the origin that is (x, y, z) -> (-x, -y, z)."""
+    from mapstream.export.glb import scene_transform
+
+    recon = make_recon()
+    plain = trimesh.load(write_glb(recon, tmp_path / "a.glb"), file_type="glb")
+    ref = trimesh.load(write_glb(recon, tmp_path / "b.glb", style=GlbStyle(axes="reference")), file_type="glb")
+    world = np.asarray(plain.geometry["points"].vertices) * [1, -1, -1]  # back to the world
+    first = np.eye(4)
+    first[:3] = recon.T_world_cam[0]
+    want = (first @ np.diag([1.0, -1.0, -1.0, 1.0]) @ np.diag([-1.0, 1.0, -1.0, 1.0]))
+    np.testing.assert_allclose(scene_transform(recon, "reference"), want)
+    np.testing.assert_allclose(np.asarray(ref.geometry["points"].vertices), world @ want[:3, :3].T + want[:3, 3],
+                               atol=1e-5)
+    centres = recon.T_world_cam[:, :, 3].astype(np.float64)
+    assert np.linalg.norm(np.asarray(ref.geometry["camera_000001"].vertices)
+                          - (centres[1] @ want[:3, :3].T + want[:3, 3]), axis=1).min() < 1e-5
+    if np.allclose(recon.T_world_cam[0], np.eye(4)[:3]):
+        np.testing.assert_allclose(want, np.diag([-1.0, -1.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="axes must be 'gltf' or 'reference'"):
+        GlbStyle(axes="opengl")  # type: ignore[arg-type]
 
 
 def test_glb_with_no_points_still_has_cameras(tmp_path: Path) -> None:
