@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from mapstream.export._optional import import_optional
-from mapstream.export.frames import keep_only, save_png
+from mapstream.export.frames import save_png
 from mapstream.export.reconstruction import Reconstruction
 from mapstream.io.atomic import prepare_dir
 
@@ -84,14 +84,11 @@ def write_depth_maps(
         out["depth_preview"] = prepare_dir(folder / "depth_preview")
         near, far = depth_range(recon, mask_sky=mask_sky)
     sky = recon.sky_mask if mask_sky else None
-    written: dict[str, list[Path]] = {key: [] for key in out}
     for i, stem in enumerate(recon.file_stems()):
         invalid = None if sky is None else sky[i]
-        written["depth"].append(save_png(depth_to_millimetres(recon.depth[i], invalid), out["depth"] / f"{stem}.png"))
+        save_png(depth_to_millimetres(recon.depth[i], invalid), out["depth"] / f"{stem}.png")
         if preview:
             rgb = colorize_depth(recon.depth[i], near, far, invalid=invalid, colormap=colormap)
-            written["depth_preview"].append(save_png(rgb, out["depth_preview"] / f"{stem}.png"))
-    for key, paths in written.items():
-        keep_only(out[key], paths)
+            save_png(rgb, out["depth_preview"] / f"{stem}.png")
     logger.info("wrote %d depth maps to %s", len(recon), folder)
     return out

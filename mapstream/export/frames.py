@@ -17,24 +17,12 @@ from mapstream.io.atomic import atomic_path, prepare_dir
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["frame_file_names", "keep_only", "save_png", "write_frame_images", "write_sky_masks"]
+__all__ = ["frame_file_names", "save_png", "write_frame_images", "write_sky_masks"]
 
 
 def frame_file_names(recon: Reconstruction) -> list[str]:
     """``<stem>.png`` for every frame (unique, file-system safe)."""
     return [f"{stem}.png" for stem in recon.file_stems()]
-
-
-def keep_only(folder: Path, written: list[Path], pattern: str = "*.png") -> None:
-    """Remove the files matching ``pattern`` in ``folder`` (one of ours: depth/, images/...)
-    that are not among ``written``: an earlier run's or export's frames that this one does not
-    have (another input, fewer frames) would otherwise sit among them unnoticed."""
-    keep = {Path(p).resolve() for p in written}
-    stale = [p for p in folder.glob(pattern) if p.resolve() not in keep]
-    for path in stale:
-        path.unlink()
-    if stale:
-        logger.info("removed %d earlier %s files from %s", len(stale), pattern, folder)
 
 
 def save_png(array: np.ndarray, path: str | os.PathLike[str], *, compress_level: int = 1) -> Path:
@@ -60,7 +48,6 @@ def write_frame_images(recon: Reconstruction, folder: str | os.PathLike[str]) ->
     """Write every preprocessed frame as ``folder/<stem>.png`` (RGB, lossless); returns the paths."""
     folder = prepare_dir(folder)
     paths = [save_png(image, folder / name) for image, name in zip(recon.images, frame_file_names(recon))]
-    keep_only(folder, paths)
     logger.info("wrote %d frames to %s", len(paths), folder)
     return paths
 
@@ -73,6 +60,5 @@ def write_sky_masks(recon: Reconstruction, folder: str | os.PathLike[str]) -> li
     folder = prepare_dir(folder)
     masks = np.where(recon.sky_mask, 0, 255).astype(np.uint8)
     paths = [save_png(mask, folder / name) for mask, name in zip(masks, frame_file_names(recon))]
-    keep_only(folder, paths)
     logger.info("wrote %d sky masks to %s", len(paths), folder)
     return paths

@@ -107,6 +107,7 @@ class FrameSource:
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         first: tuple[int, int] | None = None  # a stream's frame size, kept when it changes
+        self._told_resize = False
         for name, image, *when in self._frames():
             self.last_time = when[0] if when else None
             if self.rotate:
@@ -132,9 +133,11 @@ class FrameSource:
         height, width = size
         if frame.shape[2] != width:
             return frame
-        logger.warning("%s: frame %s is %dx%d after preprocessing, the stream's first %dx%d; %s to that size",
-                       self.description, name, frame.shape[2], frame.shape[1], width, height,
-                       "padded with white" if frame.shape[1] < height else "centre-cropped")
+        if not self._told_resize:  # once a pass: a switched stream stays switched
+            self._told_resize = True
+            logger.warning("%s: frame %s is %dx%d after preprocessing, the stream's first %dx%d; it and later "
+                           "frames of another size are padded with white or centre-cropped to that size",
+                           self.description, name, frame.shape[2], frame.shape[1], width, height)
         if frame.shape[1] < height:
             return pad_white(frame, height, width)
         top = (frame.shape[1] - height) // 2

@@ -238,6 +238,10 @@ def lock_run_folder(out: Path):
                 f"another mapstream run ({holder}) is writing to {out}; "
                 "wait for it to end or give another output folder"
             ) from None
+        except OSError as err:  # a file system without locks (some network mounts): not guarded
+            log.debug("cannot lock %s (%s); runs into it are not guarded against each other", out, err)
+            yield
+            return
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()}")

@@ -121,12 +121,7 @@ def check_options(opts: RunOptions) -> None:
         raise ValueError(f"camera_iterations must be >= 1, got {opts.camera_iterations}")
     if opts.keyframe_interval is not None:
         make_policy(opts.keyframe_interval)  # its own error for a bad interval
-    if opts.input is not None and not opts.demo and Path(opts.input).is_dir() and \
-            Path(opts.out).resolve() == Path(opts.input).resolve():
-        raise ValueError(
-            f"the output folder is the input folder {opts.input}: the run would read its own outputs (summary.png...) "
-            "as frames when run again; write them elsewhere, e.g. to a subfolder"
-        )
+    _check_input_apart_from_outputs(opts)
     if opts.mode not in ("streaming", "windowed"):
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
     if opts.mode == "windowed":
@@ -153,6 +148,42 @@ def _input_key(spec: str | None) -> str | None:
     if spec is None or "://" in spec or not Path(spec).exists():
         return spec
     return str(Path(spec).resolve())
+
+
+_FRAME_FOLDERS = ("images", "depth", "depth_preview", "masks", "sparse")
+"""The output folder's subfolders that exports write frame by frame."""
+
+
+def _check_input_apart_from_outputs(opts: RunOptions) -> None:
+    """Refuse an input the run's outputs would overwrite or be read back from: the output folder
+    itself (its summary.png would be a frame of the next run) or one of its per-frame folders
+    (the preprocessed frames, written to OUT/images, would replace the photos of the same name)."""
+    source = _input_path(opts)
+    if source is None or opts.demo:
+        return
+    source, out = source.resolve(), Path(opts.out).resolve()
+    if source == out:
+        raise ValueError(
+            f"the output folder is the input folder {opts.input}: the run would read its own outputs (summary.png...) "
+            "as frames when run again; write them elsewhere, e.g. to a subfolder"
+        )
+    for name in _FRAME_FOLDERS:
+        folder = out / name
+        if source == folder or folder in source.parents:
+            raise ValueError(
+                f"the input {opts.input} lies in the output folder's {name}/, which the run's exports write frame by "
+                f"frame (its files could replace your own); give another output folder, e.g. {out / 'mapstream'}"
+            )
+
+
+def _input_path(opts: RunOptions) -> Path | None:
+    """The input's place on disk (a folder or a file), None for a stream, a webcam or a glob."""
+    if opts.demo:
+        return Path(opts.out) / "input"
+    if opts.input is None or "://" in str(opts.input):
+        return None
+    path = Path(opts.input)
+    return path if path.exists() else None
 
 
 def _source(opts: RunOptions):
@@ -222,29 +253,46 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
 
 
 def _previous_outputs(out: Path) -> list[Path]:
-    """The outputs an earlier run in ``out`` listed in its run.json (none if unreadable)."""
+    """The outputs an earlier run in ``out`` listed in its run.json, as paths under ``out``
+    (none if unreadable). run.json records them as that run was given ``out``, relative to its
+    working directory when ``out`` was relative; they are re-rooted here."""
     try:
-        listed = json.loads((out / "run.json").read_text()).get("outputs", {})
-        return [Path(p) for p in listed.values()] if isinstance(listed, dict) else []
-    except (OSError, ValueError, AttributeError, TypeError):
+        info = json.loads((out / "run.json").read_text())
+        listed = info.get("outputs", {})
+        old_out = Path(info["config"]["options"]["out"])
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
         return []
+    paths = []
+    for value in listed.values() if isinstance(listed, dict) else []:
+        path = Path(value)
+        try:
+            paths.append(out / path.relative_to(old_out))
+        except ValueError:  # not under the out it was given: trusted only if absolute
+            if path.is_absolute():
+                paths.append(path)
+    return paths
 
 
-def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path]) -> None:
-    """Remove what an earlier run in ``out`` wrote and this one did not (another input, fewer
-    formats): the folder then holds this run's outputs only, as its run.json lists them.
-    Only paths inside ``out`` are touched."""
+def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path], source_path: Path | None) -> None:
+    """Remove the files an earlier run in ``out`` wrote and this one did not write again (another
+    input, fewer formats), so that no file of another run passes for this one's. Only regular
+    files inside ``out`` and outside the input; a folder of outputs (depth/, images/, sparse/...)
+    is never deleted, since it may hold the user's own files: it is named in a warning."""
     keep = {Path(p).resolve() for p in written.values()}
     root = out.resolve()
+    source = source_path.resolve() if source_path is not None else None
     for path in previous:
-        path = (out / path).resolve() if not path.is_absolute() else path.resolve()
+        path = path.resolve()
         if path in keep or root not in path.parents or not path.exists():
             continue
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
+        if source is not None and (path == source or source in path.parents or path in source.parents):
+            continue
+        if path.is_file() and not path.is_symlink():
             path.unlink()
-        log.info("removed %s, an earlier run's output this run does not write", path)
+            log.info("removed %s, an earlier run's output this run does not write", path)
+        elif path.is_dir():
+            log.warning("%s holds an earlier run's outputs, which this run does not write again; "
+                        "left as it was (delete it if it is not needed)", path)
 
 
 def _as_recorded_today(config: dict) -> dict:
@@ -357,10 +405,12 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
     bar = progress_bar(source.expected_length, desc="mapstream", progress=progress, initial=resume_at)
     keep = 4 * max(opts.num_scale_frames, getattr(session, "overlap", 0), 8)
     try:
+        source_read = 0
         for index, (name, frame) in enumerate(source):
+            source_read = index + 1
             if index < resume_at and name != store.finished_name(index):
                 raise ValueError(
-                    f"the input is not the one the interrupted run in {out} read: its frame {index} was "
+                    f"the input is not the one the earlier run in {out} read: its frame {index} was "
                     f"{store.finished_name(index)!r}, now it is {name!r} (frames added or removed before the end?); "
                     "give the same input to resume, or start over (--no-resume; RunOptions(resume=False))"
                 )
@@ -370,6 +420,12 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
             emit(session.step(frame, name=name))
             for stale in [i for i in frames if i < index - keep]:
                 frames.pop(stale)
+        if source_read < resume_at:
+            raise ValueError(
+                f"the input is not the one the earlier run in {out} read: it has {source_read} frames, that run "
+                f"finished {resume_at} (frames removed?); give the same input to resume, or start over "
+                "(--no-resume; RunOptions(resume=False))"
+            )
         emit(session.flush())
     finally:
         bar.close()
@@ -386,7 +442,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         voxel_size=opts.voxel_size, max_points=opts.max_points, drop_black=opts.drop_black_background,
         drop_white=opts.drop_white_background, progress=progress,
     )
-    _remove_stale_outputs(out, previous, outputs)
+    _remove_stale_outputs(out, previous, outputs, _input_path(opts))
     exported = time.perf_counter()
     fps = new / max(inferred - loaded - in_callback, 1e-9)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -564,26 +565,35 @@ def test_time_in_the_frame_callback_is_not_the_runs(tmp_path):
     assert summary.fps == pytest.approx(4 / timings["inference"], rel=1e-6)
 
 
-def test_a_rerun_leaves_only_its_own_outputs(tmp_path):
-    """A run into a folder holding another input's outputs removes what it does not write
-    again (formats it was not asked for, per-frame files of frames it does not have): the
-    folder then holds exactly what its run.json lists. Files that are not a run's outputs stay."""
-    src = photos(tmp_path, 6)
-    out = tmp_path / "out"
+def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monkeypatch, capsys):
+    """A run into a folder holding another run's outputs removes the files it does not write
+    again (formats it was not asked for), also with a relative --out; it never deletes a
+    folder (a per-frame folder may hold the user's files), nor the input, nor what no run
+    wrote. The usual dataset layout, the input in OUT/images, keeps every photo."""
+    monkeypatch.chdir(tmp_path)
+    out = Path("runs") / "a"
+    src = photos(tmp_path, 4)
     assert run_cli(str(src), "--out", str(out), "--formats", "npz", "ply", "depth", "images") == 0
-    assert len(list((out / "depth").glob("*.png"))) == 6 and (out / "points.ply").exists()
+    assert (out / "points.ply").exists() and len(list((out / "images").glob("*.png"))) == 4
     (out / "notes.txt").write_text("mine")
-    fewer = tmp_path / "fewer"
-    fewer.mkdir()
-    for p in sorted(src.glob("*.png"))[:3]:
-        shutil.copy(p, fewer / f"x{p.name}")
-    assert run_cli(str(fewer), "--out", str(out), "--formats", "npz", "depth") == 0
-    assert not (out / "points.ply").exists() and not (out / "images").exists()
-    assert sorted(p.name for p in (out / "depth").glob("*.png")) == [f"x{i:06d}.png" for i in range(3)]
-    assert sorted(p.name for p in (out / "depth_preview").glob("*.png")) == [f"x{i:06d}.png" for i in range(3)]
+    (out / "images" / "mine.png").write_bytes(b"not ours")
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz", "depth") == 0
+    assert not (out / "points.ply").exists()  # a file of the earlier run: removed
+    assert len(list((out / "images").glob("*.png"))) == 5  # a folder: left as it was, with a warning
     assert (out / "notes.txt").read_text() == "mine"
     listed = json.loads((out / "run.json").read_text())["outputs"]
     assert sorted(listed) == ["depth", "depth_preview", "npz"]
+
+    # The usual dataset layout, photos in DATASET/images: refused as an output folder (its
+    # exports would write DATASET/images), every photo untouched.
+    dataset = tmp_path / "dataset"
+    (dataset / "images").mkdir(parents=True)
+    for p in sorted(src.glob("*.png")):
+        shutil.copy(p, dataset / "images" / p.name)
+    before = {p.name: p.read_bytes() for p in (dataset / "images").iterdir()}
+    assert run_cli(str(dataset / "images"), "--out", str(dataset), "--formats", "npz") == 2
+    assert "lies in the output folder's images/" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (dataset / "images").iterdir()} == before
 
 
 def test_a_resume_refuses_an_input_whose_finished_frames_changed(tmp_path, monkeypatch, capsys):
@@ -614,6 +624,14 @@ def test_a_resume_refuses_an_input_whose_finished_frames_changed(tmp_path, monke
     assert "its frame 1 was '000001.png', now it is '000000a.png'" in err and "--no-resume" in err
     assert json.loads((out / "progress.json").read_text())["frames"] == finished
     (src / "000000a.png").unlink()
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("000002.png", "000003.png", "000004.png", "000005.png"):  # the finished frames' tail
+        shutil.move(src / name, moved / name)
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 2
+    assert "it has 2 frames, that run finished 4 (frames removed?)" in capsys.readouterr().err
+    for p in moved.iterdir():
+        shutil.move(p, src / p.name)
     shutil.copy(src / "000000.png", src / "000009.png")  # after the finished frames: resumes
     assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 0
     info = json.loads((out / "run.json").read_text())
