@@ -146,7 +146,9 @@ def iter_video_frames(
 
     Limits apply in this order: fps sampling (every ``interval``-th decoded frame), then
     ``stride`` over the kept frames, then ``first_k`` (stop after that many; decoding stops
-    too).  ``fps=None`` keeps every frame.  ``autorotate`` applies the display rotation.
+    too).  ``fps=None`` keeps every frame.  ``autorotate`` applies the display rotation. A
+    packet the decoder refuses is skipped with a warning: its frames are missing, and the
+    indices count the frames decoded.
 
     Raises:
         FileNotFoundError: no such file.

@@ -10,7 +10,8 @@ Poses are re-encoded with unit quaternions (w >= 0) in every window, the first i
 A frame shared by two windows is emitted once. By default (`shared_from="earlier"`) that is
 as soon as the earlier window predicts it, while the offline stitch takes it from the later
 window; other frames are identical to the offline result. With `shared_from="later"` the
-session emits exactly what the offline stitch returns: a window's last `overlap` frames wait
+session emits what the offline stitch returns (for two windows or more: a single offline
+window keeps its raw quaternions): a window's last `overlap` frames wait
 until the next window has predicted them (or the stream ends, when the last window gives
 them), so each of them is emitted a few frames later.
 """
