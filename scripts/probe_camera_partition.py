@@ -56,6 +56,23 @@ CONFIGS = [(4, 2048, 4), (2, 2048, 4), (8, 2048, 4), (4, 4096, 4), (8, 4096, 8),
 
 
 @triton.jit
+def _row_stats(X, K, eps, BLOCK_K: tl.constexpr):
+    """The fp32 row's LayerNorm mean and 1/std, in two passes (mean, then centred variance), as
+    the product kernel computes them; shared by the probe's stand-in kernels."""
+    total = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for start in tl.range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        total += tl.load(X + cols, mask=cols < K, other=0.0)
+    mean = tl.sum(total, 0) / K
+    total = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for start in tl.range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        d = tl.load(X + cols, mask=cols < K, other=0.0) - mean
+        total += tl.where(cols < K, d * d, 0.0)
+    return mean, 1.0 / tl.sqrt(tl.sum(total, 0) / K + tl.cast(eps, tl.float32))
+
+
+@triton.jit
 def _staged_row_linear(
     X, W, B, NW, NB, R, G, Y, N, K, stride_w, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_AFFINE: tl.constexpr,
@@ -69,17 +86,7 @@ def _staged_row_linear(
     mean = 0.0
     rstd = 1.0
     if NORM:
-        total = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for start in tl.range(0, K, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            total += tl.load(X + cols, mask=cols < K, other=0.0)
-        mean = tl.sum(total, 0) / K
-        total = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for start in tl.range(0, K, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            d = tl.load(X + cols, mask=cols < K, other=0.0) - mean
-            total += tl.where(cols < K, d * d, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(total, 0) / K + tl.cast(eps, tl.float32))
+        mean, rstd = _row_stats(X, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK_K)
@@ -124,17 +131,7 @@ def _tma_row_linear(
     mean = 0.0
     rstd = 1.0
     if NORM:
-        total = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for start in tl.range(0, K, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            total += tl.load(X + cols, mask=cols < K, other=0.0)
-        mean = tl.sum(total, 0) / K
-        total = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for start in tl.range(0, K, BLOCK_K):
-            cols = start + tl.arange(0, BLOCK_K)
-            d = tl.load(X + cols, mask=cols < K, other=0.0) - mean
-            total += tl.where(cols < K, d * d, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(total, 0) / K + tl.cast(eps, tl.float32))
+        mean, rstd = _row_stats(X, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK_K)

@@ -85,9 +85,9 @@ def test_run_writes_every_output_readable_by_other_tools(tmp_path, capsys):
     assert "torch" in json.dumps(info["versions"])
 
 
-def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch, capsys):
-    frames = photos(tmp_path)
-    out = tmp_path / "out"
+def interrupt_at_step(monkeypatch, n: int):
+    """Make the n-th `Session.step` raise KeyboardInterrupt (a Ctrl-C mid-run); returns the real
+    step, to put back with monkeypatch.setattr."""
     from mapstream import session as session_module
 
     real_step = session_module.Session.step
@@ -95,11 +95,20 @@ def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch
 
     def failing_step(self, frame, **kw):
         calls["n"] += 1
-        if calls["n"] == 8:
+        if calls["n"] == n:
             raise KeyboardInterrupt
         return real_step(self, frame, **kw)
 
     monkeypatch.setattr(session_module.Session, "step", failing_step)
+    return real_step
+
+
+def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch, capsys):
+    frames = photos(tmp_path)
+    out = tmp_path / "out"
+    from mapstream import session as session_module
+
+    real_step = interrupt_at_step(monkeypatch, 8)
     assert run_cli(str(frames), "--out", str(out)) == 130  # Ctrl-C: told, not a traceback
     assert "interrupted; a run keeps the frames it finished" in capsys.readouterr().err
     progress = json.loads((out / "progress.json").read_text())
@@ -603,16 +612,7 @@ def test_a_resume_refuses_an_input_whose_finished_frames_changed(tmp_path, monke
 
     src = photos(tmp_path, 6)
     out = tmp_path / "out"
-    real_step = session_module.Session.step
-    calls = {"n": 0}
-
-    def failing_step(self, frame, **kw):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return real_step(self, frame, **kw)
-
-    monkeypatch.setattr(session_module.Session, "step", failing_step)
+    real_step = interrupt_at_step(monkeypatch, 5)
     assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 130
     monkeypatch.setattr(session_module.Session, "step", real_step)
     finished = json.loads((out / "progress.json").read_text())["frames"]
