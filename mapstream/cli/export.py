@@ -54,9 +54,14 @@ class Export:
         except ValueError as err:
             raise ValueError(as_flags(str(err), Export)) from err
         recon = select_frames(load_run(self.run_dir), self.frames)
-        # CloudOptions' fields are export_all's point-cloud keywords, name for name.
-        written = export_all(
-            recon, out, formats=formats, **dataclasses.asdict(cloud), glb_style=glb_style, progress=not self.quiet
-        )
+        from ..io.atomic import prepare_dir
+        from ..pipeline.frame_store import lock_run_folder
+
+        # Held as a run holds it: a run (or another export) writing there meanwhile is refused.
+        with lock_run_folder(prepare_dir(out)):
+            # CloudOptions' fields are export_all's point-cloud keywords, name for name.
+            written = export_all(
+                recon, out, formats=formats, **dataclasses.asdict(cloud), glb_style=glb_style, progress=not self.quiet
+            )
         print(f"{len(recon)} frames from {source} -> {out}: " + ", ".join(sorted(written)))
         return 0

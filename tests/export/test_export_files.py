@@ -208,6 +208,15 @@ def test_mapstream_export_writes_a_runs_outputs_again_without_the_model(tmp_path
     assert main(["export", str(run), "--out", str(part), "--frames", "10:", "--quiet"]) == 2
     assert f"--frames 10:: selects none of the run's {N} frames" in capsys.readouterr().err
 
+    # A folder a run (or another export) is writing to is refused, as `mapstream run` refuses it.
+    from mapstream.pipeline.frame_store import lock_run_folder
+
+    with lock_run_folder(run):
+        assert main(["export", str(run), "--formats", "tum", "--quiet"]) == 2
+    assert f"is writing to {run}" in capsys.readouterr().err
+    assert main(["export", str(run), "--formats", "tum", "--quiet"]) == 0
+    capsys.readouterr()
+
     monkeypatch.setattr(viewer, "load_run", lambda *a: pytest.fail("the run was read"))
     for bad, message in [(["--formats", "obj"], "unknown export formats ['obj']"),
                          (["--frames", "a:b"], "--frames 'a:b': expected START:STOP"),
