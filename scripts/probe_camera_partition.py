@@ -73,16 +73,18 @@ def _row_stats(X, K, eps, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _staged_row_linear(
+def _stand_in_row_linear(
     X, W, B, NW, NB, R, G, Y, N, K, stride_w, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_AFFINE: tl.constexpr,
     ROUND_NORM: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr, STAGES: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """The product kernel's computation (fp32 row, no half-precision rounding) with its weight
-    loads left to the pipeliner."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    loads left to the pipeliner over STAGES: plain loads, or with TMA (W then a tensor
+    descriptor) bulk copies of [BLOCK_N, BLOCK_K] boxes."""
+    n0 = tl.program_id(0) * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    w_rows = W + rows[:, None].to(tl.int64) * stride_w
     mean = 0.0
     rstd = 1.0
     if NORM:
@@ -91,7 +93,11 @@ def _staged_row_linear(
     for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < K
-        w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        if TMA:
+            w = W.load([n0, start])
+        else:
+            w = tl.load(W + rows[:, None].to(tl.int64) * stride_w + cols[None, :],
+                        mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         x = tl.load(X + cols, mask=col_ok, other=0.0)
         if NORM:
             x = (x - mean) * rstd
@@ -114,42 +120,7 @@ class _Staged:
         self.stages = stages
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: _staged_row_linear[grid](*args, STAGES=self.stages, **kwargs)
-
-
-@triton.jit
-def _tma_row_linear(
-    X, W, B, NW, NB, R, G, Y, N, K, stride_w, eps,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_AFFINE: tl.constexpr,
-    ROUND_NORM: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr, STAGES: tl.constexpr,
-):
-    """The product kernel's computation (fp32 row) with W a tensor descriptor: the weights
-    arrive by bulk copies (TMA) in [BLOCK_N, BLOCK_K] boxes, staged by the pipeliner."""
-    n0 = tl.program_id(0) * BLOCK_N
-    rows = n0 + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    mean = 0.0
-    rstd = 1.0
-    if NORM:
-        mean, rstd = _row_stats(X, K, eps, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for start in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        cols = start + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        w = W.load([n0, start])
-        x = tl.load(X + cols, mask=col_ok, other=0.0)
-        if NORM:
-            x = (x - mean) * rstd
-            if NORM_AFFINE:
-                x = x * tl.load(NW + cols, mask=col_ok, other=0.0) + tl.load(NB + cols, mask=col_ok, other=0.0)
-            x = tl.where(col_ok, x, 0.0)
-        acc += w * x[None, :]
-    y = tl.sum(acc, 1) + tl.load(B + rows, mask=row_ok, other=0.0)
-    if GELU:
-        y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
-    if RESIDUAL:
-        y = tl.load(R + rows, mask=row_ok, other=0.0) + tl.load(G + rows, mask=row_ok, other=0.0) * y
-    tl.store(Y + rows, y, mask=row_ok)
+        return lambda *args, **kwargs: _stand_in_row_linear[grid](*args, STAGES=self.stages, TMA=False, **kwargs)
 
 
 class _Tma:
@@ -169,7 +140,9 @@ class _Tma:
             if key not in self.descriptors:
                 self.descriptors[key] = TensorDescriptor(W, [n, k], [W.stride(0), 1], [self.rows, self.chunk])
             kwargs.update(BLOCK_N=self.rows, BLOCK_K=self.chunk, num_warps=4)
-            _tma_row_linear[(triton.cdiv(n, self.rows),)](X, self.descriptors[key], *args, STAGES=self.stages, **kwargs)
+            _stand_in_row_linear[(triton.cdiv(n, self.rows),)](
+                X, self.descriptors[key], *args, STAGES=self.stages, TMA=True, **kwargs
+            )
         return launch
 
 
