@@ -107,7 +107,7 @@ class FrameSource:
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         first: tuple[int, int] | None = None  # a stream's frame size, kept when it changes
-        self._told_resize = False
+        told = False  # of a size change, once a pass: a switched stream stays switched
         for name, image, *when in self._frames():
             self.last_time = when[0] if when else None
             if self.rotate:
@@ -121,27 +121,16 @@ class FrameSource:
             elif self.pad_height is None:
                 if first is None:
                     first = tuple(frame.shape[1:])
-                elif tuple(frame.shape[1:]) != first:
-                    frame = self._to_first_size(frame, first, name)
+                elif tuple(frame.shape[1:]) != first and frame.shape[2] == first[1]:
+                    if not told:
+                        told = True
+                        logger.warning(
+                            "%s: frame %s is %dx%d after preprocessing, the stream's first %dx%d; it and later frames "
+                            "of another size are padded with white or centre-cropped to that size",
+                            self.description, name, frame.shape[2], frame.shape[1], first[1], first[0],
+                        )
+                    frame = _to_height(frame, first[0])
             yield name, frame
-
-    def _to_first_size(self, frame: torch.Tensor, size: tuple[int, int], name: str) -> torch.Tensor:
-        """A frame of a stream whose picture changed size (a video's resolution switch): made
-        the stream's first frame size, as one sequence needs, by white padding (the files'
-        rule) or a centred crop of its rows. Crop preprocessing keeps the width; a frame whose
-        width still differs is left as it is (the session then says what is wrong)."""
-        height, width = size
-        if frame.shape[2] != width:
-            return frame
-        if not self._told_resize:  # once a pass: a switched stream stays switched
-            self._told_resize = True
-            logger.warning("%s: frame %s is %dx%d after preprocessing, the stream's first %dx%d; it and later "
-                           "frames of another size are padded with white or centre-cropped to that size",
-                           self.description, name, frame.shape[2], frame.shape[1], width, height)
-        if frame.shape[1] < height:
-            return pad_white(frame, height, width)
-        top = (frame.shape[1] - height) // 2
-        return frame[:, top : top + height]
 
     def __len__(self) -> int:
         if self.length is None:
@@ -250,6 +239,17 @@ class FrameSource:
                 cap.release()
 
         return cls(frames, length=None, description=f"capture {device!r}", **preprocess)
+
+
+def _to_height(frame: torch.Tensor, height: int) -> torch.Tensor:
+    """A stream's frame whose picture changed size (a video's resolution switch) made ``height``
+    tall, as one sequence needs: padded with white (the files' rule) or its rows centre-cropped.
+    Crop preprocessing keeps the width; a frame whose width differs is left to the session,
+    which says what is wrong."""
+    if frame.shape[1] < height:
+        return pad_white(frame, height, frame.shape[2])
+    top = (frame.shape[1] - height) // 2
+    return frame[:, top : top + height]
 
 
 def _common_height(files: Sequence[Path], mode: Mode, image_size: int, patch_size: int, rotate: int) -> int | None:
