@@ -381,13 +381,13 @@ class GCTStream(nn.Module):
         from ..session import Session
 
         images = check_images(images, self.config.patch_size)
-        policy = _streaming_keyframes(keyframe_interval, flow_threshold, max_non_keyframe_gap)
+        keyframes = _streaming_keyframes(keyframe_interval, flow_threshold, max_non_keyframe_gap)
 
         def one_sequence(sequence: torch.Tensor) -> dict[str, torch.Tensor]:
             session = Session(
                 self,
                 num_scale_frames=num_scale_frames,
-                keyframe_interval=policy() if callable(policy) else policy,
+                keyframe_interval=keyframes(),
                 output_device=output_device,
                 state=self.default_state,
             )
@@ -468,12 +468,13 @@ def heads_without_autocast(device: torch.device):
 
 
 def _streaming_keyframes(keyframe_interval, flow_threshold: float, max_non_keyframe_gap: int):
-    """`inference_streaming`'s keyframe rule: the interval as given, or with flow_threshold > 0
-    a maker of a fresh flow policy for each sequence (a policy remembers its last keyframe)."""
+    """`inference_streaming`'s keyframe rule, as a maker called for each sequence: the interval
+    as given, or with flow_threshold > 0 a fresh flow policy (a policy remembers its last
+    keyframe, so sequences must not share one)."""
     from ..keyframes import FlowKeyframes
 
     if not flow_threshold > 0:
-        return keyframe_interval
+        return lambda: keyframe_interval
     if keyframe_interval not in (1, None):
         raise ValueError(
             f"give either keyframe_interval ({keyframe_interval!r}) or flow_threshold ({flow_threshold}), "

@@ -60,9 +60,9 @@ def inference_windowed(
     [B, n, 4, 4]; alignment_mode = "scaled"; images; with `return_windows` also "windows",
     the raw per-window predictions before alignment; `progress`: a bar over the windows
     (None: when stderr is a terminal). `flow_threshold` and `max_non_keyframe_gap` complete the
-    reference's signature: only flow_threshold=0 (fixed-interval windows) runs. A batch [B, S, 3, H, W] is B independent
-    sequences, run in turn and stacked (the reference pairs keyframes from batch element 0
-    only, LIMITS.md 14).
+    reference's signature: only flow_threshold=0 (fixed-interval windows) runs. A batch
+    [B, S, 3, H, W] is B independent sequences, run in turn and stacked (the reference pairs
+    keyframes from batch element 0 only, LIMITS.md 14).
     """
     if scale_mode != "median":
         raise ValueError(f"scale_mode must be 'median' (the only estimator), got {scale_mode!r}")
