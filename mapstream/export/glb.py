@@ -121,15 +121,15 @@ def _line_set(trimesh, vertices: np.ndarray, edges: np.ndarray, rgba: np.ndarray
 
 
 def _edges(trimesh, vertices: np.ndarray, edges: np.ndarray, rgba: np.ndarray, radius: float | None):
-    """Straight segments between ``vertices`` (glTF axes): lines, or tubes of ``radius``."""
+    """Straight segments between ``vertices`` (the scene's axes): lines, or tubes of ``radius``."""
     if radius is None:
         return _line_set(trimesh, vertices, edges, rgba)
     return vertex_coloured_mesh(trimesh, tube_segments(vertices[edges[:, 0]], vertices[edges[:, 1]], rgba, radius))
 
 
 def _point_geometry(trimesh, cloud: PointSet, style: GlbStyle, extent: float, transform: np.ndarray):
-    """The ``points`` node's geometry (a point cloud or one merged sphere mesh, glTF axes) and
-    a few words on it for the log."""
+    """The ``points`` node's geometry (a point cloud or one merged sphere mesh, mapped into the
+    scene by ``transform``) and a few words on it for the log."""
     if style.points == "spheres":
         cloud = subsample(cloud, style.max_spheres, seed=style.seed)
     rgb = cloud.rgb if style.keeps_colours else adjust_colours(
