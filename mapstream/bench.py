@@ -20,6 +20,7 @@ from typing import Iterator
 import torch
 
 from .attention.fused import plain_pytorch
+from .gpu_power import PowerLog, open_reader
 
 __all__ = ["BenchConfig", "run_benchmark", "reference_samples", "compare_samples"]
 
@@ -170,7 +171,10 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
 
     samples: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def one_pass(n_stream: int, timer=None) -> tuple[float, list[float]]:
+    power = PowerLog(reader) if (reader := open_reader(device)) is not None else None
+    steady_start = _steady_start(cfg)
+
+    def one_pass(n_stream: int, power: PowerLog | None = None) -> tuple[float, list[float]]:
         session.reset()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
@@ -185,11 +189,15 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
             raise RuntimeError("non-finite prediction in the scale phase")
         per_frame = []
         for i in range(cfg.scale_frames, cfg.scale_frames + n_stream):
+            if power is not None and i == steady_start:
+                power.start()
             start.record()
             (pred,) = session.step(frames[i])
             end.record()
             torch.cuda.synchronize()
             per_frame.append(start.elapsed_time(end))
+            if power is not None and i >= steady_start:
+                power.after_frame()
             _keep_sample(cfg, samples, i, pred)
             if not (torch.isfinite(pred.pose_enc).all() and torch.isfinite(pred.depth).all()):
                 raise RuntimeError(f"non-finite prediction at frame {i}")
@@ -197,9 +205,9 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
 
     one_pass(cfg.warmup_frames)
     torch.cuda.reset_peak_memory_stats(device)
-    phase1, per_frame = one_pass(cfg.stream_frames)
+    phase1, per_frame = one_pass(cfg.stream_frames, power)
     peak = torch.cuda.max_memory_allocated(device)
-    steady = per_frame[cfg.steady_from - cfg.scale_frames :] if len(per_frame) > cfg.steady_from else per_frame
+    steady = per_frame[steady_start - cfg.scale_frames :]
     steady_ms = sum(steady) / len(steady)
     total_ms = phase1 + sum(per_frame)
     result = {
@@ -219,6 +227,9 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         "per_frame_ms": [round(ms, 4) for ms in per_frame],
         "phase1_ms": phase1,
         "peak_memory_gib": peak / 2**30,
+        # Energy, power and SM clock over the steady frames (None without NVML): under a
+        # power cap the clock, and so the step, follow the step's energy.
+        "gpu_power": power.summary() if power is not None else None,
         # Row blocks the fixed-reference attention had to compute again, per global block
         # (docs/BENCHMARKS.md, session 12): all zero when the key-norm bounds are tight.
         "key_norm_repairs": model.aggregator.key_norm_hints.repaired_blocks(),
@@ -244,6 +255,13 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
     session.close()
     result["_samples"] = samples  # tensors: popped by the caller before writing JSON
     return result
+
+
+def _steady_start(cfg: BenchConfig) -> int:
+    """The first frame of the steady-state figures: `steady_from` when the stream has more
+    frames than that (the protocol's 192 > 100), else the first streaming frame (every
+    streaming frame counts)."""
+    return cfg.steady_from if cfg.stream_frames > cfg.steady_from else cfg.scale_frames
 
 
 def _keep_sample(cfg: BenchConfig, samples: dict, index: int, pred) -> None:

@@ -1,9 +1,10 @@
 """Shared pieces of the device probes (`probe_*.py`): a clock each Triton program can read
-on its own, a wrapper that runs marks around a function's calls, and the JSON report they
-print and write."""
+on its own, a wrapper that runs marks around a function's calls, energy a call from the
+GPU's counter, and the JSON report they print and write."""
 from __future__ import annotations
 
 import json
+import time
 
 import triton
 import triton.language as tl
@@ -42,3 +43,37 @@ class Around:
 
     def __getattr__(self, name):
         return getattr(self._fn, name)
+
+
+def energy_reader():
+    """The GPU's NVML readings (`mapstream.gpu_power`); fails where there are none."""
+    import torch
+
+    from mapstream.gpu_power import open_reader
+
+    reader = open_reader(torch.device("cuda"))
+    if reader is None:
+        raise SystemExit("no NVML readings on this machine (see the log)")
+    return reader
+
+
+def energy(nvml, replay, seconds: float = 2.0) -> dict:
+    """J a call, mean W and µs a call of `replay` run back to back for about `seconds`, and
+    the SM clock at the end (the J are at whatever clock the load ran at: under a power cap
+    a heavy load lowers it)."""
+    import torch
+
+    replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    replay()
+    torch.cuda.synchronize()
+    calls = max(10, int(seconds / max(time.perf_counter() - t, 1e-6)))
+    time.sleep(0.5)  # the counter moves every few ms: start from a settled reading
+    e0, t0 = nvml.energy_mj(), time.perf_counter()
+    for _ in range(calls):
+        replay()
+    torch.cuda.synchronize()
+    e1, t1 = nvml.energy_mj(), time.perf_counter()
+    return {"J_per_call": round((e1 - e0) / 1e3 / calls, 5), "mean_W": round((e1 - e0) / 1e3 / (t1 - t0), 1),
+            "us_per_call": round((t1 - t0) / calls * 1e6, 1), "sm_mhz_at_end": nvml.sm_mhz(), "calls": calls}

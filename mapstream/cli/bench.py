@@ -134,6 +134,8 @@ class Bench:
                 f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
                 f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB{check}"
             )
+            if result.get("gpu_power"):
+                print("   " + _power_line(result["gpu_power"]))
             if "stages_ms" in result:
                 print("   stages (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in result["stages_ms"].items()))
         write_result({"results": results}, self.out)
@@ -142,3 +144,12 @@ class Bench:
             print(f"correctness check FAILED for {', '.join(failed)}")
             return 1
         return 0
+
+
+def _power_line(power: dict) -> str:
+    """The GPU's power over the steady frames in one line (`mapstream.gpu_power`)."""
+    mhz = power["sm_mhz"]
+    capped = f"capped on {power['capped_frames']:.0%} of the frames ({', '.join(power['cap_reasons'])})" \
+        if power["cap_reasons"] else "never capped"
+    return (f"GPU over the steady frames: {power['mean_W']:.0f} W of {power['power_limit_W']:.0f}, "
+            f"SM {mhz['mean']:.0f} MHz ({mhz['min']}-{mhz['max']}), {capped}, {power['J_per_frame']:.2f} J a frame")

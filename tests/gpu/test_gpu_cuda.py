@@ -1008,3 +1008,36 @@ def test_the_step_copies_beside_graph_0_wait_for_a_growing_trajectory_memory(mon
     for a, b in zip(whole, eager):
         torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=1e-3, atol=1e-3)
         torch.testing.assert_close(a.depth, b.depth, rtol=1e-3, atol=1e-3)
+
+
+def test_bench_records_the_gpus_energy_clock_and_capping_over_its_steady_frames():
+    """`run_benchmark` on the tiny preset: NVML's readings cover exactly the steady frames
+    (from `steady_from` on), with a positive energy a frame, a plausible SM clock and the
+    enforced power limit; the same readings, taken by hand around a burst of products, follow
+    the work (more calls, more joules)."""
+    from mapstream.bench import BenchConfig, run_benchmark
+    from mapstream.gpu_power import PowerLog, open_reader
+
+    reader = open_reader(torch.device("cuda"))
+    if reader is None:
+        pytest.skip("no NVML on this machine")
+    cfg = BenchConfig(preset="tiny", width=56, height=42, scale_frames=2, stream_frames=70, window=3,
+                      steady_from=12, warmup_frames=2, stage_breakdown=False, check_every=100)
+    result = run_benchmark(cfg)
+    power = result["gpu_power"]
+    assert power is not None, result
+    assert power["frames"] == 60  # frames 12 .. 71
+    assert power["J_per_frame"] > 0 and power["mean_W"] > 10 and power["power_limit_W"] > 50
+    assert 100 <= power["sm_mhz"]["min"] <= power["sm_mhz"]["mean"] <= power["sm_mhz"]["max"] < 5000
+    assert 0.0 <= power["capped_frames"] <= 1.0
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    joules = []
+    for calls in (50, 1000):  # ≈ 9 and 175 ms: NVML's counter moves every few ms
+        log = PowerLog(reader)
+        log.start()
+        for _ in range(calls):
+            a @ a
+        torch.cuda.synchronize()
+        log.after_frame()
+        joules.append(log.summary()["J_per_frame"])
+    assert joules[1] > 3 * joules[0] and joules[1] > 0, joules
