@@ -90,7 +90,7 @@ def export_all(
 
     Returns:
         Format name -> path: a file, or the folder (``depth``, ``depth_preview``, ``images``,
-        ``colmap`` = ``sparse/0``); ``nerfstudio`` is the transforms.json path.
+        ``masks``, ``colmap`` = ``sparse/0``); ``nerfstudio`` is the transforms.json path.
 
     Raises:
         ValueError: an unknown format name.
@@ -145,9 +145,10 @@ def _plan(recon: Reconstruction, out: Path, wanted: list[str], options: CloudOpt
     if "nerfstudio" in wanted:
         ply_name = "points.ply" if "ply" in wanted else None
         depth_dir = "depth" if "depth" in wanted else None
-        steps.append(("nerfstudio", lambda: write_nerfstudio(
-            recon, out, write_images=False, ply_file_path=ply_name, depth_dir=depth_dir
-        )))
+        steps.append(("nerfstudio", lambda: {
+            "nerfstudio": write_nerfstudio(recon, out, write_images=False, ply_file_path=ply_name, depth_dir=depth_dir),
+            **({"masks": out / "masks"} if recon.sky_mask is not None else {}),  # written with a sky mask
+        }))
     if "summary" in wanted:
         steps.append(("summary", lambda: write_summary_figure(recon, out / "summary.png")))
     return steps

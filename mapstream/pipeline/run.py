@@ -273,15 +273,45 @@ def _previous_outputs(out: Path) -> list[Path]:
     return paths
 
 
-def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path], source_path: Path | None) -> None:
+PER_FRAME_FOLDERS = ("depth", "depth_preview", "images", "masks")
+"""Output folders holding one ``<stem>.png`` a frame (`Reconstruction.file_stems`)."""
+
+
+def _frame_files(out: Path, outputs: dict[str, Path] | list[Path], stems: list[str]) -> list[Path]:
+    """``<folder>/<stem>.png`` for each per-frame folder directly in ``out`` among ``outputs``
+    (format name -> path, or paths) and each stem."""
+    paths = outputs.values() if isinstance(outputs, dict) else outputs
+    root = out.resolve()
+    folders = [Path(p) for p in paths if Path(p).name in PER_FRAME_FOLDERS and Path(p).resolve().parent == root]
+    return [folder / f"{stem}.png" for folder in folders for stem in stems]
+
+
+def _previous_stems(out: Path) -> list[str]:
+    """The frame stems an earlier run in ``out`` recorded in its run.json (none before they
+    were recorded, or when unreadable); only plain names, so that a damaged or hand-edited
+    run.json cannot point outside its folders."""
+    try:
+        stems = json.loads((out / "run.json").read_text()).get("frame_stems", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(stems, list):
+        return []
+    return [s for s in stems if isinstance(s, str) and s not in ("", ".", "..") and Path(s).name == s and "\\" not in s]
+
+
+def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path], source_path: Path | None,
+                          previous_frames: list[Path] = (), frames_written: list[Path] = ()) -> None:
     """Remove the files an earlier run in ``out`` wrote and this one did not write again (another
-    input, fewer formats), so that no file of another run passes for this one's. Only regular
-    files inside ``out`` and outside the input; a folder of outputs (depth/, images/, sparse/...)
-    is never deleted, since it may hold the user's own files: it is named in a warning."""
-    keep = {Path(p).resolve() for p in written.values()}
+    input, fewer frames, fewer formats), so that no file of another run passes for this one's:
+    its listed files (``previous``) and its per-frame files (``previous_frames``, by the names
+    its run.json recorded). Only regular files inside ``out`` and outside the input. A folder
+    of outputs (depth/, images/, sparse/...) goes only once empty: it may hold the user's own
+    files, and is then named in a warning."""
+    keep = {Path(p).resolve() for p in (*written.values(), *frames_written)}
     root = out.resolve()
     source = source_path.resolve() if source_path is not None else None
-    for path in previous:
+    removed = 0
+    for path in [*previous_frames, *previous]:  # the frames' files first: their folder may empty
         path = path.resolve()
         if path in keep or root not in path.parents or not path.exists():
             continue
@@ -289,10 +319,17 @@ def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Pa
             continue
         if path.is_file() and not path.is_symlink():
             path.unlink()
-            log.info("removed %s, an earlier run's output this run does not write", path)
-        elif path.is_dir():
-            log.warning("%s holds an earlier run's outputs, which this run does not write again; "
-                        "left as it was (delete it if it is not needed)", path)
+            removed += 1
+            log.debug("removed %s, an earlier run's output this run does not write", path)
+        elif path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+                log.info("removed %s, an earlier run's output folder this run does not write", path)
+            else:
+                log.warning("%s holds files this run did not write (an earlier run's, or yours); "
+                            "left as it was (delete it if it is not needed)", path)
+    if removed:
+        log.info("removed %d files of an earlier run in %s that this run does not write", removed, out)
 
 
 def _as_recorded_today(config: dict) -> dict:
@@ -434,6 +471,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
     inferred = time.perf_counter()
 
     previous = _previous_outputs(out)  # before this run's run.json replaces the list
+    previous_frames = _frame_files(out, previous, _previous_stems(out))
     recon = store.assemble(fps=opts.fps)
     if opts.sky_mask:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
@@ -442,7 +480,8 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         voxel_size=opts.voxel_size, max_points=opts.max_points, drop_black=opts.drop_black_background,
         drop_white=opts.drop_white_background, progress=progress,
     )
-    _remove_stale_outputs(out, previous, outputs, _input_path(opts))
+    stems = recon.file_stems()
+    _remove_stale_outputs(out, previous, outputs, _input_path(opts), previous_frames, _frame_files(out, outputs, stems))
     exported = time.perf_counter()
     fps = new / max(inferred - loaded - in_callback, 1e-9)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
@@ -460,6 +499,9 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "warnings": warnings,
         "outputs": {k: str(v) for k, v in outputs.items()},
+        # The names of the per-frame files (<folder>/<stem>.png), so that a later run here
+        # can remove those it does not write again.
+        "frame_stems": stems,
     }
     outputs["run_json"] = write_run_json(info, out / "run.json")
     return RunSummary(len(recon), new, fps, out, outputs, model_desc, warnings)

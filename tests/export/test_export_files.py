@@ -111,8 +111,10 @@ def test_export_all_writes_every_format(tmp_path: Path) -> None:
     written = export_all(recon, tmp_path / "out")
     out = tmp_path / "out"
     assert set(written) == {"npz", "tum", "ply", "glb", "depth", "depth_preview", "images", "colmap",
-                            "nerfstudio", "summary"}
+                            "nerfstudio", "masks", "summary"}  # masks: nerfstudio's, with the sky mask
     assert all(p.exists() for p in written.values())
+    assert recon.sky_mask is not None
+    assert sorted(p.name for p in written["masks"].iterdir()) == sorted(p.name for p in written["images"].iterdir())
     assert written["colmap"] == out / "sparse" / "0" and written["nerfstudio"] == out / "transforms.json"
     images_txt = (out / "sparse" / "0" / "images.txt").read_text().split("\n")
     names = [line.split(" ")[-1] for line in images_txt if line and not line.startswith("#")][0::2]

@@ -576,9 +576,11 @@ def test_time_in_the_frame_callback_is_not_the_runs(tmp_path):
 
 def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monkeypatch, capsys):
     """A run into a folder holding another run's outputs removes the files it does not write
-    again (formats it was not asked for), also with a relative --out; it never deletes a
-    folder (a per-frame folder may hold the user's files), nor the input, nor what no run
-    wrote. The usual dataset layout, the input in OUT/images, keeps every photo."""
+    again (formats it was not asked for, frames it no longer has), also with a relative --out:
+    the earlier run's per-frame files by the names its run.json recorded. It never deletes a
+    folder that still holds other files (the user's), nor the input, nor what no run wrote; a
+    per-frame folder left empty goes. The usual dataset layout, the input in OUT/images, keeps
+    every photo."""
     monkeypatch.chdir(tmp_path)
     out = Path("runs") / "a"
     src = photos(tmp_path, 4)
@@ -588,10 +590,23 @@ def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monk
     (out / "images" / "mine.png").write_bytes(b"not ours")
     assert run_cli(str(src), "--out", str(out), "--formats", "npz", "depth") == 0
     assert not (out / "points.ply").exists()  # a file of the earlier run: removed
-    assert len(list((out / "images").glob("*.png"))) == 5  # a folder: left as it was, with a warning
+    # its frames' images too; the folder stays for the user's file in it
+    assert sorted(p.name for p in (out / "images").iterdir()) == ["mine.png"]
     assert (out / "notes.txt").read_text() == "mine"
-    listed = json.loads((out / "run.json").read_text())["outputs"]
-    assert sorted(listed) == ["depth", "depth_preview", "npz"]
+    info = json.loads((out / "run.json").read_text())
+    assert sorted(info["outputs"]) == ["depth", "depth_preview", "npz"]
+    assert info["frame_stems"] == ["000000", "000001", "000002", "000003"]
+
+    # Fewer frames: the depth maps of the frames gone are removed, the others rewritten.
+    (src / "000003.png").unlink()
+    (out / "depth" / "mine.png").write_bytes(b"not ours either")
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz", "depth", "--no-resume") == 0
+    assert sorted(p.name for p in (out / "depth").iterdir()) == ["000000.png", "000001.png", "000002.png", "mine.png"]
+    assert sorted(p.name for p in (out / "depth_preview").iterdir()) == ["000000.png", "000001.png", "000002.png"]
+    # No depth this time: the earlier run's depth files go, and depth_preview/, left empty, too.
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz", "--no-resume") == 0
+    assert sorted(p.name for p in (out / "depth").iterdir()) == ["mine.png"]
+    assert not (out / "depth_preview").exists()
 
     # The usual dataset layout, photos in DATASET/images: refused as an output folder (its
     # exports would write DATASET/images), every photo untouched.
