@@ -307,27 +307,34 @@ def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Pa
     its run.json recorded). Only regular files inside ``out`` and outside the input. A folder
     of outputs (depth/, images/, sparse/...) goes only once empty: it may hold the user's own
     files, and is then named in a warning."""
-    keep = {Path(p).resolve() for p in (*written.values(), *frames_written)}
+    def where(p) -> Path:  # the folders resolved, not the name itself: a link is never followed
+        p = Path(p)
+        return p.parent.resolve() / p.name
+
+    keep = {where(p) for p in (*written.values(), *frames_written)}
     root = out.resolve()
     source = source_path.resolve() if source_path is not None else None
     removed = 0
     for path in [*previous_frames, *previous]:  # the frames' files first: their folder may empty
-        path = path.resolve()
-        if path in keep or root not in path.parents or not path.exists():
+        path = where(path)
+        if path in keep or root not in path.parents or path.is_symlink() or not path.exists():
             continue
         if source is not None and (path == source or source in path.parents or path in source.parents):
             continue
-        if path.is_file() and not path.is_symlink():
-            path.unlink()
-            removed += 1
-            log.debug("removed %s, an earlier run's output this run does not write", path)
-        elif path.is_dir() and not path.is_symlink():
-            if not any(path.iterdir()):
-                path.rmdir()
-                log.info("removed %s, an earlier run's output folder this run does not write", path)
-            else:
-                log.warning("%s holds files this run did not write (an earlier run's, or yours); "
-                            "left as it was (delete it if it is not needed)", path)
+        try:
+            if path.is_file():
+                path.unlink()
+                removed += 1
+                log.debug("removed %s, an earlier run's output this run does not write", path)
+            elif path.is_dir():
+                if not any(path.iterdir()):
+                    path.rmdir()
+                    log.info("removed %s, an earlier run's output folder this run does not write", path)
+                else:
+                    log.warning("%s holds files this run did not write (an earlier run's, or yours); "
+                                "left as it was (delete it if it is not needed)", path)
+        except OSError as exc:  # this run's outputs are written: a file that cannot go is only told
+            log.warning("could not remove %s, an earlier run's output: %s", path, exc)
     if removed:
         log.info("removed %d files of an earlier run in %s that this run does not write", removed, out)
 

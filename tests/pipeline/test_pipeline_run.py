@@ -620,6 +620,46 @@ def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monk
     assert {p.name: p.read_bytes() for p in (dataset / "images").iterdir()} == before
 
 
+def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file_that_cannot_go(
+        tmp_path, monkeypatch, caplog):
+    """An earlier run's per-frame name that is now a link (to the user's photo, inside the output
+    folder or not) is left, link and target; a run.json stem that names another folder is
+    ignored; a file whose removal fails is told and the rest still go."""
+    import logging
+
+    from mapstream.pipeline.run import _frame_files, _previous_stems, _remove_stale_outputs
+
+    out = tmp_path / "out"
+    (out / "images").mkdir(parents=True)
+    (out / "depth").mkdir()
+    (out / "photos").mkdir()
+    (out / "photos" / "a.png").write_bytes(b"user photo")
+    (out / "images" / "a.png").symlink_to(out / "photos" / "a.png")
+    outside = tmp_path / "elsewhere.png"
+    outside.write_bytes(b"user file")
+    (out / "images" / "b.png").symlink_to(outside)
+    for name in ("c", "d", "e"):
+        (out / "depth" / f"{name}.png").write_bytes(b"ours")
+    (out / "run.json").write_text(json.dumps({"frame_stems": ["a", "b", "c", "d", "e", "../photos/a", "..", 7]}))
+    stems = _previous_stems(out)
+    assert stems == ["a", "b", "c", "d", "e"]
+    previous = [out / "images", out / "depth"]
+    real_unlink = Path.unlink
+
+    def unlink(path, *args, **kwargs):
+        if path.name == "d.png":
+            raise PermissionError("read-only")
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with caplog.at_level(logging.WARNING, logger="mapstream.pipeline.run"):
+        _remove_stale_outputs(out, previous, {}, None, _frame_files(out, previous, stems), [])
+    assert (out / "photos" / "a.png").read_bytes() == b"user photo" and outside.read_bytes() == b"user file"
+    assert (out / "images" / "a.png").is_symlink() and (out / "images" / "b.png").is_symlink()
+    assert sorted(p.name for p in (out / "depth").iterdir()) == ["d.png"]
+    assert "could not remove" in caplog.text and "d.png" in caplog.text
+
+
 def test_a_resume_refuses_an_input_whose_finished_frames_changed(tmp_path, monkeypatch, capsys):
     """Frames added after the finished ones resume; a frame inserted among them (another order)
     is refused with what to do, the finished frames left as they were."""
