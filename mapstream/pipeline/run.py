@@ -8,9 +8,11 @@ Sim(3) estimate.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
+import os
 import resource
 import shutil
 import time
@@ -150,15 +152,19 @@ def _input_key(spec: str | None) -> str | None:
     return str(Path(spec).resolve())
 
 
-_FRAME_FOLDERS = ("images", "depth", "depth_preview", "masks", "sparse")
-"""The output folder's subfolders that exports write frame by frame."""
+PER_FRAME_FOLDERS = ("images", "depth", "depth_preview", "masks")
+"""Output folders holding one ``<stem>.png`` a frame (`Reconstruction.file_stems`)."""
+_FRAME_FOLDERS = (*PER_FRAME_FOLDERS, "sparse")
+"""The output folder's subfolders that exports write frame by frame (COLMAP's names each frame)."""
+COLMAP_FILES = ("cameras.txt", "images.txt", "points3D.txt")
+"""What `write_colmap` writes in ``sparse/0``."""
 
 
 def _check_input_apart_from_outputs(opts: RunOptions) -> None:
     """Refuse an input the run's outputs would overwrite or be read back from: the output folder
     itself (its summary.png would be a frame of the next run) or one of its per-frame folders
     (the preprocessed frames, written to OUT/images, would replace the photos of the same name)."""
-    source = _input_path(opts)
+    source = _input_area(opts)
     if source is None or opts.demo:
         return
     source, out = source.resolve(), Path(opts.out).resolve()
@@ -168,12 +174,26 @@ def _check_input_apart_from_outputs(opts: RunOptions) -> None:
             "as frames when run again; write them elsewhere, e.g. to a subfolder"
         )
     for name in _FRAME_FOLDERS:
-        folder = out / name
+        folder = (out / name).resolve()  # a link there: where the exports would write
         if source == folder or folder in source.parents:
             raise ValueError(
                 f"the input {opts.input} lies in the output folder's {name}/, which the run's exports write frame by "
                 f"frame (its files could replace your own); give another output folder, e.g. {out / 'mapstream'}"
             )
+
+
+def _input_area(opts: RunOptions) -> Path | None:
+    """Where on disk the input reads from: its path (`_input_path`), or for a glob the folder
+    before its first wildcard (``photos/*.png`` -> ``photos``); None for a stream or webcam."""
+    path = _input_path(opts)
+    if path is not None or opts.input is None or "://" in str(opts.input):
+        return path
+    parts = Path(opts.input).parts
+    fixed = [part for part in itertools.takewhile(lambda part: not any(c in part for c in "*?["), parts)]
+    if len(fixed) == len(parts):
+        return None  # no wildcard: a missing path or a webcam index, told elsewhere
+    base = Path(*fixed) if fixed else Path(".")
+    return base if base.exists() else None
 
 
 def _input_path(opts: RunOptions) -> Path | None:
@@ -273,70 +293,95 @@ def _previous_outputs(out: Path) -> list[Path]:
     return paths
 
 
-PER_FRAME_FOLDERS = ("depth", "depth_preview", "images", "masks")
-"""Output folders holding one ``<stem>.png`` a frame (`Reconstruction.file_stems`)."""
-
-
-def _frame_files(out: Path, outputs: dict[str, Path] | list[Path], stems: list[str]) -> list[Path]:
-    """``<folder>/<stem>.png`` for each per-frame folder directly in ``out`` among ``outputs``
-    (format name -> path, or paths) and each stem."""
+def _known_files(out: Path, outputs: dict[str, Path] | list[Path], stems: list[str]) -> list[Path]:
+    """The files inside the output folders among ``outputs`` (format name -> path, or paths)
+    whose names mapstream writes: ``<stem>.png`` for each stem in each per-frame folder
+    directly in ``out``, and COLMAP's three text files in ``out/sparse/0``."""
     paths = outputs.values() if isinstance(outputs, dict) else outputs
-    root = out.resolve()
-    folders = [Path(p) for p in paths if Path(p).name in PER_FRAME_FOLDERS and Path(p).resolve().parent == root]
-    return [folder / f"{stem}.png" for folder in folders for stem in stems]
+    root = Path(os.path.abspath(out))
+    files = []
+    for folder in (Path(os.path.abspath(p)) for p in paths):
+        if folder.parent == root and folder.name in PER_FRAME_FOLDERS:
+            files += [folder / f"{stem}.png" for stem in stems]
+        elif folder == root / "sparse" / "0":
+            files += [folder / name for name in COLMAP_FILES]
+    return files
 
 
 def _previous_stems(out: Path) -> list[str]:
     """The frame stems an earlier run in ``out`` recorded in its run.json (none before they
-    were recorded, or when unreadable); only plain names, so that a damaged or hand-edited
-    run.json cannot point outside its folders."""
+    were recorded, or when unreadable); only plain names of a sane length, so that a damaged
+    or hand-edited run.json cannot point outside its folders."""
     try:
         stems = json.loads((out / "run.json").read_text()).get("frame_stems", [])
     except (OSError, ValueError, AttributeError):
         return []
     if not isinstance(stems, list):
         return []
-    return [s for s in stems if isinstance(s, str) and s not in ("", ".", "..") and Path(s).name == s and "\\" not in s]
+    return [s for s in stems if isinstance(s, str) and 0 < len(s) <= 200 and s not in (".", "..")
+            and Path(s).name == s and "\\" not in s and "\0" not in s]
+
+
+def _below_without_links(out: Path, path: Path) -> Path | None:
+    """``path`` resolved, when it lies below ``out`` with no link on the way down from ``out``
+    (``out`` itself may be one); else None. What a removal may touch: a link, or anything
+    reached through one, may be the user's."""
+    root = Path(os.path.abspath(out))
+    try:
+        rel = Path(os.path.abspath(path)).relative_to(root)
+    except ValueError:
+        return None
+    step = root
+    for part in rel.parts:
+        step = step / part
+        if step.is_symlink():
+            return None
+    return out.resolve() / rel if rel.parts else None
 
 
 def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path], source_path: Path | None,
-                          previous_frames: list[Path] = (), frames_written: list[Path] = ()) -> None:
+                          previous_known: list[Path] = (), known_written: list[Path] = ()) -> None:
     """Remove the files an earlier run in ``out`` wrote and this one did not write again (another
     input, fewer frames, fewer formats), so that no file of another run passes for this one's:
-    its listed files (``previous``) and its per-frame files (``previous_frames``, by the names
-    its run.json recorded). Only regular files inside ``out`` and outside the input. A folder
-    of outputs (depth/, images/, sparse/...) goes only once empty: it may hold the user's own
-    files, and is then named in a warning."""
-    def where(p) -> Path:  # the folders resolved, not the name itself: a link is never followed
-        p = Path(p)
-        return p.parent.resolve() / p.name
-
-    keep = {where(p) for p in (*written.values(), *frames_written)}
-    root = out.resolve()
+    its listed files (``previous``) and the files of its listed folders that carry names
+    mapstream writes (``previous_known``: per-frame PNGs by the stems its run.json recorded,
+    COLMAP's files). Only regular files below ``out``, reached without a link, outside the
+    input. A folder of outputs (depth/, images/, sparse/0...) goes only once empty: it may
+    hold the user's own files, and is then named in a warning. A file that cannot be removed
+    is told: this run's outputs are written by now."""
+    keep = {p for p in (_below_without_links(out, q) for q in (*written.values(), *known_written)) if p is not None}
     source = source_path.resolve() if source_path is not None else None
     removed = 0
-    for path in [*previous_frames, *previous]:  # the frames' files first: their folder may empty
-        path = where(path)
-        if path in keep or root not in path.parents or path.is_symlink() or not path.exists():
-            continue
-        if source is not None and (path == source or source in path.parents or path in source.parents):
-            continue
+    for given in [*previous_known, *previous]:  # files first: their folders may empty
         try:
+            path = _below_without_links(out, given)
+            if path is None or path in keep or not path.exists():
+                continue
+            if source is not None and (path == source or source in path.parents or path in source.parents):
+                continue
             if path.is_file():
                 path.unlink()
                 removed += 1
                 log.debug("removed %s, an earlier run's output this run does not write", path)
             elif path.is_dir():
-                if not any(path.iterdir()):
-                    path.rmdir()
-                    log.info("removed %s, an earlier run's output folder this run does not write", path)
-                else:
-                    log.warning("%s holds files this run did not write (an earlier run's, or yours); "
-                                "left as it was (delete it if it is not needed)", path)
-        except OSError as exc:  # this run's outputs are written: a file that cannot go is only told
-            log.warning("could not remove %s, an earlier run's output: %s", path, exc)
+                _remove_if_empty(path, out.resolve())
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("could not remove %s, an earlier run's output: %s", given, exc)
     if removed:
         log.info("removed %d files of an earlier run in %s that this run does not write", removed, out)
+
+
+def _remove_if_empty(folder: Path, root: Path) -> None:
+    """Remove ``folder``, and then its parents below ``root``, while they are empty; warn
+    about the first that is not."""
+    if any(folder.iterdir()):
+        log.warning("%s holds files this run did not write (an earlier run's, or yours); "
+                    "left as it was (delete it if it is not needed)", folder)
+        return
+    while folder != root and root in folder.parents and not any(folder.iterdir()):
+        folder.rmdir()
+        log.info("removed %s, an earlier run's output folder this run does not write", folder)
+        folder = folder.parent
 
 
 def _as_recorded_today(config: dict) -> dict:
@@ -478,7 +523,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
     inferred = time.perf_counter()
 
     previous = _previous_outputs(out)  # before this run's run.json replaces the list
-    previous_frames = _frame_files(out, previous, _previous_stems(out))
+    previous_known = _known_files(out, previous, _previous_stems(out))
     recon = store.assemble(fps=opts.fps)
     if opts.sky_mask:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
@@ -488,7 +533,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         drop_white=opts.drop_white_background, progress=progress,
     )
     stems = recon.file_stems()
-    _remove_stale_outputs(out, previous, outputs, _input_path(opts), previous_frames, _frame_files(out, outputs, stems))
+    _remove_stale_outputs(out, previous, outputs, _input_area(opts), previous_known, _known_files(out, outputs, stems))
     exported = time.perf_counter()
     fps = new / max(inferred - loaded - in_callback, 1e-9)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

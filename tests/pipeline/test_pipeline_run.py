@@ -584,12 +584,14 @@ def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     out = Path("runs") / "a"
     src = photos(tmp_path, 4)
-    assert run_cli(str(src), "--out", str(out), "--formats", "npz", "ply", "depth", "images") == 0
+    assert run_cli(str(src), "--out", str(out), "--formats", "npz", "ply", "depth", "images", "colmap") == 0
     assert (out / "points.ply").exists() and len(list((out / "images").glob("*.png"))) == 4
+    assert (out / "sparse" / "0" / "images.txt").exists()
     (out / "notes.txt").write_text("mine")
     (out / "images" / "mine.png").write_bytes(b"not ours")
     assert run_cli(str(src), "--out", str(out), "--formats", "npz", "depth") == 0
     assert not (out / "points.ply").exists()  # a file of the earlier run: removed
+    assert not (out / "sparse").exists()  # COLMAP's model (it named the images): its files, then its folders
     # its frames' images too; the folder stays for the user's file in it
     assert sorted(p.name for p in (out / "images").iterdir()) == ["mine.png"]
     assert (out / "notes.txt").read_text() == "mine"
@@ -617,17 +619,25 @@ def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monk
     before = {p.name: p.read_bytes() for p in (dataset / "images").iterdir()}
     assert run_cli(str(dataset / "images"), "--out", str(dataset), "--formats", "npz") == 2
     assert "lies in the output folder's images/" in capsys.readouterr().err
+    assert run_cli(str(dataset / "images" / "*.png"), "--out", str(dataset), "--formats", "npz") == 2  # a glob there
+    assert "lies in the output folder's images/" in capsys.readouterr().err
+    linked = tmp_path / "linked"
+    shutil.copytree(dataset / "images", linked / "raw")
+    (linked / "images").symlink_to(linked / "raw")  # the exports' images/ is a link to the photos
+    assert run_cli(str(linked / "raw"), "--out", str(linked), "--formats", "npz") == 2
+    assert "lies in the output folder's images/" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in (dataset / "images").iterdir()} == before
 
 
 def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file_that_cannot_go(
         tmp_path, monkeypatch, caplog):
     """An earlier run's per-frame name that is now a link (to the user's photo, inside the output
-    folder or not) is left, link and target; a run.json stem that names another folder is
-    ignored; a file whose removal fails is told and the rest still go."""
+    folder or not) is left, link and target, and so is what a per-frame folder that is a link
+    holds; a run.json stem that names another folder, or is absurdly long, is ignored; a file
+    whose removal fails is told and the rest still go."""
     import logging
 
-    from mapstream.pipeline.run import _frame_files, _previous_stems, _remove_stale_outputs
+    from mapstream.pipeline.run import _known_files, _previous_stems, _remove_stale_outputs
 
     out = tmp_path / "out"
     (out / "images").mkdir(parents=True)
@@ -640,10 +650,14 @@ def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file
     (out / "images" / "b.png").symlink_to(outside)
     for name in ("c", "d", "e"):
         (out / "depth" / f"{name}.png").write_bytes(b"ours")
-    (out / "run.json").write_text(json.dumps({"frame_stems": ["a", "b", "c", "d", "e", "../photos/a", "..", 7]}))
+    (out / "raw").mkdir()
+    (out / "raw" / "c.png").write_bytes(b"user photo")
+    (out / "masks").symlink_to(out / "raw")  # a per-frame folder that is a link: never entered
+    (out / "run.json").write_text(json.dumps(
+        {"frame_stems": ["a", "b", "c", "d", "e", "../photos/a", "..", 7, "x" * 300]}))
     stems = _previous_stems(out)
     assert stems == ["a", "b", "c", "d", "e"]
-    previous = [out / "images", out / "depth"]
+    previous = [out / "images", out / "depth", out / "masks"]
     real_unlink = Path.unlink
 
     def unlink(path, *args, **kwargs):
@@ -653,9 +667,10 @@ def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file
 
     monkeypatch.setattr(Path, "unlink", unlink)
     with caplog.at_level(logging.WARNING, logger="mapstream.pipeline.run"):
-        _remove_stale_outputs(out, previous, {}, None, _frame_files(out, previous, stems), [])
+        _remove_stale_outputs(out, previous, {}, None, _known_files(out, previous, stems), [])
     assert (out / "photos" / "a.png").read_bytes() == b"user photo" and outside.read_bytes() == b"user file"
     assert (out / "images" / "a.png").is_symlink() and (out / "images" / "b.png").is_symlink()
+    assert (out / "raw" / "c.png").read_bytes() == b"user photo" and (out / "masks").is_symlink()
     assert sorted(p.name for p in (out / "depth").iterdir()) == ["d.png"]
     assert "could not remove" in caplog.text and "d.png" in caplog.text
 
