@@ -56,3 +56,26 @@ def interleaved(
         rate = f"  {flops / med / 1e6:6.1f} TFLOP/s" if flops else ""
         print(f"{label}{name:14s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   median {med:7.1f} us{rate}", flush=True)
     return times
+
+
+def side_by_side(works) -> torch.cuda.CUDAGraph:
+    """One CUDA graph running each (stream, fn) of `works` forked from the capture stream and
+    joined back, so that the functions run side by side (a stream of None: a new side stream);
+    each function is run once before the capture, and the graph once after it."""
+    with torch.no_grad():
+        for _, fn in works:
+            fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            current = torch.cuda.current_stream()
+            streams = [s if s is not None else torch.cuda.Stream() for s, _ in works]
+            for stream, (_, fn) in zip(streams, works):
+                stream.wait_stream(current)
+                with torch.cuda.stream(stream):
+                    fn()
+            for stream in streams:
+                current.wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph

@@ -43,7 +43,7 @@ from torch import nn
 
 from _partition import sm_partition
 from _probe import report
-from _timing import timeit
+from _timing import side_by_side, timeit
 
 from mapstream.heads.dpt import DPTHead
 from mapstream.layers import _row_linear_kernel, row_linear
@@ -173,6 +173,22 @@ class TrunkBlock(nn.Module):
 DIRECT = False
 
 
+def camera_chain():
+    """The camera trunk's blocks (random weights, fp32, on the GPU) and a function that runs
+    the step's chain of them on one token: PASSES passes through BLOCKS blocks."""
+    blocks = nn.ModuleList(TrunkBlock() for _ in range(BLOCKS)).cuda().eval()
+    token = torch.randn(1, 1, DIM, device="cuda")
+
+    def camera():
+        x = token
+        for _ in range(PASSES):
+            for block in blocks:
+                x = block(x)
+        return x
+
+    return blocks, camera
+
+
 def main() -> None:
     global DIRECT
     parser = argparse.ArgumentParser()
@@ -184,45 +200,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.backends.cudnn.allow_tf32 = True
-    blocks = nn.ModuleList(TrunkBlock() for _ in range(BLOCKS)).cuda().eval()
+    blocks, camera = camera_chain()
     weight_bytes = PASSES * sum(p.numel() * 4 for p in blocks.parameters())
-    token = torch.randn(1, 1, DIM, device="cuda")
     dpt = DPTHead(DIM).cuda().eval().to(memory_format=torch.channels_last)
     layers = [torch.randn(1, 1, 978, DIM, device="cuda") for _ in range(4)]
-
-    def camera():
-        x = token
-        for _ in range(PASSES):
-            for block in blocks:
-                x = block(x)
-        return x
 
     def dense():
         return dpt(layers, (378, 504), 6)
 
-    def graph_of(works):
-        """One graph running each (stream or None = a plain side stream, fn) forked from the
-        capture stream and joined back: the works run side by side."""
-        with torch.no_grad():
-            for _, fn in works:
-                fn()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                current = torch.cuda.current_stream()
-                streams = [s if s is not None else torch.cuda.Stream() for s, _ in works]
-                for stream, (_, fn) in zip(streams, works):
-                    stream.wait_stream(current)
-                    with torch.cuda.stream(stream):
-                        fn()
-                for stream in streams:
-                    current.wait_stream(stream)
-        graph.replay()
-        torch.cuda.synchronize()
-        return graph
-
     def time_of(works) -> float:
-        return round(timeit(graph_of(works).replay), 1)
+        return round(timeit(side_by_side(works).replay), 1)
 
     res = {"camera_weight_bytes_per_frame": weight_bytes}
 

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from _probe import energy, energy_reader, report
-from _timing import timeit
-from probe_camera_partition import BLOCKS, DIM, PASSES, TrunkBlock
+from _timing import side_by_side, timeit
+from probe_camera_partition import DIM, camera_chain
 
 from mapstream.heads import dpt
 from mapstream.heads.dpt import DPTHead
@@ -69,27 +69,6 @@ def cudnn_fused():
         dpt.conv_epilogue, dpt._ResidualConvUnit.forward, dpt._FusionBlock.forward = saved
 
 
-def graph_of(works) -> torch.cuda.CUDAGraph:
-    """One graph running each function on its own side stream, joined back (side by side)."""
-    with torch.no_grad():
-        for fn in works:
-            fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            current = torch.cuda.current_stream()
-            streams = [torch.cuda.Stream() for _ in works]
-            for stream, fn in zip(streams, works):
-                stream.wait_stream(current)
-                with torch.cuda.stream(stream):
-                    fn()
-            for stream in streams:
-                current.wait_stream(stream)
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -100,15 +79,7 @@ def main() -> None:
     res: dict = {}
     head = DPTHead(DIM).cuda().eval().to(memory_format=torch.channels_last)
     layers = [torch.randn(1, 1, 978, DIM, device="cuda") for _ in range(4)]
-    blocks = nn.ModuleList(TrunkBlock() for _ in range(BLOCKS)).cuda().eval()
-    token = torch.randn(1, 1, DIM, device="cuda")
-
-    def camera():
-        x = token
-        for _ in range(PASSES):
-            for block in blocks:
-                x = block(x)
-        return x
+    _, camera = camera_chain()
 
     outputs = {}
     for fused in (False, True, False, True):
@@ -116,8 +87,8 @@ def main() -> None:
         with cudnn_fused() if fused else contextlib.nullcontext():
             with torch.no_grad():
                 outputs[label] = head(layers, (378, 504), 6)
-            alone = graph_of([lambda: head(layers, (378, 504), 6)])
-            both = graph_of([camera, lambda: head(layers, (378, 504), 6)])
+            alone = side_by_side([(None, lambda: head(layers, (378, 504), 6))])
+            both = side_by_side([(None, camera), (None, lambda: head(layers, (378, 504), 6))])
         row = {"dpt_alone_us": round(timeit(alone.replay), 1), "beside_camera_us": round(timeit(both.replay), 1),
                "dpt_energy": energy(nvml, alone.replay), "both_energy": energy(nvml, both.replay)}
         res.setdefault(label, []).append(row)
@@ -127,7 +98,7 @@ def main() -> None:
     res["max_rel_diff"] = {"depth": float(((d1 - d0).abs() / d0.abs().clamp_min(1e-6)).max()),
                            "conf": float(((c1 - c0).abs() / c0.abs()).max())}
     print(res["max_rel_diff"], flush=True)
-    cam = graph_of([camera])
+    cam = side_by_side([(None, camera)])
     res["camera_alone"] = {"us": round(timeit(cam.replay), 1), "energy": energy(nvml, cam.replay)}
     print("camera", res["camera_alone"], flush=True)
     del cam
