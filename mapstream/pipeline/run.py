@@ -8,7 +8,7 @@ Sim(3) estimate.
 """
 from __future__ import annotations
 
-import itertools
+import glob
 import json
 import logging
 import math
@@ -163,37 +163,57 @@ COLMAP_FILES = ("cameras.txt", "images.txt", "points3D.txt")
 def _check_input_apart_from_outputs(opts: RunOptions) -> None:
     """Refuse an input the run's outputs would overwrite or be read back from: the output folder
     itself (its summary.png would be a frame of the next run) or one of its per-frame folders
-    (the preprocessed frames, written to OUT/images, would replace the photos of the same name)."""
-    source = _input_area(opts)
-    if source is None or opts.demo:
+    (the preprocessed frames, written to OUT/images, would replace the photos of the same name);
+    for a glob, any file it matches there."""
+    if opts.demo:
         return
-    source, out = source.resolve(), Path(opts.out).resolve()
-    if source == out:
-        raise ValueError(
-            f"the output folder is the input folder {opts.input}: the run would read its own outputs (summary.png...) "
-            "as frames when run again; write them elsewhere, e.g. to a subfolder"
-        )
-    for name in _FRAME_FOLDERS:
-        folder = (out / name).resolve()  # a link there: where the exports would write
-        if source == folder or folder in source.parents:
+    out = Path(os.path.realpath(opts.out))
+    folders = {name: Path(os.path.realpath(out / name)) for name in _FRAME_FOLDERS}  # a link: where exports write
+    source = _input_path(opts)
+    if source is not None:
+        source = Path(os.path.realpath(source))
+        if source == out:
             raise ValueError(
-                f"the input {opts.input} lies in the output folder's {name}/, which the run's exports write frame by "
-                f"frame (its files could replace your own); give another output folder, e.g. {out / 'mapstream'}"
+                f"the output folder is the input folder {opts.input}: the run would read its own outputs "
+                "(summary.png...) as frames when run again; write them elsewhere, e.g. to a subfolder"
+            )
+        for name, folder in folders.items():
+            if source == folder or folder in source.parents:
+                raise ValueError(
+                    f"the input {opts.input} lies in the output folder's {name}/, which the run's exports write frame "
+                    f"by frame (its files could replace your own); give another output folder, e.g. {out / 'mapstream'}"
+                )
+        return
+    for match in _glob_matches(opts):
+        match = Path(os.path.realpath(match))
+        if match.parent == out or any(match.parent == f or f in match.parents for f in folders.values()):
+            raise ValueError(
+                f"the input {opts.input} matches {match}, in the output folder {out} or one of the folders its "
+                "exports write frame by frame: the run would read its own outputs as frames, or write over the "
+                "files it reads; narrow the pattern or give another output folder"
             )
 
 
-def _input_area(opts: RunOptions) -> Path | None:
-    """Where on disk the input reads from: its path (`_input_path`), or for a glob the folder
-    before its first wildcard (``photos/*.png`` -> ``photos``); None for a stream or webcam."""
+def _glob_matches(opts: RunOptions) -> list[str]:
+    """The files a glob input reads (as `io.sources` expands it, ``**`` included); none for
+    any other input."""
+    spec = opts.input
+    if spec is None or "://" in str(spec) or not any(c in str(spec) for c in "*?["):
+        return []
+    return [m for m in glob.glob(str(spec), recursive=True) if os.path.isfile(m)]
+
+
+def _input_files(opts: RunOptions) -> set[Path]:
+    """The input's files as they lie on disk (links followed): a file input, a folder's files
+    (it reads its top level), a glob's matches. A rerun's cleanup never removes one."""
     path = _input_path(opts)
-    if path is not None or opts.input is None or "://" in str(opts.input):
-        return path
-    parts = Path(opts.input).parts
-    fixed = [part for part in itertools.takewhile(lambda part: not any(c in part for c in "*?["), parts)]
-    if len(fixed) == len(parts):
-        return None  # no wildcard: a missing path or a webcam index, told elsewhere
-    base = Path(*fixed) if fixed else Path(".")
-    return base if base.exists() else None
+    if path is None:
+        files = [Path(m) for m in _glob_matches(opts)]
+    elif path.is_dir():
+        files = [p for p in path.iterdir() if p.is_file()]
+    else:
+        files = [path]
+    return {Path(os.path.realpath(f)) for f in files}
 
 
 def _input_path(opts: RunOptions) -> Path | None:
@@ -284,6 +304,8 @@ def _previous_outputs(out: Path) -> list[Path]:
         return []
     paths = []
     for value in listed.values() if isinstance(listed, dict) else []:
+        if not isinstance(value, str):  # a damaged or hand-edited run.json
+            continue
         path = Path(value)
         try:
             paths.append(out / path.relative_to(old_out))
@@ -310,15 +332,15 @@ def _known_files(out: Path, outputs: dict[str, Path] | list[Path], stems: list[s
 
 def _previous_stems(out: Path) -> list[str]:
     """The frame stems an earlier run in ``out`` recorded in its run.json (none before they
-    were recorded, or when unreadable); only plain names of a sane length, so that a damaged
-    or hand-edited run.json cannot point outside its folders."""
+    were recorded, or when unreadable); only plain names that fit a file name with ".png", so
+    that a damaged or hand-edited run.json cannot point outside its folders."""
     try:
         stems = json.loads((out / "run.json").read_text()).get("frame_stems", [])
     except (OSError, ValueError, AttributeError):
         return []
     if not isinstance(stems, list):
         return []
-    return [s for s in stems if isinstance(s, str) and 0 < len(s) <= 200 and s not in (".", "..")
+    return [s for s in stems if isinstance(s, str) and 0 < len(s.encode()) <= 251 and s not in (".", "..")
             and Path(s).name == s and "\\" not in s and "\0" not in s]
 
 
@@ -326,38 +348,35 @@ def _below_without_links(out: Path, path: Path) -> Path | None:
     """``path`` resolved, when it lies below ``out`` with no link on the way down from ``out``
     (``out`` itself may be one); else None. What a removal may touch: a link, or anything
     reached through one, may be the user's."""
-    root = Path(os.path.abspath(out))
     try:
-        rel = Path(os.path.abspath(path)).relative_to(root)
+        rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(out))
     except ValueError:
         return None
+    root = Path(os.path.realpath(out))  # where the names below out lie, out's own links followed
     step = root
     for part in rel.parts:
         step = step / part
         if step.is_symlink():
             return None
-    return out.resolve() / rel if rel.parts else None
+    return step if rel.parts else None
 
 
-def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path], source_path: Path | None,
+def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path], inputs: set[Path],
                           previous_known: list[Path] = (), known_written: list[Path] = ()) -> None:
     """Remove the files an earlier run in ``out`` wrote and this one did not write again (another
     input, fewer frames, fewer formats), so that no file of another run passes for this one's:
     its listed files (``previous``) and the files of its listed folders that carry names
     mapstream writes (``previous_known``: per-frame PNGs by the stems its run.json recorded,
-    COLMAP's files). Only regular files below ``out``, reached without a link, outside the
-    input. A folder of outputs (depth/, images/, sparse/0...) goes only once empty: it may
+    COLMAP's files). Only regular files below ``out``, reached without a link, none of the
+    input's files (``inputs``, `_input_files`). A folder of outputs (depth/, images/, sparse/0...) goes only once empty: it may
     hold the user's own files, and is then named in a warning. A file that cannot be removed
     is told: this run's outputs are written by now."""
     keep = {p for p in (_below_without_links(out, q) for q in (*written.values(), *known_written)) if p is not None}
-    source = source_path.resolve() if source_path is not None else None
     removed = 0
     for given in [*previous_known, *previous]:  # files first: their folders may empty
         try:
             path = _below_without_links(out, given)
-            if path is None or path in keep or not path.exists():
-                continue
-            if source is not None and (path == source or source in path.parents or path in source.parents):
+            if path is None or path in keep or path in inputs or not path.exists():
                 continue
             if path.is_file():
                 path.unlink()
@@ -533,7 +552,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         drop_white=opts.drop_white_background, progress=progress,
     )
     stems = recon.file_stems()
-    _remove_stale_outputs(out, previous, outputs, _input_area(opts), previous_known, _known_files(out, outputs, stems))
+    _remove_stale_outputs(out, previous, outputs, _input_files(opts), previous_known, _known_files(out, outputs, stems))
     exported = time.perf_counter()
     fps = new / max(inferred - loaded - in_callback, 1e-9)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

@@ -620,13 +620,32 @@ def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monk
     assert run_cli(str(dataset / "images"), "--out", str(dataset), "--formats", "npz") == 2
     assert "lies in the output folder's images/" in capsys.readouterr().err
     assert run_cli(str(dataset / "images" / "*.png"), "--out", str(dataset), "--formats", "npz") == 2  # a glob there
-    assert "lies in the output folder's images/" in capsys.readouterr().err
+    assert "one of the folders its exports write frame by frame" in capsys.readouterr().err
+    assert run_cli(str(tmp_path / "*" / "images" / "*.png"), "--out", str(dataset), "--formats", "npz") == 2  # or from above
+    assert "one of the folders its exports write frame by frame" in capsys.readouterr().err
     linked = tmp_path / "linked"
     shutil.copytree(dataset / "images", linked / "raw")
     (linked / "images").symlink_to(linked / "raw")  # the exports' images/ is a link to the photos
     assert run_cli(str(linked / "raw"), "--out", str(linked), "--formats", "npz") == 2
     assert "lies in the output folder's images/" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in (dataset / "images").iterdir()} == before
+
+
+def test_a_glob_input_stays_apart_from_the_outputs_and_their_cleanup(tmp_path, monkeypatch, capsys):
+    """A glob over the folder that holds the output folder: a rerun there still removes the
+    earlier run's files (the photos it reads are never touched); a recursive glob that would
+    read the earlier run's outputs back as frames is refused, saying so."""
+    src = photos(tmp_path, 4)
+    monkeypatch.chdir(src)
+    assert run_cli("*.png", "--out", "sub", "--formats", "npz", "depth", "images") == 0
+    assert len(list(Path("sub", "images").iterdir())) == 4
+    assert run_cli("*.png", "--out", "sub", "--formats", "npz") == 0
+    assert not Path("sub", "images").exists() and not Path("sub", "depth").exists()
+    assert sorted(p.name for p in src.glob("*.png")) == ["000000.png", "000001.png", "000002.png", "000003.png"]
+    assert run_cli(str(src / "**" / "*.png"), "--out", str(src / "out"), "--formats", "npz", "images") == 0
+    capsys.readouterr()
+    assert run_cli(str(src / "**" / "*.png"), "--out", str(src / "out"), "--formats", "npz", "images") == 2
+    assert "the run would read its own outputs as frames" in capsys.readouterr().err
 
 
 def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file_that_cannot_go(
@@ -667,7 +686,7 @@ def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file
 
     monkeypatch.setattr(Path, "unlink", unlink)
     with caplog.at_level(logging.WARNING, logger="mapstream.pipeline.run"):
-        _remove_stale_outputs(out, previous, {}, None, _known_files(out, previous, stems), [])
+        _remove_stale_outputs(out, previous, {}, set(), _known_files(out, previous, stems), [])
     assert (out / "photos" / "a.png").read_bytes() == b"user photo" and outside.read_bytes() == b"user file"
     assert (out / "images" / "a.png").is_symlink() and (out / "images" / "b.png").is_symlink()
     assert (out / "raw" / "c.png").read_bytes() == b"user photo" and (out / "masks").is_symlink()
