@@ -152,11 +152,12 @@ def _input_key(spec: str | None) -> str | None:
     return str(Path(spec).resolve())
 
 
-PER_FRAME_FOLDERS = ("images", "depth", "depth_preview", "masks")
+_PER_FRAME_FOLDERS = ("images", "depth", "depth_preview", "masks")
 """Output folders holding one ``<stem>.png`` a frame (`Reconstruction.file_stems`)."""
-_FRAME_FOLDERS = (*PER_FRAME_FOLDERS, "sparse")
-"""The output folder's subfolders that exports write frame by frame (COLMAP's names each frame)."""
-COLMAP_FILES = ("cameras.txt", "images.txt", "points3D.txt")
+_FRAME_FOLDERS = (*_PER_FRAME_FOLDERS, "sparse")
+"""The output folder's subfolders that exports write frame by frame (sparse/: COLMAP's model,
+which names every frame's image)."""
+_COLMAP_FILES = ("cameras.txt", "images.txt", "points3D.txt")
 """What `write_colmap` writes in ``sparse/0``."""
 
 
@@ -323,10 +324,10 @@ def _known_files(out: Path, outputs: dict[str, Path] | list[Path], stems: list[s
     root = Path(os.path.abspath(out))
     files = []
     for folder in (Path(os.path.abspath(p)) for p in paths):
-        if folder.parent == root and folder.name in PER_FRAME_FOLDERS:
+        if folder.parent == root and folder.name in _PER_FRAME_FOLDERS:
             files += [folder / f"{stem}.png" for stem in stems]
         elif folder == root / "sparse" / "0":
-            files += [folder / name for name in COLMAP_FILES]
+            files += [folder / name for name in _COLMAP_FILES]
     return files
 
 
@@ -367,10 +368,10 @@ def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Pa
     input, fewer frames, fewer formats), so that no file of another run passes for this one's:
     its listed files (``previous``) and the files of its listed folders that carry names
     mapstream writes (``previous_known``: per-frame PNGs by the stems its run.json recorded,
-    COLMAP's files). Only regular files below ``out``, reached without a link, none of the
-    input's files (``inputs``, `_input_files`). A folder of outputs (depth/, images/, sparse/0...) goes only once empty: it may
-    hold the user's own files, and is then named in a warning. A file that cannot be removed
-    is told: this run's outputs are written by now."""
+    COLMAP's files). Only regular files below ``out``, reached without a link, and none of the
+    input's files (``inputs``, `_input_files`). A folder of outputs (depth/, images/,
+    sparse/0...) goes only once empty: it may hold the user's own files, and is then named in
+    a warning. A file that cannot be removed is told: this run's outputs are written by now."""
     keep = {p for p in (_below_without_links(out, q) for q in (*written.values(), *known_written)) if p is not None}
     removed = 0
     for given in [*previous_known, *previous]:  # files first: their folders may empty
