@@ -2,6 +2,7 @@
 
     source = open_source("frames/")            # folder of images
     source = open_source("clip.mp4", fps=10)   # video file (PyAV)
+    source = open_source("https://host/clip.mp4", fps=10)  # a video file on a web server (PyAV)
     source = open_source("shots/*.jpg")        # glob
     source = open_source(0)                    # webcam 0 (OpenCV)
     source = open_source("rtsp://host/stream") # stream URL (OpenCV)
@@ -37,7 +38,7 @@ from mapstream.io.images import (
     preprocess_image,
     preprocessed_height,
 )
-from mapstream.io.video import VIDEO_EXTENSIONS, iter_video_frames, probe_video, sample_interval
+from mapstream.io.video import VIDEO_EXTENSIONS, is_video_url, iter_video_frames, probe_video, sample_interval, video_stem
 
 logger = logging.getLogger(__name__)
 
@@ -191,10 +192,10 @@ class FrameSource:
     ) -> FrameSource:
         """Frames of a video file, see :func:`iter_video_frames`; names ``<stem>_<index>``,
         `last_time` the frame's presentation time."""
-        if not Path(path).is_file():
+        if not is_video_url(path) and not Path(path).is_file():
             raise FileNotFoundError(f"video file not found: {path}")
         check_selection(stride, first_k)
-        stem = Path(path).stem
+        stem = video_stem(path)
 
         def frames() -> Iterator[tuple[str, Image.Image, float | None]]:
             for f in iter_video_frames(path, fps=fps, stride=stride, first_k=first_k):
@@ -297,7 +298,9 @@ def open_source(
 ) -> FrameSource:
     """Pick the right :class:`FrameSource` for ``spec``.
 
-    int or digit string (not an existing path) -> webcam; ``scheme://`` -> stream URL;
+    int or digit string (not an existing path) -> webcam; an http(s) URL of a video file ->
+    that video, as a file (PyAV: fps sampling, presentation times); other ``scheme://`` ->
+    stream URL (OpenCV);
     folder -> images; file with a video extension -> video; other file -> one image; text
     with ``* ? [`` -> glob; list -> those files.  ``kwargs`` go to the constructor
     (fps, stride, first_k, mode, image_size, patch_size); ``fps`` is used by video only.
@@ -308,6 +311,8 @@ def open_source(
         return FrameSource.from_capture(int(spec), **kwargs)
     if isinstance(spec, (str, os.PathLike)):
         text = os.fspath(spec)
+        if is_video_url(text):  # a video file on a web server: as the file would be read
+            return FrameSource.from_video(text, fps=fps, **kwargs)
         if "://" in text:
             return FrameSource.from_capture(text, **kwargs)
         path = Path(text)

@@ -45,7 +45,8 @@ class VideoInfo:
     """What the container says about its first video stream (``frames`` and ``duration``,
     in seconds, may be None)."""
 
-    path: Path
+    path: Path | str
+    """The file, or the URL as given."""
     src_fps: float | None
     frames: int | None
     width: int
@@ -74,15 +75,46 @@ def _import_av() -> Any:
     return av
 
 
+def is_video_url(spec: str | os.PathLike) -> bool:
+    """Whether ``spec`` is an http(s) URL of a video file (its path ends in a video suffix):
+    read as the file would be, through FFmpeg, with the file's frame sampling and times."""
+    from urllib.parse import urlsplit
+
+    text = os.fspath(spec)
+    if "://" not in text:
+        return False
+    url = urlsplit(text)
+    return url.scheme.lower() in ("http", "https") and Path(url.path).suffix.lower() in VIDEO_EXTENSIONS
+
+
+def video_stem(spec: str | os.PathLike) -> str:
+    """The file name without its suffix, of a path or a video URL (frames are named after it)."""
+    from urllib.parse import unquote, urlsplit
+
+    text = os.fspath(spec)
+    return Path(unquote(urlsplit(text).path) if is_video_url(text) else text).stem
+
+
+_URL_TIMEOUT_S = 30.0
+"""How long opening a video URL, or one read from it, may wait for the server."""
+
+
 def _open(path: str | os.PathLike) -> tuple[Any, Any]:
-    """Open ``path`` and return ``(container, first video stream)`` with clear errors."""
+    """Open ``path`` (a file, or a video URL) and return ``(container, first video stream)``
+    with clear errors."""
     av = _import_av()
-    p = Path(path)
-    if not p.is_file():
+    url = is_video_url(path)
+    p = os.fspath(path) if url else Path(path)
+    if not url and not p.is_file():
         raise FileNotFoundError(f"video file not found: {p}")
     try:
-        container = av.open(str(p))
+        container = av.open(str(p), timeout=_URL_TIMEOUT_S) if url else av.open(str(p))
     except av.error.FFmpegError as exc:
+        if url:
+            raise ValueError(
+                f"cannot read the video at {p}: {exc}. Check the URL and the network, or download the file "
+                "and pass its path"
+            ) from exc
         raise ValueError(
             f"cannot open video {p}: {exc}. It is not a video FFmpeg can read; convert it, "
             "e.g. ffmpeg -i INPUT -c:v libx264 out.mp4"
@@ -104,7 +136,7 @@ def probe_video(path: str | os.PathLike) -> VideoInfo:
     try:
         ctx = stream.codec_context
         return VideoInfo(
-            path=Path(path), src_fps=_stream_fps(stream), frames=stream.frames or None,
+            path=path if is_video_url(path) else Path(path), src_fps=_stream_fps(stream), frames=stream.frames or None,
             width=ctx.width, height=ctx.height, codec=ctx.name,
             duration=container.duration / 1e6 if container.duration else None,  # microseconds
         )

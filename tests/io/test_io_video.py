@@ -221,3 +221,47 @@ def test_a_damaged_packet_costs_its_frames_not_the_video(tmp_path: Path, monkeyp
     monkeypatch.setattr(video, "_open", opening(set(range(1000))))
     with pytest.raises(ValueError, match=r"no frames could be decoded from .*bars\.mov \(the decoder: .*Invalid data"):
         list(iter_video_frames(lossless_video, fps=None))
+
+
+@pytest.fixture
+def served(mpeg4_video: Path):
+    """The mpeg4 video's folder on a local HTTP server (a thread): yields the base URL."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # noqa: D401 - the test's output stays clean
+            pass
+
+    handler = functools.partial(Quiet, directory=str(mpeg4_video.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_video_url_is_read_as_the_file_would_be(mpeg4_video: Path, served: str) -> None:
+    """An http(s) URL of a video file goes through PyAV, not OpenCV's capture: the same fps
+    sampling, frames, names and presentation times as the file; a missing one is told."""
+    from mapstream.io.sources import open_source
+    from mapstream.io.video import is_video_url, video_stem
+
+    url = f"{served}/{mpeg4_video.name}"
+    assert is_video_url(url) and is_video_url("HTTPS://host/a%20b.MP4?x=1") and not is_video_url("rtsp://h/s.mp4")
+    assert not is_video_url("http://host/live") and not is_video_url(mpeg4_video)
+    assert video_stem("https://host/dir/a%20b.mp4?token=1") == "a b" and video_stem(mpeg4_video) == "bars"
+    assert probe_video(url).src_fps == 20.0 and probe_video(url).path == url
+    from_file = open_source(str(mpeg4_video), fps=5, image_size=56)
+    from_url = open_source(url, fps=5, image_size=56)
+    assert from_url.expected_length == from_file.expected_length == 5
+    got = [(name, tensor) for name, tensor in from_url]
+    want = [(name, tensor) for name, tensor in from_file]
+    assert [n for n, _ in got] == [n for n, _ in want] == [f"bars_{i:06d}" for i in (0, 4, 8, 12, 16)]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, want, strict=True))
+    with pytest.raises((ValueError, FileNotFoundError), match="missing.mp4"):
+        list(open_source(f"{served}/missing.mp4", fps=5, image_size=56))
