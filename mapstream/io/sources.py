@@ -177,8 +177,7 @@ class FrameSource:
         cls, pattern: str, *, first_k: int | None = None, stride: int = 1, **preprocess: Any
     ) -> FrameSource:
         """Files matching a glob pattern, natural-sorted by path (stride, then first_k)."""
-        files = sorted(globlib.glob(pattern, recursive=True), key=natural_sort_key)
-        files = [f for f in files if os.path.isfile(f)]
+        files = glob_files(pattern)
         if not files:
             raise FileNotFoundError(f"no files match {pattern!r}")
         source = cls.from_paths(files, first_k=first_k, stride=stride, **preprocess)
@@ -240,6 +239,17 @@ class FrameSource:
                 cap.release()
 
         return cls(frames, length=None, description=f"capture {device!r}", **preprocess)
+
+
+def is_glob(text: str) -> bool:
+    """Whether ``text`` is a glob pattern (has ``*``, ``?`` or ``[``)."""
+    return any(c in text for c in "*?[")
+
+
+def glob_files(pattern: str) -> list[str]:
+    """The files a glob input reads: its matches (``**`` recursive) that are files,
+    natural-sorted by path."""
+    return [f for f in sorted(globlib.glob(pattern, recursive=True), key=natural_sort_key) if os.path.isfile(f)]
 
 
 def _to_height(frame: torch.Tensor, height: int) -> torch.Tensor:
@@ -322,7 +332,7 @@ def open_source(
             return FrameSource.from_video(path, fps=fps, **kwargs)
         if path.is_file():
             return FrameSource.from_paths([path], **kwargs)
-        if any(c in text for c in "*?["):
+        if is_glob(text):
             return FrameSource.from_glob(text, **kwargs)
         raise FileNotFoundError(f"input not found: {text} (expected a folder, file, glob, "
                                 "webcam index or stream URL)")

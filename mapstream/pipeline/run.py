@@ -8,7 +8,6 @@ Sim(3) estimate.
 """
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import math
@@ -198,10 +197,12 @@ def _check_input_apart_from_outputs(opts: RunOptions) -> None:
 def _glob_matches(opts: RunOptions) -> list[str]:
     """The files a glob input reads (as `io.sources` expands it, ``**`` included); none for
     any other input."""
+    from ..io.sources import glob_files, is_glob
+
     spec = opts.input
-    if spec is None or "://" in str(spec) or not any(c in str(spec) for c in "*?["):
+    if spec is None or "://" in str(spec) or not is_glob(str(spec)):
         return []
-    return [m for m in glob.glob(str(spec), recursive=True) if os.path.isfile(m)]
+    return glob_files(str(spec))
 
 
 def _input_files(opts: RunOptions) -> set[Path]:
