@@ -294,15 +294,24 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
     )
 
 
-def _previous_outputs(out: Path) -> list[Path]:
-    """The outputs an earlier run in ``out`` listed in its run.json, as paths under ``out``
-    (none if unreadable). run.json records them as that run was given ``out``, relative to its
-    working directory when ``out`` was relative; they are re-rooted here."""
+def _earlier_run(out: Path) -> dict:
+    """The run.json an earlier run left in ``out``, read once for what the cleanup needs of it
+    (empty when there is none or it is unreadable)."""
     try:
         info = json.loads((out / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _previous_outputs(out: Path, info: dict) -> list[Path]:
+    """The outputs an earlier run in ``out`` listed in its run.json ``info``, as paths under
+    ``out`` (none if unreadable). run.json records them as that run was given ``out``, relative
+    to its working directory when ``out`` was relative; they are re-rooted here."""
+    try:
         listed = info.get("outputs", {})
         old_out = Path(info["config"]["options"]["out"])
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+    except (KeyError, AttributeError, TypeError):
         return []
     paths = []
     for value in listed.values() if isinstance(listed, dict) else []:
@@ -332,14 +341,11 @@ def _known_files(out: Path, outputs: dict[str, Path] | list[Path], stems: list[s
     return files
 
 
-def _previous_stems(out: Path) -> list[str]:
-    """The frame stems an earlier run in ``out`` recorded in its run.json (none before they
-    were recorded, or when unreadable); only plain names that fit a file name with ".png", so
-    that a damaged or hand-edited run.json cannot point outside its folders."""
-    try:
-        stems = json.loads((out / "run.json").read_text()).get("frame_stems", [])
-    except (OSError, ValueError, AttributeError):
-        return []
+def _previous_stems(info: dict) -> list[str]:
+    """The frame stems an earlier run recorded in its run.json ``info`` (none before they were
+    recorded); only plain names that fit a file name with ".png", so that a damaged or
+    hand-edited run.json cannot point outside its folders."""
+    stems = info.get("frame_stems", [])
     if not isinstance(stems, list):
         return []
     return [s for s in stems if isinstance(s, str) and 0 < len(s.encode()) <= 251 and s not in (".", "..")
@@ -543,8 +549,9 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         session.close()
     inferred = time.perf_counter()
 
-    previous = _previous_outputs(out)  # before this run's run.json replaces the list
-    previous_known = _known_files(out, previous, _previous_stems(out))
+    earlier = _earlier_run(out)  # before this run's run.json replaces it
+    previous = _previous_outputs(out, earlier)
+    previous_known = _known_files(out, previous, _previous_stems(earlier))
     recon = store.assemble(fps=opts.fps)
     if opts.sky_mask:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)

@@ -656,7 +656,7 @@ def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file
     whose removal fails is told and the rest still go."""
     import logging
 
-    from mapstream.pipeline.run import _known_files, _previous_stems, _remove_stale_outputs
+    from mapstream.pipeline.run import _earlier_run, _known_files, _previous_stems, _remove_stale_outputs
 
     out = tmp_path / "out"
     (out / "images").mkdir(parents=True)
@@ -674,7 +674,7 @@ def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file
     (out / "masks").symlink_to(out / "raw")  # a per-frame folder that is a link: never entered
     (out / "run.json").write_text(json.dumps(
         {"frame_stems": ["a", "b", "c", "d", "e", "../photos/a", "..", 7, "x" * 300]}))
-    stems = _previous_stems(out)
+    stems = _previous_stems(_earlier_run(out))
     assert stems == ["a", "b", "c", "d", "e"]
     previous = [out / "images", out / "depth", out / "masks"]
     real_unlink = Path.unlink
