@@ -10,10 +10,15 @@ At the protocol's shape (16 heads, 71,232 keys normalized as after a LayerNorm, 
 fixed reference point from the key-norm bound, one CUDA graph of 10 calls) this times and
 meters (NVML's energy counter over ≈ 2 s of replays):
 - `--configs`: tile configurations (64x128 with 4 warps, as the step; 128-row blocks of 8 warps);
+- `--wide-rows`: row blocks of 128 and 256 queries (K/V tiles read from L2 half or a quarter as
+  often: moving them is ≈ 0.06 J of a call's ≈ 0.43, `probe_energy_parts.py`), with the
+  registers capped so that two programs of 8 warps share a multiprocessor;
+- `--pingpong`: the experimental Gluon ping-pong kernel (128 rows a program, 1 a multiprocessor:
+  half the K/V reads of the default), with the running max and with the fixed reference point;
 - `--queries`: the default configuration at 960, 978 and 1,024 queries (15, 16 and 16 full row
   blocks): what the padded rows of the last row block cost.
 
-Usage (device, from scripts/): python3 probe_energy.py [--configs] [--queries] [--out FILE.json]
+Usage (device, from scripts/): python3 probe_energy.py [--configs] [--wide-rows] [--pingpong] [--queries] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -31,9 +36,11 @@ HEADS, KEYS, DIM = 16, 71_232, 64
 
 def measure(nvml, q, k, v, config: KernelConfig, key_norm: float) -> dict:
     """µs and J a call (graph of 10 calls), TFLOP/s, and the error against fp32 SDPA."""
-    def call():
-        return flash_attention(q, k, v, config=config, key_norm=key_norm)
+    return measure_call(nvml, q, k, v, lambda: flash_attention(q, k, v, config=config, key_norm=key_norm))
 
+
+def measure_call(nvml, q, k, v, call) -> dict:
+    """`measure` of any attention call over q, k, v (all keys)."""
     try:
         got = call()
         torch.cuda.synchronize()
@@ -58,6 +65,8 @@ def measure(nvml, q, k, v, config: KernelConfig, key_norm: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--configs", action="store_true")
+    parser.add_argument("--wide-rows", action="store_true")
+    parser.add_argument("--pingpong", action="store_true")
     parser.add_argument("--queries", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -79,6 +88,39 @@ def main() -> None:
         for name, config in configs.items():
             res[f"config {name}"] = row = measure(nvml, q_all[:, :978], k, v, config, key_norm)
             print(name, row, flush=True)
+    if args.wide_rows:
+        wide = {
+            "64x128 w4 s3 (default)": KernelConfig(tma=True, balance=True),
+            "128x64 w8 s2 r128, 2/SM": KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=2, maxnreg=128,
+                                                     tma=True, balance=True),
+            "128x64 w8 s3 r128, 2/SM": KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, maxnreg=128,
+                                                     tma=True, balance=True),
+            "128x128 w8 s2 r128, 2/SM": KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=2, maxnreg=128,
+                                                      tma=True, balance=True),
+            "256x64 w16 s2 r128, 1/SM": KernelConfig(block_m=256, block_n=64, num_warps=16, num_stages=2, maxnreg=128,
+                                                      tma=True, balance=True, programs_per_sm=1),
+        }
+        for rounds in range(2):
+            for name, config in wide.items():
+                row = measure(nvml, q_all[:, :978], k, v, config, key_norm)
+                res.setdefault(f"wide {name}", []).append(row)
+                print(name, row, flush=True)
+    if args.pingpong:
+        from mapstream.attention.experimental.gluon_pingpong import pingpong_attention
+
+        q = q_all[:, :978]
+        rng = torch.tensor([0, KEYS], device="cuda", dtype=torch.int32)
+        calls = {"64x128 w4 s3 (default)": lambda: flash_attention(q, k, v, config=KernelConfig(tma=True, balance=True),
+                                                                   key_norm=key_norm)}
+        for stages in (2, 3, 4):
+            calls[f"pingpong s{stages}"] = lambda st=stages: pingpong_attention(q, k, v, rng, stages=st)
+            calls[f"pingpong s{stages} fixed"] = lambda st=stages: pingpong_attention(q, k, v, rng, stages=st,
+                                                                                     key_norm=key_norm)
+        for rounds in range(2):
+            for name, call in calls.items():
+                row = measure_call(nvml, q, k, v, call)
+                res.setdefault(f"pingpong {name}", []).append(row)
+                print(name, row, flush=True)
     if args.queries:
         for rounds in range(2):  # twice, interleaved: the clock drifts with the GPU's heat
             for n_q in (960, 978, 1024):

@@ -43,6 +43,9 @@ class KernelConfig:
     block_n: int = 128
     num_warps: int = 4
     num_stages: int = 3
+    maxnreg: int = 0
+    """Registers a thread may use at most (0: the compiler's choice). A cap lets more programs
+    of a large block share a multiprocessor (8 warps at 128 registers: two programs)."""
     exp_bf16x2: bool = False
     """Packed bf16 exponentials (sm90 inline PTX). No gain on an H200: ptxas issues one
     MUFU.EX2.BF16 per half (docs/BENCHMARKS.md)."""
@@ -86,6 +89,14 @@ class KernelConfig:
     H200 at the protocol's shape (docs/BENCHMARKS.md, session 10; µs a call, 682 unbalanced):
     0 and 2 leave the spare programs last to finish (754, 690); 3 to 6 give 654-657, 8 and
     11 660-661."""
+
+
+def _launch_options(config: KernelConfig) -> dict:
+    """The launch's compile options of `config`."""
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.maxnreg:
+        options["maxnreg"] = config.maxnreg
+    return options
 
 
 def default_config(device: torch.device) -> KernelConfig:
@@ -637,8 +648,7 @@ def flash_attention(
     meta = dict(
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         EXP_BF16X2=config.exp_bf16x2, EXP_POLY=config.exp_poly, SPLITS=splits,
-        TREE_MAX=config.tree_max, WIDE_SUM=config.wide_sum,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        TREE_MAX=config.tree_max, WIDE_SUM=config.wide_sum, **_launch_options(config),
     )
     if config.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -686,8 +696,7 @@ def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wra
         q, k_arg, v_arg, range_arg, partial_acc, partial_ml, *strides,
         n_q, heads, lo, hi, _LOG2E / math.sqrt(dim), per_spare, float(key_norm or 0.0),
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        TMA=config.tma, TAIL_SETUP=config.tail_setup, FIXED=fixed,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        TMA=config.tma, TAIL_SETUP=config.tail_setup, FIXED=fixed, **_launch_options(config),
     )
     if fixed:
         merge = _merge_or_repair if config.tma else wrap(_merge_or_repair)
@@ -695,7 +704,7 @@ def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wra
             q, k_arg, v_arg, range_arg, partial_acc, partial_ml, out, q if repairs is None else repairs,
             *strides, out.stride(0), out.stride(1), n_q, heads, lo, hi, _LOG2E / math.sqrt(dim),
             RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-            TMA=config.tma, COUNT=repairs is not None, num_warps=config.num_warps, num_stages=config.num_stages,
+            TMA=config.tma, COUNT=repairs is not None, **_launch_options(config),
         )
         return out.transpose(0, 1)
     wrap(_merge_splits)[(triton.cdiv(n_q, config.block_m), heads)](

@@ -53,6 +53,9 @@ def main() -> None:
         "tma_balanced_3_spare": KernelConfig(block_m=16, block_n=32, tma=True, balance=True, slots=7),
         "balanced_8_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=12),
         "balanced_no_spare": KernelConfig(block_m=16, block_n=32, balance=True, slots=4),
+        # 8 warps with capped registers (two such programs a multiprocessor on an H200).
+        "balanced_capped_registers": KernelConfig(block_m=32, block_n=32, num_warps=8, maxnreg=128, balance=True,
+                                                  slots=3),
     }
     report = {}
     for lo, hi in [(0, total), (13, 150), (40, 41), (0, 32), (5, 69), (31, 200)]:

@@ -60,7 +60,7 @@ def test_triton_kernel_computes_attention_over_any_key_range_interpreted():
     ]
     for name in ("plain", "split3", "balanced_8_spare"):
         assert report.pop(f"launch_hook/{name}") == {"equal": True}
-    assert len(report) == 6 * 11 * 2
+    assert len(report) == 6 * 12 * 2
     for case, row in report.items():
         # float32 inputs: the interpreter's dots are exact float32 products.
         assert row["err"] < 1e-5, (case, row)

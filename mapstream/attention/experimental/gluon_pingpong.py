@@ -4,7 +4,9 @@ EXPERIMENTAL, not wired into a backend: correct on an H200 (2.1e-3 to 2.3e-3 aga
 SDPA over tails, offsets and fewer keys than a tile) but no faster than the Triton kernel
 (639-661 µs against 643-659 µs a layer, 2, 3 and 4 stages; `scripts/bench_gluon_attention.py`,
 docs/BENCHMARKS.md). 12 warps, 168 registers at entry, no spills, 98 KB shared memory at 2
-stages.
+stages. With the fixed reference point (`key_norm`) it reads each K/V tile once for 128
+rows, half as often as the Triton kernel, yet costs the same energy a call (0.414-0.427 J
+against 0.417-0.437; `scripts/probe_energy.py --pingpong`, docs/BENCHMARKS.md session 23).
 
 Three partitions per program (128 query rows of one head):
 - a producer warp streams K and V tiles through a TMA ring (`k_full`/`v_full` barriers say a
@@ -46,11 +48,16 @@ def _produce(k_desc, v_desc, k_ring, v_ring, k_full, v_full, k_empty, v_empty, r
 
 
 @gluon.jit
-def _scores_to_probs(s, m_i, l_i, j, n_full, n_keys, qk_scale, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """Fold tile j's scores into the running max/sum; return P and the rescale factor."""
+def _scores_to_probs(s, m_i, l_i, j, n_full, n_keys, qk_scale, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
+                     FIXED: gl.constexpr):
+    """Fold tile j's scores into the running max/sum; return P and the rescale factor (with
+    FIXED, m_i is a reference point set in advance and never moves: no max, no rescale)."""
     if j == n_full:  # the partial last tile: keys past the range are masked
         key = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = gl.where((key < n_keys)[None, :], s, float("-inf"))
+    if FIXED:
+        p = gl.exp2(s * qk_scale - m_i[:, None])
+        return m_i, l_i + gl.sum(p, 1), p, l_i
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     p = gl.exp2(s * qk_scale - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
@@ -61,8 +68,8 @@ def _scores_to_probs(s, m_i, l_i, j, n_full, n_keys, qk_scale, BLOCK_N: gl.const
 @gluon.jit
 def _consume(Q, O, q_smem, k_ring, v_ring, k_full, v_full, k_empty, v_empty, my_turn, other_turn,
              stride_qh, stride_qn, stride_on, stride_oh, head, row_start, n_q, n_keys, n_tiles, n_full, qk_scale,
-             FIRST: gl.constexpr, HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr):
+             key_norm, FIRST: gl.constexpr, HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr, FIXED: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -77,7 +84,11 @@ def _consume(Q, O, q_smem, k_ring, v_ring, k_full, v_full, k_empty, v_empty, my_
     fence_async_shared()
     gl.thread_barrier()  # all four warps' rows of Q are in shared memory before the first product
 
-    m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    if FIXED:  # |q| * key_norm bounds every score of the row (Cauchy-Schwarz)
+        q32 = q.to(gl.float32)
+        m_i = gl.convert_layout(gl.sqrt(gl.sum(q32 * q32, 1)) * (key_norm * qk_scale), gl.SliceLayout(1, s_layout))
+    else:
+        m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([HALF_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -91,7 +102,7 @@ def _consume(Q, O, q_smem, k_ring, v_ring, k_full, v_full, k_empty, v_empty, my_
     mbarrier.arrive(other_turn, count=1)
     s = warpgroup_mma_wait(0, deps=[s])
     mbarrier.arrive(k_empty.index(0), count=1)
-    m_i, l_i, p, alpha = _scores_to_probs(s, m_i, l_i, 0, n_full, n_keys, qk_scale, BLOCK_N, s_layout)
+    m_i, l_i, p, alpha = _scores_to_probs(s, m_i, l_i, 0, n_full, n_keys, qk_scale, BLOCK_N, s_layout, FIXED)
     p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
 
     for j in range(1, n_tiles):
@@ -107,11 +118,12 @@ def _consume(Q, O, q_smem, k_ring, v_ring, k_full, v_full, k_empty, v_empty, my_
         mbarrier.arrive(other_turn, count=1)
         s = warpgroup_mma_wait(1, deps=[s])  # the scores are ready; P V may still run
         mbarrier.arrive(k_empty.index(slot), count=1)
-        m_i, l_i, p, alpha = _scores_to_probs(s, m_i, l_i, j, n_full, n_keys, qk_scale, BLOCK_N, s_layout)
+        m_i, l_i, p, alpha = _scores_to_probs(s, m_i, l_i, j, n_full, n_keys, qk_scale, BLOCK_N, s_layout, FIXED)
         p_next = gl.convert_layout(p.to(gl.bfloat16), p_layout)
         acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(v_empty.index(prev), count=1)
-        acc = acc * gl.convert_layout(alpha, row_layout)[:, None]
+        if not FIXED:
+            acc = acc * gl.convert_layout(alpha, row_layout)[:, None]
         p_prev = p_next
 
     last = (n_tiles - 1) % STAGES
@@ -128,8 +140,8 @@ def _consume(Q, O, q_smem, k_ring, v_ring, k_full, v_full, k_empty, v_empty, my_
 def _pingpong_fwd(
     Q, k_desc, v_desc, O, RANGE,
     stride_qh, stride_qn, stride_on, stride_oh,
-    n_q, keys_per_head, qk_scale,
-    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    n_q, keys_per_head, qk_scale, key_norm,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, FIXED: gl.constexpr = False,
 ):
     HALF_M: gl.constexpr = 64
     head = gl.program_id(1)
@@ -163,10 +175,10 @@ def _pingpong_fwd(
         [
             (_consume, (Q, O, q_smem.index(0), k_ring, v_ring, k_full, v_full, k_empty, v_empty, turns.index(0),
                         turns.index(1), stride_qh, stride_qn, stride_on, stride_oh, head, m_start, n_q, n_keys, n_tiles, n_full, qk_scale,
-                        True, HEAD_DIM, HALF_M, BLOCK_N, STAGES)),
+                        key_norm, True, HEAD_DIM, HALF_M, BLOCK_N, STAGES, FIXED)),
             (_consume, (Q, O, q_smem.index(1), k_ring, v_ring, k_full, v_full, k_empty, v_empty, turns.index(1),
                         turns.index(0), stride_qh, stride_qn, stride_on, stride_oh, head, m_start + HALF_M, n_q, n_keys, n_tiles, n_full, qk_scale,
-                        False, HEAD_DIM, HALF_M, BLOCK_N, STAGES)),
+                        key_norm, False, HEAD_DIM, HALF_M, BLOCK_N, STAGES, FIXED)),
             (_produce, (k_desc, v_desc, k_ring, v_ring, k_full, v_full, k_empty, v_empty, row0, n_tiles, BLOCK_N, STAGES)),
         ],
         [4, 1],
@@ -174,7 +186,9 @@ def _pingpong_fwd(
     )
 
 
-def pingpong_attention(q, k, v, kv_range, *, out=None, block_n: int = 128, stages: int = 2):
+def pingpong_attention(q, k, v, kv_range, *, out=None, block_n: int = 128, stages: int = 2, key_norm: float | None = None):
+    """key_norm: a bound on the keys' norms; each row's reference point is then fixed in
+    advance (`triton_flash._bound_reference`), unchecked here (probe use only)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     heads, n_q, dim = q.shape
@@ -187,6 +201,7 @@ def pingpong_attention(q, k, v, kv_range, *, out=None, block_n: int = 128, stage
     grid = (-(-n_q // 128), heads)
     _pingpong_fwd[grid](
         q, k_desc, v_desc, out, kv_range, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        n_q, keys, _LOG2E / math.sqrt(dim), HEAD_DIM=dim, BLOCK_N=block_n, STAGES=stages, num_warps=4,
+        n_q, keys, _LOG2E / math.sqrt(dim), float(key_norm or 0.0), HEAD_DIM=dim, BLOCK_N=block_n, STAGES=stages,
+        FIXED=key_norm is not None, num_warps=4,
     )
     return out.transpose(0, 1)
