@@ -8,8 +8,9 @@ replayed from a CUDA graph with the key range in device memory.
 Usage: python scripts/bench_gluon_attention.py [OUT.json] [--fixed]
 
 --fixed: the kernels with each row's softmax reference point fixed from a key-norm bound
-(`key_norm`): our Triton kernel's balanced grid and the Gluon kernel that keeps P @ V in
-flight through the next softmax, against both with the running max.
+(`key_norm`): our Triton kernel's balanced grid, the Gluon kernel that keeps P @ V in
+flight through the next softmax and the ping-pong kernel, against the first two with the
+running max.
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def fixed_main(out_path=None, rounds=7):
         return lambda rng: gluon_flash_attention(q, k, v, rng, out=out, **options)
 
     checked = {"gluon_fixed_s3": gluon(key_norm=bound), "gluon_fixed_s4": gluon(stages=4, key_norm=bound),
-               "gluon_fixed_s3_wait0": gluon(key_norm=bound, pv_in_flight=False)}
+               "gluon_fixed_s3_wait0": gluon(key_norm=bound, pv_in_flight=False),
+               "pingpong_fixed_s2": lambda rng: pingpong_attention(q, k, v, rng, out=out, stages=2, key_norm=bound)}
     timed = {
         "triton_running": lambda rng: flash_attention(q, k, v, kv_range=rng, out=out, config=balanced),
         "triton_fixed": lambda rng: flash_attention(q, k, v, kv_range=rng, out=out, config=balanced, key_norm=bound),
