@@ -11,8 +11,9 @@ fixed reference point from the key-norm bound, one CUDA graph of 10 calls) this 
 meters (NVML's energy counter over ≈ 2 s of replays):
 - `--configs`: tile configurations (64x128 with 4 warps, as the step; 128-row blocks of 8 warps);
 - `--wide-rows`: row blocks of 128 and 256 queries (K/V tiles read from L2 half or a quarter as
-  often: moving them is ≈ 0.06 J of a call's ≈ 0.43, `probe_energy_parts.py`), with the
-  registers capped so that two programs of 8 warps share a multiprocessor;
+  often; loading them is ≈ 0.06 J of a call's ≈ 0.43, `probe_energy_parts.py`), with the
+  registers capped so that two programs of 8 warps share a multiprocessor (session 23: none
+  costs less energy than the default);
 - `--pingpong`: the experimental Gluon ping-pong kernel (128 rows a program, 1 a multiprocessor:
   half the K/V reads of the default), with the running max and with the fixed reference point;
 - `--queries`: the default configuration at 960, 978 and 1,024 queries (15, 16 and 16 full row

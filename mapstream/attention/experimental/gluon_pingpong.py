@@ -55,7 +55,7 @@ def _scores_to_probs(s, m_i, l_i, j, n_full, n_keys, qk_scale, BLOCK_N: gl.const
     if j == n_full:  # the partial last tile: keys past the range are masked
         key = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s = gl.where((key < n_keys)[None, :], s, float("-inf"))
-    if FIXED:
+    if FIXED:  # the fourth value stands in for the rescale factor, which goes unused
         p = gl.exp2(s * qk_scale - m_i[:, None])
         return m_i, l_i + gl.sum(p, 1), p, l_i
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
