@@ -153,9 +153,6 @@ class Session:
         self._owns_state = state is None
         self.state = state if state is not None else model.new_state(cache)
         self._closed = False
-        # (shape, dtype, device) of the last frame that passed the shape checks after the
-        # scale phase: a frame like it skips them (the step's start is on the GPU's idle time).
-        self._accepted: tuple | None = None
         self._told_scale_keyframes = False  # the warning that scale frames are always stored
         self._clear()
 
@@ -165,6 +162,10 @@ class Session:
         self._scale = 0  # scale frames of the current sequence once the scale phase ran
         self._size: tuple[int, int] | None = None  # the sequence's frame size once its scale phase ran
         self._count = 0  # frames of the current sequence that produced final predictions
+        # (shape, dtype, device) of the last frame that passed the shape checks after the
+        # scale phase: a frame like it skips them (the step's start is on the GPU's idle time).
+        # It belongs to the sequence: after a reset a frame of the last one's size is checked.
+        self._accepted: tuple | None = None
         self.policy.reset()
 
     # ------------------------------------------------------------------ lifecycle

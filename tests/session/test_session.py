@@ -301,6 +301,25 @@ def test_misuse_is_a_clear_error(model):
         model.session(cache=CacheConfig(), state=model.new_state())
 
 
+def test_after_a_reset_a_frame_of_the_last_sequences_size_is_refused_cleanly(model):
+    """The frame size a session accepted belongs to its sequence: after reset() a frame of the
+    previous sequence's size gets the same clear error as in a fresh session (not a cache
+    failure part-way through the step), and the stream goes on as a fresh one would."""
+    landscape, portrait = frames_of(3, 28, 42, seed=1), frames_of(3, 42, 28, seed=2)
+    with model.session(num_scale_frames=2) as fresh:
+        want = fresh.run_frames(portrait)
+    with model.session(num_scale_frames=2) as s:
+        s.run_frames(landscape)
+        s.reset()
+        got = s.step(portrait[0]) + s.step(portrait[1])
+        with pytest.raises(ValueError, match=r"frame of size \(28, 42\) differs from the sequence's \(42, 28\)"):
+            s.step(landscape[2])
+        got += s.step(portrait[2])
+    assert [p.index for p in got] == [p.index for p in want] == [0, 1, 2]
+    for a, b in zip(got, want):
+        assert torch.equal(a.pose_enc, b.pose_enc) and torch.equal(a.depth, b.depth)
+
+
 def test_a_resize_overshoot_is_used_as_it_is_and_other_scales_are_refused(model, caplog, monkeypatch):
     """A bicubic resize of frames in [0, 1] overshoots them a little near edges: such frames
     run unchanged (said once), as in the reference; 0-255 data, [-1, 1] data and mean/std
