@@ -439,7 +439,21 @@ def run(
     source = _source(opts)  # a missing or unreadable input is told before any folder is made
     out = prepare_dir(opts.out)  # and an unwritable output before the model loads
     with lock_run_folder(out):  # and another run writing there
+        _remove_interrupted_writes(out)
         return _run_into(out, opts, source, device, started, progress, on_frame)
+
+
+def _remove_interrupted_writes(out: Path) -> None:
+    """Delete the temp files of atomic writes that a killed run left in the output folder and its
+    frame folders (`io.atomic`: ``.<name>.tmp-<hex><suffix>``); the held folder has no other
+    writer. Other subfolders are the user's and are left alone."""
+    from ..io.atomic import remove_stale_temp_files
+
+    removed = remove_stale_temp_files(out, recursive=False)
+    for name in _FRAME_FOLDERS:
+        removed += remove_stale_temp_files(out / name)
+    if removed:
+        log.info("removed %d temp files of an interrupted write in %s", len(removed), out)
 
 
 def _run_into(out: Path, opts: RunOptions, source, device, started: float, progress, on_frame) -> RunSummary:
