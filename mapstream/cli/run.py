@@ -28,7 +28,7 @@ class Run:
     demo: bool = False
     """Run on a built-in synthetic sequence (works offline)."""
     model: str = "robbyant/lingbot-map"
-    """Checkpoint path, folder, Hugging Face repo id, or "tiny" (untrained, for tests)."""
+    """Checkpoint path, folder, Hugging Face repo id (built as the preset its keys and shapes fit), or "tiny" (untrained, for tests)."""
     checkpoint_file: str = "lingbot-map-long.pt"
     """File inside the repo/folder given by --model."""
     mode: Literal["streaming", "windowed"] = "streaming"

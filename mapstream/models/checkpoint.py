@@ -124,7 +124,8 @@ class LoadReport:
         hints = []
         found = self.model_keys - len(self.missing)
         if fits_preset is not None:
-            hints.append(f"the checkpoint matches preset {fits_preset!r}: pass preset={fits_preset!r}")
+            hints.append(f"the checkpoint matches preset {fits_preset!r}: pass preset={fits_preset!r} "
+                         "(or preset='auto')")
         elif found < self.model_keys / 2:
             hints.append(
                 f"only {found} of the model's {self.model_keys} keys are in the checkpoint: it does not look "
@@ -408,6 +409,21 @@ def _fitting_preset(state_dict: Mapping[str, torch.Tensor], preset: str, overrid
     return None
 
 
+_OFFICIAL = "lingbot-map"
+
+
+def _preset_of(state_dict: Mapping[str, torch.Tensor], enable_point: bool) -> str:
+    """`load_model(preset="auto")`: the official preset if the checkpoint fits it, else another
+    it fits exactly (logged), else the official one (whose mismatch is then reported)."""
+    shapes = _build(_OFFICIAL, {"enable_point": enable_point}, storage=False).state_dict()
+    if compare_keys({k: v.shape for k, v in shapes.items()}, state_dict, "", check_values=False).ok:
+        return _OFFICIAL
+    other = _fitting_preset(state_dict, _OFFICIAL, {"enable_point": enable_point})
+    if other is not None:
+        log.info("the checkpoint fits preset %r: building that", other)
+    return other or _OFFICIAL
+
+
 def _meta_tensors(model: torch.nn.Module) -> list[str]:
     tensors = list(model.named_parameters()) + list(model.named_buffers())
     return [name for name, t in tensors if t.is_meta]
@@ -458,7 +474,9 @@ def load_model(
         source: a `.pt`/`.safetensors` file, a folder holding `filename`, or a Hugging Face
             repo id such as "robbyant/lingbot-map" (downloaded once, then cached).
         filename: file inside the repo or folder (default "lingbot-map-long.pt").
-        preset: architecture preset ("lingbot-map", "tiny").
+        preset: architecture preset ("lingbot-map", "tiny"), or "auto": the preset whose keys
+            and shapes the checkpoint fits (the official one first; when none fits, the error
+            is reported against the official one).
         strict: raise CheckpointError unless checkpoint and model have exactly the same
             keys and shapes. False: load what matches, log a warning (see `load_report`).
         device: where the weights go.
@@ -477,7 +495,7 @@ def load_model(
 
     The match of checkpoint and model is attached as `model.load_report` (a LoadReport).
     """
-    p = get_preset(preset)  # fail on typos before any download
+    p = get_preset(_OFFICIAL if preset == "auto" else preset)  # fail on typos before any download
     split_overrides(p.model, p.cache, {k: v for k, v in overrides.items() if k not in _MODEL_KWARGS})
     if enable_point not in (True, False, "auto"):
         raise ValueError(f"enable_point must be True, False or 'auto', got {enable_point!r}")
@@ -487,6 +505,8 @@ def load_model(
     state_dict = read_state_dict(path, trust_pickle=trust_pickle)
     if enable_point == "auto":
         enable_point = any(k.startswith("point_head.") for k in state_dict)
+    if preset == "auto":
+        preset = _preset_of(state_dict, enable_point)
     model, report = _load_weights(state_dict, preset, {**overrides, "enable_point": enable_point}, strict, str(path))
     del state_dict
     model.to(device=device, dtype=dtype or torch.float32)

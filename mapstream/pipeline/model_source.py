@@ -56,6 +56,8 @@ def resolve_model(
         if cached is None:
             return _tiny(device, backend, overrides)
         spec = str(cached)
+    # The architecture follows the checkpoint ("auto"): the command line has no preset option.
     if Path(spec).is_file():
-        return load_model(spec, device=device, backend=backend, **overrides), spec, []
-    return load_model(spec, filename=filename, device=device, backend=backend, **overrides), f"{spec} ({filename})", []
+        return load_model(spec, preset="auto", device=device, backend=backend, **overrides), spec, []
+    return (load_model(spec, filename=filename, preset="auto", device=device, backend=backend, **overrides),
+            f"{spec} ({filename})", [])

@@ -221,8 +221,26 @@ def test_shape_mismatch(pt_file):
 
 
 def test_wrong_preset_names_the_right_one(pt_file):
-    with pytest.raises(CheckpointError, match="matches preset 'tiny': pass preset='tiny'"):
+    with pytest.raises(CheckpointError, match=r"matches preset 'tiny': pass preset='tiny' \(or preset='auto'\)"):
         load_model(pt_file)
+
+
+def test_preset_auto_builds_the_architecture_the_checkpoint_fits(pt_file, ref, tmp_path, caplog):
+    """preset="auto" (what the command line uses) takes the preset whose keys and shapes the
+    checkpoint fits; a checkpoint that fits none is reported against the official one."""
+    with caplog.at_level(logging.INFO):
+        model = load_model(pt_file, preset="auto")
+    assert "fits preset 'tiny'" in caplog.text
+    assert model.config == load_model(pt_file, preset="tiny").config
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in ref.items())
+    foreign = {"encoder.weight": torch.zeros(2, 2)}
+    torch.save(foreign, tmp_path / "f.pt")
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "f.pt", preset="auto")
+    assert "for preset 'lingbot-map'" in str(err.value)
+    with pytest.raises(ValueError, match="preset"):
+        load_model(pt_file, preset="tinny")
 
 
 def test_foreign_state_dict(tmp_path):

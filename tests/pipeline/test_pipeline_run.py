@@ -310,6 +310,21 @@ def test_checkpoint_that_does_not_fit_is_reported(tmp_path, capsys):
     assert "unexpected" in capsys.readouterr().err.lower()
 
 
+def test_a_checkpoint_of_another_preset_runs_from_the_command_line(tmp_path):
+    """The command line has no preset option: a checkpoint is built as the preset it fits."""
+    import torch
+
+    import mapstream
+
+    model = mapstream.build_model("tiny")
+    mapstream.fill_synthetic_(model)
+    torch.save(model.state_dict(), tmp_path / "tiny.pt")
+    out = tmp_path / "o"
+    code = main(["run", str(photos(tmp_path, 3)), "--out", str(out), "--model", str(tmp_path / "tiny.pt"),
+                 "--image-size", "140", "--num-scale-frames", "2", "--formats", "npz", "--quiet"])
+    assert code == 0 and np.isfinite(np.load(out / "predictions.npz")["depth"]).all()
+
+
 def test_eval_scores_a_run_on_a_generated_scene(tmp_path, capsys):
     from mapstream.synthetic import render_sequence, write_sequence
 
