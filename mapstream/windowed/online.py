@@ -113,6 +113,9 @@ class WindowedSession:
         self.overlap = min(overlap, self.span - 1)
         if self.overlap < 1:
             raise ValueError(f"windows of {self.span} frames leave no room for an overlap; raise window_size")
+        if self.overlap < overlap:  # as the offline plan does (`plan.plan_windows`, LIMITS 22)
+            log.warning("an overlap of %d frames does not fit windows of %d frames; using %d "
+                        "(consecutive windows one frame apart)", overlap, self.span, self.overlap)
         self._clear()
 
     def _clear(self) -> None:

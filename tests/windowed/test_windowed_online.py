@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import pytest
 import torch
@@ -54,6 +55,18 @@ def test_online_windows_equal_the_offline_ones(model, overlap, scale, interval, 
             torch.testing.assert_close(depth[i], offline["depth"][0, i, ..., 0])
     # Keyframe flags: online frame i is flagged by the window that emitted it.
     assert all(p.keyframe == offline["windows"][0]["is_keyframe"][0, i].item() for i, p in enumerate(preds[:span]))
+
+
+def test_an_overlap_cut_to_the_window_is_told_online_as_offline(model, caplog):
+    """An overlap as long as the window is cut to the window minus one frame by both; the offline
+    plan said so and the online session (what `mapstream run --mode windowed` uses) kept quiet."""
+    with caplog.at_level(logging.WARNING):
+        WindowedSession(model, window_size=5, overlap_size=7, num_scale_frames=2).close()
+    assert "an overlap of 7 frames does not fit windows of 5 frames; using 4" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        WindowedSession(model, window_size=5, overlap_size=4, num_scale_frames=2).close()
+    assert "does not fit" not in caplog.text
 
 
 def test_long_stream_runs_in_per_window_memory(model):
