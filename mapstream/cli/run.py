@@ -90,7 +90,7 @@ class Run:
     keep_view: bool = True
     """With --view: keep serving after the run ends, until Ctrl-C (--no-keep-view: stop with the run)."""
     resume: bool = True
-    """Continue an interrupted run found in --out, keeping its finished frames; --no-resume starts over."""
+    """Continue an interrupted run found in --out, keeping its finished frames (the stream restarts on the last of them, aligned by Sim(3): later frames differ from an uninterrupted run's); --no-resume starts over."""
     quiet: bool = False
     """No progress bar."""
 

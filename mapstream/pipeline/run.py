@@ -507,6 +507,12 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
 
     resume_at = store.finished
     overlap = min(resume_at, max(opts.num_scale_frames, 2))
+    if resume_at:  # the cache of the interrupted stream is gone: say what the new frames come from
+        log.warning(
+            "resuming after %d finished frames: the stream restarts with the last %d of them as its scale frames and "
+            "is aligned to them by Sim(3), so the frames after differ from an uninterrupted run's "
+            "(--no-resume starts over)", resume_at, overlap,
+        )
     anchors = store.last_records(overlap) if resume_at else []
     realign = _Realigner(anchors, resume_at - overlap) if resume_at else None
     offset = resume_at - overlap if realign is not None else 0

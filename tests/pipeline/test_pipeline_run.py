@@ -103,7 +103,7 @@ def interrupt_at_step(monkeypatch, n: int):
     return real_step
 
 
-def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch, capsys):
+def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch, capsys, caplog):
     frames = photos(tmp_path)
     out = tmp_path / "out"
     from mapstream import session as session_module
@@ -116,6 +116,8 @@ def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch
     monkeypatch.setattr(session_module.Session, "step", real_step)
 
     assert run_cli(str(frames), "--out", str(out)) == 0
+    # The frames after come from a restarted stream: told, since they differ from an uninterrupted run's.
+    assert "resuming after 7 finished frames: the stream restarts with the last 2 of them as its scale frames" in caplog.text
     npz = np.load(out / "predictions.npz")
     assert list(npz["names"]) == [f"{i:06d}.png" for i in range(10)]
     info = json.loads((out / "run.json").read_text())
