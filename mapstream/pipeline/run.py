@@ -294,6 +294,21 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
     )
 
 
+_BEING_REPLACED = (
+    "a later run into this folder was rewriting its outputs and did not finish: the folder may hold files of both "
+    "runs; run that command again to complete it"
+)
+
+
+def _mark_being_replaced(out: Path, earlier: dict) -> None:
+    """Before this run's exports replace an earlier run's files, that run's run.json says so
+    (``state``), keeping what a later run's cleanup reads of it: a run killed while exporting
+    leaves no run.json that vouches for a folder holding files of two runs. This run's own
+    run.json, written last, replaces it."""
+    if earlier:
+        write_run_json({**earlier, "state": _BEING_REPLACED}, out / "run.json")
+
+
 def _earlier_run(out: Path) -> dict:
     """The run.json an earlier run left in ``out``, read once for what the cleanup needs of it
     (empty when there is none or it is unreadable)."""
@@ -572,6 +587,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
     earlier = _earlier_run(out)  # before this run's run.json replaces it
     previous = _previous_outputs(out, earlier)
     previous_known = _known_files(out, previous, _previous_stems(earlier))
+    _mark_being_replaced(out, earlier)
     recon = store.assemble(fps=opts.fps)
     if opts.sky_mask:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)

@@ -142,6 +142,33 @@ def test_a_run_removes_the_temp_files_a_killed_write_left_in_its_folders_only(tm
     assert (out / "predictions.npz").is_file() and (out / "sparse" / "0" / "images.txt").is_file()
 
 
+def test_a_rerun_stopped_while_exporting_leaves_no_run_json_vouching_for_the_folder(tmp_path, monkeypatch):
+    """run.json is written last; while a rerun's exports replace an earlier run's files, the
+    earlier run.json says so (keeping the outputs and frame names a later run's cleanup reads),
+    so a rerun stopped there leaves no run.json that claims the folder as one finished run."""
+    import importlib
+
+    frames, out = photos(tmp_path, n=4), tmp_path / "out"
+    assert run_cli(str(frames), "--out", str(out), "--formats", "npz", "tum", "depth") == 0
+    first = json.loads((out / "run.json").read_text())
+    assert "state" not in first
+    run_module = importlib.import_module("mapstream.pipeline.run")
+    real_export = run_module.export_all
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "export_all", stopped)
+    assert run_cli(str(frames), "--out", str(out), "--formats", "npz", "--first-k", "3") == 130
+    marked = json.loads((out / "run.json").read_text())
+    assert "did not finish" in marked.pop("state") and marked == first
+    monkeypatch.setattr(run_module, "export_all", real_export)
+    assert run_cli(str(frames), "--out", str(out), "--formats", "npz", "--first-k", "3") == 0
+    last = json.loads((out / "run.json").read_text())
+    assert "state" not in last and last["frames"] == 3 and set(last["outputs"]) == {"npz"}
+    assert not (out / "trajectory_tum.txt").exists() and not (out / "depth").exists()
+
+
 def test_low_precision_heads_run_in_bf16_and_are_recorded(tmp_path):
     src = photos(tmp_path)
     runs = {}
