@@ -30,6 +30,11 @@ def predictions_path(run: str | os.PathLike[str]) -> Path:
         raise FileNotFoundError(f"{path} is neither a run folder nor a .npz file")
     candidate = path / PREDICTIONS_NAME
     if not candidate.is_file():
+        if (path / "progress.json").is_file():  # `pipeline.frame_store`: frames kept, no export yet
+            raise FileNotFoundError(
+                f"{candidate} not found: the run in {path} stopped before writing its outputs; "
+                "run the same `mapstream run` command again to resume and finish it"
+            )
         raise FileNotFoundError(f"{candidate} not found: is {path} the --out folder of `mapstream run`?")
     return candidate
 

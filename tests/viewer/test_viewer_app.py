@@ -114,8 +114,13 @@ def test_options_are_validated() -> None:
 def test_load_run_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_run(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="predictions.npz not found"):
+    with pytest.raises(FileNotFoundError, match="predictions.npz not found: is .* the --out folder of `mapstream run`"):
         load_run(tmp_path)
+    stopped = tmp_path / "stopped"  # a run that kept frames and stopped before its exports
+    stopped.mkdir()
+    (stopped / "progress.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="stopped before writing its outputs; run the same `mapstream run`"):
+        load_run(stopped)
     (tmp_path / "predictions.npz").write_bytes(b"not a zip file")
     with pytest.raises(ValueError, match="corrupt or truncated"):
         load_run(tmp_path)
