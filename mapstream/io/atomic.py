@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Literal
@@ -35,6 +36,7 @@ __all__ = [
     "atomic_write_text",
     "prepare_dir",
     "remove_stale_temp_files",
+    "temp_file_target",
 ]
 
 _TEMP_MARKER = ".tmp-"
@@ -152,17 +154,37 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, fsync: bool = 
     return Path(path)
 
 
-def remove_stale_temp_files(folder: str | os.PathLike[str], *, recursive: bool = True) -> list[Path]:
-    """Delete temp files left by interrupted atomic writes (``.<name>.tmp-<hex><suffix>``).
+_TEMP_NAME = re.compile(rf"\.(?P<name>.+){re.escape(_TEMP_MARKER)}[0-9a-f]{{8}}(?P<suffix>.*)")
 
-    Only call this when no other process is writing into ``folder``. Returns the removed paths.
+
+def temp_file_target(path: str | os.PathLike[str]) -> str | None:
+    """The destination name of an atomic write's temp file ``.<name>.tmp-<8 hex><suffix of
+    name>`` (see `atomic_path`), or None for any other name."""
+    match = _TEMP_NAME.fullmatch(Path(path).name)
+    if match is None or match["suffix"] != Path(match["name"]).suffix:
+        return None
+    return match["name"]
+
+
+def remove_stale_temp_files(
+    folder: str | os.PathLike[str], *, recursive: bool = True, targets: Callable[[str], bool] | None = None
+) -> list[Path]:
+    """Delete temp files left by interrupted atomic writes (``.<name>.tmp-<hex><suffix>``),
+    only those whose destination name ``targets`` accepts when it is given.
+
+    Only call this when no other process is writing such files into ``folder``. Returns the
+    removed paths.
     """
     folder = Path(folder)
     if not folder.is_dir():
         return []
     pattern = f".*{_TEMP_MARKER}*"
     candidates = folder.rglob(pattern) if recursive else folder.glob(pattern)
-    removed = [p for p in candidates if p.is_file()]
+    removed = []
+    for path in candidates:
+        target = temp_file_target(path)
+        if target is not None and (targets is None or targets(target)) and path.is_file() and not path.is_symlink():
+            removed.append(path)
     for stale in removed:
         stale.unlink(missing_ok=True)
         logger.info("removed stale temp file %s", stale)

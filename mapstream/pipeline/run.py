@@ -458,15 +458,27 @@ def run(
         return _run_into(out, opts, source, device, started, progress, on_frame)
 
 
+_RUN_FILES = ("predictions.npz", "trajectory_tum.txt", "points.ply", "scene.glb", "summary.png", "transforms.json",
+              "run.json", "progress.json")
+"""The files a run writes directly in its output folder (`export.export_all`, run.json, the
+frame store's progress.json)."""
+
+
 def _remove_interrupted_writes(out: Path) -> None:
-    """Delete the temp files of atomic writes that a killed run left in the output folder and its
-    frame folders (`io.atomic`: ``.<name>.tmp-<hex><suffix>``); the held folder has no other
-    writer. Other subfolders are the user's and are left alone."""
+    """Delete the temp files of atomic writes that a killed run left behind
+    (`io.atomic`: ``.<name>.tmp-<8 hex><suffix>``), and only a run's own: in the output folder
+    those of the files it writes there, in its per-frame folders those of PNGs, in sparse/0
+    those of COLMAP's files. Nothing below a link is touched (as the rerun cleanup), and no
+    other file: another tool may be writing its own temp files here (`mapstream render`'s
+    video, the viewer's screenshots), which the run's lock does not keep out."""
     from ..io.atomic import remove_stale_temp_files
 
-    removed = remove_stale_temp_files(out, recursive=False)
-    for name in _FRAME_FOLDERS:
-        removed += remove_stale_temp_files(out / name)
+    removed = remove_stale_temp_files(out, recursive=False, targets=lambda name: name in _RUN_FILES)
+    for name in _PER_FRAME_FOLDERS:
+        if not (out / name).is_symlink():
+            removed += remove_stale_temp_files(out / name, recursive=False, targets=lambda n: n.endswith(".png"))
+    if not (out / "sparse").is_symlink() and not (out / "sparse" / "0").is_symlink():
+        removed += remove_stale_temp_files(out / "sparse" / "0", recursive=False, targets=lambda n: n in _COLMAP_FILES)
     if removed:
         log.info("removed %d temp files of an interrupted write in %s", len(removed), out)
 

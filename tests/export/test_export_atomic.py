@@ -21,6 +21,7 @@ from mapstream.export import (
     write_run_json,
     write_tum,
 )
+from mapstream.io.atomic import temp_file_target
 
 
 def test_atomic_write_replaces_and_leaves_nothing_else(tmp_path: Path) -> None:
@@ -122,10 +123,18 @@ def test_remove_stale_temp_files(tmp_path: Path) -> None:
     stale = [tmp_path / ".points.ply.tmp-0a1b2c3d.ply", tmp_path / "depth" / ".x.png.tmp-deadbeef.png"]
     for path in stale:
         path.write_bytes(b"half")
-    keep = tmp_path / "points.ply"
-    keep.write_bytes(b"whole")
+    keep = [tmp_path / "points.ply", tmp_path / ".notes.tmp-backup", tmp_path / ".a.txt.tmp-0a1b2c3d.png",
+            tmp_path / ".a.txt.tmp-0A1B2C3D.txt", tmp_path / ".b.mp4.tmp-0a1b2c3.mp4"]  # not a temp name of ours
+    for path in keep:
+        path.write_bytes(b"whole")
     assert sorted(remove_stale_temp_files(tmp_path)) == sorted(stale)
-    assert keep.exists() and not any(p.exists() for p in stale)
+    assert all(p.exists() for p in keep) and not any(p.exists() for p in stale)
+    assert temp_file_target(stale[0]) == "points.ply" and temp_file_target(keep[2]) is None
+    chosen = [tmp_path / ".c.png.tmp-01234567.png", tmp_path / ".d.mp4.tmp-01234567.mp4"]
+    for path in chosen:
+        path.write_bytes(b"half")
+    assert remove_stale_temp_files(tmp_path, targets=lambda name: name.endswith(".png")) == chosen[:1]
+    assert chosen[1].exists()
 
 
 def test_run_json_is_sorted_strict_and_stable(tmp_path: Path) -> None:

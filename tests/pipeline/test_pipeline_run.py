@@ -127,15 +127,20 @@ def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch
 
 def test_a_run_removes_the_temp_files_a_killed_write_left_in_its_folders_only(tmp_path):
     """A run killed while an export was being written leaves hidden ``.<name>.tmp-*`` files; the
-    next run into the folder deletes them there and in its frame folders, and nothing else:
-    not other hidden files, not such names in a folder of the user's."""
+    next run into the folder deletes those of its own files there and in its frame folders, and
+    nothing else: not other hidden files, not another tool's write in progress, not such names
+    in a folder of the user's or behind a link."""
     out = tmp_path / "out"
     stale = [out / ".predictions.npz.tmp-7b090d67.npz", out / "images" / ".000001.png.tmp-0a1b2c3d.png",
              out / "sparse" / "0" / ".images.txt.tmp-12345678.txt"]
-    kept = [out / ".keep", out / "notes" / ".draft.txt.tmp-1.txt", out / "images.tmp-1"]
+    kept = [out / ".keep", out / "notes" / ".draft.txt.tmp-1.txt", out / "images.tmp-1", out / ".notes.tmp-backup",
+            out / "notes" / ".x.png.tmp-0a1b2c3d.png",  # a folder of the user's
+            out / ".flythrough.mp4.tmp-0a1b2c3d.mp4",  # another tool's write in progress (mapstream render)
+            tmp_path / "elsewhere" / ".y.png.tmp-0a1b2c3d.png"]  # behind a linked frame folder
     for path in stale + kept:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
+    (out / "depth").symlink_to(tmp_path / "elsewhere")
     assert run_cli(str(photos(tmp_path, n=4)), "--out", str(out), "--formats", "npz", "colmap") == 0
     assert [p for p in stale if p.exists()] == []
     assert all(p.read_bytes() == b"x" for p in kept)
