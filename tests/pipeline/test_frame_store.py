@@ -61,7 +61,7 @@ def test_a_folder_damaged_by_an_interruption_resumes_what_is_intact(tmp_path):
 
     shards = _three_shards(tmp_path / "cut")
     shards[1].write_bytes(shards[1].read_bytes()[:100])  # cut short
-    (tmp_path / "cut" / ".frames" / ".shard_000003.npz.tmp-1a2b").write_bytes(b"half")
+    (tmp_path / "cut" / ".frames" / ".shard_000003.npz.tmp-1a2b3c4d.npz").write_bytes(b"half")
     resumed = FrameStore(tmp_path / "cut", {"c": 1})
     assert resumed.finished == 2 and [r["index"] for r in resumed.last_records(2)] == [0, 1]
     assert not list((tmp_path / "cut" / ".frames").glob(".*tmp*"))
