@@ -1,6 +1,7 @@
 """Find and read a run's ``predictions.npz`` with errors that say what is wrong."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import zipfile
@@ -30,13 +31,25 @@ def predictions_path(run: str | os.PathLike[str]) -> Path:
         raise FileNotFoundError(f"{path} is neither a run folder nor a .npz file")
     candidate = path / PREDICTIONS_NAME
     if not candidate.is_file():
-        if (path / "progress.json").is_file():  # `pipeline.frame_store`: frames kept, no export yet
-            raise FileNotFoundError(
-                f"{candidate} not found: the run in {path} stopped before writing its outputs; "
-                "run the same `mapstream run` command again to resume and finish it"
-            )
-        raise FileNotFoundError(f"{candidate} not found: is {path} the --out folder of `mapstream run`?")
+        raise FileNotFoundError(_why_no_predictions(path, candidate))
     return candidate
+
+
+def _why_no_predictions(folder: Path, candidate: Path) -> str:
+    """What a run folder without predictions.npz is, from what the run left: a finished run's
+    run.json (written last, without a ``state``) lists its outputs; frames kept in
+    progress.json without one mean the run stopped before its exports."""
+    try:
+        info = json.loads((folder / "run.json").read_text())
+    except (OSError, ValueError):
+        info = None
+    if isinstance(info, dict) and "state" not in info and isinstance(info.get("outputs"), dict):
+        return (f"{candidate} not found: the run in {folder} did not write it (its outputs: "
+                f"{', '.join(map(str, info['outputs'])) or 'none'}); run it again with npz among --formats")
+    if (folder / "progress.json").is_file():  # `pipeline.frame_store`: frames kept, no finished export
+        return (f"{candidate} not found: the run in {folder} stopped before writing its outputs; "
+                "run the same `mapstream run` command again to resume and finish it")
+    return f"{candidate} not found: is {folder} the --out folder of `mapstream run`?"
 
 
 def load_run(run: str | os.PathLike[str]) -> Reconstruction:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 import sys
@@ -120,6 +121,13 @@ def test_load_run_errors(tmp_path: Path) -> None:
     stopped.mkdir()
     (stopped / "progress.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="stopped before writing its outputs; run the same `mapstream run`"):
+        load_run(stopped)
+    # A finished run (run.json written last, without a state) that was not asked for npz.
+    (stopped / "run.json").write_text(json.dumps({"outputs": {"ply": "p.ply", "tum": "t.txt"}}))
+    with pytest.raises(FileNotFoundError, match=r"did not write it \(its outputs: ply, tum\); run it again with npz"):
+        load_run(stopped)
+    (stopped / "run.json").write_text(json.dumps({"outputs": {"ply": "p.ply"}, "state": "a later run did not finish"}))
+    with pytest.raises(FileNotFoundError, match="stopped before writing its outputs"):
         load_run(stopped)
     (tmp_path / "predictions.npz").write_bytes(b"not a zip file")
     with pytest.raises(ValueError, match="corrupt or truncated"):
