@@ -296,17 +296,47 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
 
 _BEING_REPLACED = (
     "a later run into this folder was rewriting its outputs and did not finish: the folder may hold files of both "
-    "runs; run that command again to complete it"
+    "runs; run the later run again (its settings are under replaced_by) to complete it"
 )
+_FORMAT_OUTPUTS = {
+    "npz": ("predictions.npz",), "tum": ("trajectory_tum.txt",), "ply": ("points.ply",), "glb": ("scene.glb",),
+    "depth": ("depth", "depth_preview"), "images": ("images",), "colmap": ("images", "sparse/0"),
+    "nerfstudio": ("images", "transforms.json", "masks"), "summary": ("summary.png",),
+}
+"""What each export format may write in the output folder (files, or folders of per-frame
+files), as `export.export_all` names them; read for a run that stopped while exporting."""
 
 
-def _mark_being_replaced(out: Path, earlier: dict) -> None:
+def _mark_being_replaced(out: Path, earlier: dict, config: dict, formats, stems: list[str]) -> None:
     """Before this run's exports replace an earlier run's files, that run's run.json says so
-    (``state``), keeping what a later run's cleanup reads of it: a run killed while exporting
-    leaves no run.json that vouches for a folder holding files of two runs. This run's own
-    run.json, written last, replaces it."""
+    (``state``) and records what this run is about to write (``replaced_by``: its settings,
+    formats and frame names, after those of earlier runs stopped the same way), keeping what a
+    later run's cleanup reads of it. A run killed while exporting thus leaves no run.json that
+    vouches for a folder holding files of two runs, and the next run removes the files of both
+    that it does not write. This run's own run.json, written last, replaces it."""
     if earlier:
-        write_run_json({**earlier, "state": _BEING_REPLACED}, out / "run.json")
+        replacing = [*_replacing_runs(earlier), {"config": config, "formats": list(formats), "frame_stems": stems}]
+        write_run_json({**earlier, "state": _BEING_REPLACED, "replaced_by": replacing}, out / "run.json")
+
+
+def _replacing_runs(info: dict) -> list[dict]:
+    """The runs that stopped while replacing the run of run.json ``info`` (`_mark_being_replaced`)."""
+    entries = info.get("replaced_by", [])
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _replacing_outputs(out: Path, info: dict) -> tuple[list[Path], list[str]]:
+    """The outputs (paths under ``out``) and frame stems that runs stopped while replacing the run
+    of ``info`` may have written, from their formats' names (unknown formats are ignored)."""
+    paths: list[Path] = []
+    stems: list[str] = []
+    for entry in _replacing_runs(info):
+        formats = entry.get("formats")
+        for name in formats if isinstance(formats, list) else []:
+            if isinstance(name, str):
+                paths += [out / p for p in _FORMAT_OUTPUTS.get(name, ())]
+        stems += _previous_stems(entry)
+    return paths, stems
 
 
 def _earlier_run(out: Path) -> dict:
@@ -597,10 +627,11 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
     inferred = time.perf_counter()
 
     earlier = _earlier_run(out)  # before this run's run.json replaces it
-    previous = _previous_outputs(out, earlier)
-    previous_known = _known_files(out, previous, _previous_stems(earlier))
-    _mark_being_replaced(out, earlier)
+    stopped, stopped_stems = _replacing_outputs(out, earlier)
+    previous = _previous_outputs(out, earlier) + stopped
+    previous_known = _known_files(out, previous, _previous_stems(earlier) + stopped_stems)
     recon = store.assemble(fps=opts.fps)
+    _mark_being_replaced(out, earlier, config, opts.formats, recon.file_stems())
     if opts.sky_mask:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
     outputs = export_all(

@@ -149,6 +149,24 @@ def test_export_all_writes_every_format(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.asarray(Image.open(files[0]).convert("RGB")), recon.images[0])
 
 
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_the_runs_table_of_what_each_format_writes_is_export_alls(tmp_path: Path, fmt: str) -> None:
+    """`mapstream run` removes what a run stopped while exporting may have written from its
+    formats' names (`pipeline.run._FORMAT_OUTPUTS`): each format writes exactly those entries
+    (masks only with sky masks)."""
+    import importlib
+
+    table = importlib.import_module("mapstream.pipeline.run")._FORMAT_OUTPUTS
+    assert set(table) == set(ALL_FORMATS)
+    for sky, recon in (("with", make_recon()), ("without", make_recon(sky=False))):
+        out = tmp_path / sky
+        written = export_all(recon, out, formats=[fmt])
+        entries = {str(Path(p).relative_to(out)) for p in written.values()}
+        expected = {e for e in table[fmt] if e != "masks" or recon.sky_mask is not None}
+        assert entries == expected, (fmt, sky)
+        assert {p.name for p in out.iterdir()} == {e.split("/")[0] for e in expected}, (fmt, sky)
+
+
 def test_export_all_counts_its_outputs_on_a_bar_when_asked(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     """progress=True: one bar over the writing steps (the point cloud is one, built once for
     PLY and GLB); the default stays silent off a terminal, and the files are the same."""

@@ -160,18 +160,27 @@ def test_a_rerun_stopped_while_exporting_leaves_no_run_json_vouching_for_the_fol
     run_module = importlib.import_module("mapstream.pipeline.run")
     real_export = run_module.export_all
 
-    def stopped(*args, **kwargs):
+    def stopped(recon, out_dir, **kwargs):  # writes part of its formats, then is stopped
+        real_export(recon, out_dir, **{**kwargs, "formats": ["ply", "images"]})
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run_module, "export_all", stopped)
-    assert run_cli(str(frames), "--out", str(out), "--formats", "npz", "--first-k", "3") == 130
+    (tmp_path / "six").mkdir()
+    frames6 = photos(tmp_path / "six", n=6)
+    assert run_cli(str(frames6), "--out", str(out), "--formats", "npz", "ply", "images", "summary") == 130
     marked = json.loads((out / "run.json").read_text())
-    assert "did not finish" in marked.pop("state") and marked == first
+    assert "did not finish" in marked.pop("state")
+    (replacing,) = marked.pop("replaced_by")
+    assert marked == first  # what the cleanup reads of the earlier run is kept
+    assert replacing["formats"] == ["npz", "ply", "images", "summary"]
+    assert replacing["frame_stems"] == [f"{i:06d}" for i in range(6)] and replacing["config"]["input"]
+    assert (out / "points.ply").is_file() and len(list((out / "images").iterdir())) == 6
+    # A third run, of yet other settings, removes what both earlier runs wrote and it does not.
     monkeypatch.setattr(run_module, "export_all", real_export)
     assert run_cli(str(frames), "--out", str(out), "--formats", "npz", "--first-k", "3") == 0
     last = json.loads((out / "run.json").read_text())
-    assert "state" not in last and last["frames"] == 3 and set(last["outputs"]) == {"npz"}
-    assert not (out / "trajectory_tum.txt").exists() and not (out / "depth").exists()
+    assert "state" not in last and "replaced_by" not in last and last["frames"] == 3
+    assert sorted(p.name for p in out.iterdir()) == [".frames", ".lock", "predictions.npz", "progress.json", "run.json"]
 
 
 def test_low_precision_heads_run_in_bf16_and_are_recorded(tmp_path):
