@@ -307,16 +307,17 @@ _FORMAT_OUTPUTS = {
 files), as `export.export_all` names them; read for a run that stopped while exporting."""
 
 
-def _mark_being_replaced(out: Path, earlier: dict, config: dict, formats, stems: list[str]) -> None:
-    """Before this run's exports replace an earlier run's files, that run's run.json says so
+def _mark_being_replaced(out: Path, earlier: dict, settings: dict, formats, stems: list[str]) -> None:
+    """Before this run's exports write, run.json says that the folder is being rewritten
     (``state``) and records what this run is about to write (``replaced_by``: its settings,
-    formats and frame names, after those of earlier runs stopped the same way), keeping what a
-    later run's cleanup reads of it. A run killed while exporting thus leaves no run.json that
-    vouches for a folder holding files of two runs, and the next run removes the files of both
-    that it does not write. This run's own run.json, written last, replaces it."""
-    if earlier:
-        replacing = [*_replacing_runs(earlier), {"config": config, "formats": list(formats), "frame_stems": stems}]
-        write_run_json({**earlier, "state": _BEING_REPLACED, "replaced_by": replacing}, out / "run.json")
+    formats, frame names and the time, after the entries of runs stopped the same way before),
+    keeping what a later run's cleanup reads of the earlier run. A run killed while exporting
+    thus leaves no run.json that vouches for the folder as one finished run, and the next run
+    removes the files it wrote (`_replacing_outputs`). This run's own run.json, written last,
+    replaces it."""
+    entry = {"settings": settings, "formats": list(formats), "frame_stems": stems, "since": time.time()}
+    write_run_json({**earlier, "state": _BEING_REPLACED, "replaced_by": [*_replacing_runs(earlier), entry]},
+                   out / "run.json")
 
 
 def _replacing_runs(info: dict) -> list[dict]:
@@ -325,18 +326,28 @@ def _replacing_runs(info: dict) -> list[dict]:
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
 
-def _replacing_outputs(out: Path, info: dict) -> tuple[list[Path], list[str]]:
-    """The outputs (paths under ``out``) and frame stems that runs stopped while replacing the run
-    of ``info`` may have written, from their formats' names (unknown formats are ignored)."""
-    paths: list[Path] = []
-    stems: list[str] = []
+def _replacing_outputs(out: Path, info: dict) -> tuple[list[Path], list[Path]]:
+    """(files, folders) that runs stopped while replacing the run of ``info`` wrote: the
+    outputs of their formats (`_FORMAT_OUTPUTS`) and the per-frame files of their own frame
+    names, the files among them changed since the run marked the folder (older ones, a user's
+    own `points.ply` say, were not written by it); the folders for the cleanup to remove
+    once empty."""
+    files: list[Path] = []
+    folders: list[Path] = []
     for entry in _replacing_runs(info):
-        formats = entry.get("formats")
-        for name in formats if isinstance(formats, list) else []:
-            if isinstance(name, str):
-                paths += [out / p for p in _FORMAT_OUTPUTS.get(name, ())]
-        stems += _previous_stems(entry)
-    return paths, stems
+        formats, since = entry.get("formats"), entry.get("since")
+        if not isinstance(formats, list) or not isinstance(since, (int, float)):
+            continue
+        outputs = [out / p for name in formats if isinstance(name, str) for p in _FORMAT_OUTPUTS.get(name, ())]
+        for path in [*outputs, *_known_files(out, outputs, _previous_stems(entry))]:
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    folders.append(path)
+                elif path.stat().st_mtime >= since:
+                    files.append(path)
+            except OSError:  # not there: never written
+                continue
+    return files, folders
 
 
 def _earlier_run(out: Path) -> dict:
@@ -627,11 +638,13 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
     inferred = time.perf_counter()
 
     earlier = _earlier_run(out)  # before this run's run.json replaces it
-    stopped, stopped_stems = _replacing_outputs(out, earlier)
-    previous = _previous_outputs(out, earlier) + stopped
-    previous_known = _known_files(out, previous, _previous_stems(earlier) + stopped_stems)
+    previous = _previous_outputs(out, earlier)
+    stopped_files, stopped_folders = _replacing_outputs(out, earlier)
+    previous_known = list(dict.fromkeys([*_known_files(out, previous, _previous_stems(earlier)), *stopped_files]))
+    previous = list(dict.fromkeys([*previous, *stopped_folders]))
     recon = store.assemble(fps=opts.fps)
-    _mark_being_replaced(out, earlier, config, opts.formats, recon.file_stems())
+    settings = {**config, "options": {k: str(v) for k, v in asdict(opts).items()}}
+    _mark_being_replaced(out, earlier, settings, opts.formats, recon.file_stems())
     if opts.sky_mask:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
     outputs = export_all(

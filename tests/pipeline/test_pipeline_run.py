@@ -154,6 +154,8 @@ def test_a_rerun_stopped_while_exporting_leaves_no_run_json_vouching_for_the_fol
     import importlib
 
     frames, out = photos(tmp_path, n=4), tmp_path / "out"
+    out.mkdir()
+    (out / "scene.glb").write_bytes(b"the user's own")  # no run writes it below
     assert run_cli(str(frames), "--out", str(out), "--formats", "npz", "tum", "depth") == 0
     first = json.loads((out / "run.json").read_text())
     assert "state" not in first
@@ -167,20 +169,46 @@ def test_a_rerun_stopped_while_exporting_leaves_no_run_json_vouching_for_the_fol
     monkeypatch.setattr(run_module, "export_all", stopped)
     (tmp_path / "six").mkdir()
     frames6 = photos(tmp_path / "six", n=6)
-    assert run_cli(str(frames6), "--out", str(out), "--formats", "npz", "ply", "images", "summary") == 130
+    assert run_cli(str(frames6), "--out", str(out), "--formats", "npz", "ply", "glb", "images", "summary") == 130
     marked = json.loads((out / "run.json").read_text())
     assert "did not finish" in marked.pop("state")
     (replacing,) = marked.pop("replaced_by")
     assert marked == first  # what the cleanup reads of the earlier run is kept
-    assert replacing["formats"] == ["npz", "ply", "images", "summary"]
-    assert replacing["frame_stems"] == [f"{i:06d}" for i in range(6)] and replacing["config"]["input"]
+    assert replacing["formats"] == ["npz", "ply", "glb", "images", "summary"]
+    assert replacing["frame_stems"] == [f"{i:06d}" for i in range(6)]
+    assert replacing["settings"]["input"] and "conf_threshold" in replacing["settings"]["options"]
     assert (out / "points.ply").is_file() and len(list((out / "images").iterdir())) == 6
     # A third run, of yet other settings, removes what both earlier runs wrote and it does not.
     monkeypatch.setattr(run_module, "export_all", real_export)
     assert run_cli(str(frames), "--out", str(out), "--formats", "npz", "--first-k", "3") == 0
     last = json.loads((out / "run.json").read_text())
     assert "state" not in last and "replaced_by" not in last and last["frames"] == 3
-    assert sorted(p.name for p in out.iterdir()) == [".frames", ".lock", "predictions.npz", "progress.json", "run.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".frames", ".lock", "predictions.npz", "progress.json", "run.json", "scene.glb"]
+    assert (out / "scene.glb").read_bytes() == b"the user's own"  # older than the stopped run: not its
+
+
+def test_a_first_run_stopped_while_exporting_is_cleaned_by_the_next(tmp_path, monkeypatch):
+    """With no earlier run.json, a run stopped while exporting still leaves one saying so, and
+    what it wrote is removed by a later run that does not write it."""
+    import importlib
+
+    run_module = importlib.import_module("mapstream.pipeline.run")
+    real_export = run_module.export_all
+
+    def stopped(recon, out_dir, **kwargs):
+        real_export(recon, out_dir, **{**kwargs, "formats": ["depth"]})
+        raise KeyboardInterrupt
+
+    frames, out = photos(tmp_path, n=3), tmp_path / "out"
+    monkeypatch.setattr(run_module, "export_all", stopped)
+    assert run_cli(str(frames), "--out", str(out), "--formats", "npz", "depth") == 130
+    marked = json.loads((out / "run.json").read_text())
+    assert "did not finish" in marked["state"] and [e["formats"] for e in marked["replaced_by"]] == [["npz", "depth"]]
+    monkeypatch.setattr(run_module, "export_all", real_export)
+    assert run_cli(str(frames), "--out", str(out), "--formats", "npz") == 0
+    assert not (out / "depth").exists() and not (out / "depth_preview").exists()
+    assert "state" not in json.loads((out / "run.json").read_text())
 
 
 def test_low_precision_heads_run_in_bf16_and_are_recorded(tmp_path):
