@@ -295,8 +295,8 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
 
 
 _BEING_REPLACED = (
-    "a later run into this folder was rewriting its outputs and did not finish: the folder may hold files of both "
-    "runs; run the later run again (its settings are under replaced_by) to complete it"
+    "a run into this folder was writing its outputs and did not finish: the folder may hold part of them beside an "
+    "earlier run's files; run it again (its settings are under replaced_by) to complete it"
 )
 _FORMAT_OUTPUTS = {
     "npz": ("predictions.npz",), "tum": ("trajectory_tum.txt",), "ply": ("points.ply",), "glb": ("scene.glb",),
