@@ -398,15 +398,16 @@ def _build(preset: str, overrides: dict[str, Any], *, storage: bool) -> GCTStrea
         return GCTStream(p.model, p.cache, **overrides)
 
 
+def _fits(state_dict: Mapping[str, torch.Tensor], preset: str, enable_point: bool) -> bool:
+    """Whether the checkpoint has exactly the keys and shapes of `preset`'s model."""
+    shapes = _build(preset, {"enable_point": enable_point}, storage=False).state_dict()
+    return compare_keys({k: v.shape for k, v in shapes.items()}, state_dict, "", check_values=False).ok
+
+
 def _fitting_preset(state_dict: Mapping[str, torch.Tensor], preset: str, overrides: dict[str, Any]) -> str | None:
     """Another preset whose model the checkpoint fits exactly, if any."""
-    for name in preset_names():
-        if name == preset:
-            continue
-        shapes = _build(name, {"enable_point": overrides.get("enable_point", False)}, storage=False).state_dict()
-        if compare_keys({k: v.shape for k, v in shapes.items()}, state_dict, "", check_values=False).ok:
-            return name
-    return None
+    enable_point = overrides.get("enable_point", False)
+    return next((name for name in preset_names() if name != preset and _fits(state_dict, name, enable_point)), None)
 
 
 _OFFICIAL = "lingbot-map"
@@ -415,8 +416,7 @@ _OFFICIAL = "lingbot-map"
 def _preset_of(state_dict: Mapping[str, torch.Tensor], enable_point: bool) -> str:
     """`load_model(preset="auto")`: the official preset if the checkpoint fits it, else another
     it fits exactly (logged), else the official one (whose mismatch is then reported)."""
-    shapes = _build(_OFFICIAL, {"enable_point": enable_point}, storage=False).state_dict()
-    if compare_keys({k: v.shape for k, v in shapes.items()}, state_dict, "", check_values=False).ok:
+    if _fits(state_dict, _OFFICIAL, enable_point):
         return _OFFICIAL
     other = _fitting_preset(state_dict, _OFFICIAL, {"enable_point": enable_point})
     if other is not None:

@@ -499,10 +499,10 @@ def run(
         return _run_into(out, opts, source, device, started, progress, on_frame)
 
 
-_RUN_FILES = ("predictions.npz", "trajectory_tum.txt", "points.ply", "scene.glb", "summary.png", "transforms.json",
-              "run.json", "progress.json")
-"""The files a run writes directly in its output folder (`export.export_all`, run.json, the
-frame store's progress.json)."""
+_RUN_FILES = (*(p for paths in _FORMAT_OUTPUTS.values() for p in paths if Path(p).suffix), "run.json", "progress.json")
+"""The files a run writes directly in its output folder: its formats' files (the entries of
+`_FORMAT_OUTPUTS` with a suffix; the others are folders), run.json and the frame store's
+progress.json."""
 
 
 def _remove_interrupted_writes(out: Path) -> None:
@@ -643,7 +643,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
     previous_known = list(dict.fromkeys([*_known_files(out, previous, _previous_stems(earlier)), *stopped_files]))
     previous = list(dict.fromkeys([*previous, *stopped_folders]))
     recon = store.assemble(fps=opts.fps)
-    settings = {**config, "options": {k: str(v) for k, v in asdict(opts).items()}}
+    settings = {**config, "options": {k: str(v) for k, v in asdict(opts).items()}}  # run.json's "config"
     _mark_being_replaced(out, earlier, settings, opts.formats, recon.file_stems())
     if opts.sky_mask:
         recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
@@ -658,7 +658,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
     fps = new / max(inferred - loaded - in_callback, 1e-9)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     info = {
-        "config": {**config, "options": {k: str(v) for k, v in asdict(opts).items()}},
+        "config": settings,
         "versions": runtime_versions(),
         "device": str(device),
         "frames": len(recon),
