@@ -26,7 +26,7 @@ import torch
 from ..geometry import invert_se3, pose_encoding_to_extri_intri
 from ..session import FramePrediction, Session
 from .align import Sim3, pairwise_alignment, warp_predictions
-from .plan import check_keyframe_interval, check_window_size, effective_overlap, warn_if_windows_evict
+from .plan import check_keyframe_interval, check_window_size, effective_overlap, warn_if_windows_evict, warn_overlap_cut
 
 __all__ = ["SHARED_FROM", "WindowedSession", "check_window_options", "warp_prediction", "predictions_as_window"]
 
@@ -113,9 +113,8 @@ class WindowedSession:
         self.overlap = min(overlap, self.span - 1)
         if self.overlap < 1:
             raise ValueError(f"windows of {self.span} frames leave no room for an overlap; raise window_size")
-        if self.overlap < overlap:  # as the offline plan does (`plan.plan_windows`, LIMITS 22)
-            log.warning("an overlap of %d frames does not fit windows of %d frames; using %d "
-                        "(consecutive windows one frame apart)", overlap, self.span, self.overlap)
+        if self.overlap < overlap:  # as the offline plan does (LIMITS 22)
+            warn_overlap_cut(overlap, self.span)
         self._clear()
 
     def _clear(self) -> None:

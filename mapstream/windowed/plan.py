@@ -82,6 +82,14 @@ def warn_if_windows_evict(stored_frames: int, spec) -> None:
         )
 
 
+def warn_overlap_cut(overlap: int, span: int) -> None:
+    """Tell that an overlap of `overlap` frames was cut to fit windows of `span` frames."""
+    log.warning(
+        "an overlap of %d frames does not fit windows of %d frames; using %d (consecutive windows one frame apart)",
+        overlap, span, span - 1,
+    )
+
+
 def plan_windows(
     num_frames: int,
     *,
@@ -116,10 +124,7 @@ def plan_windows(
                 f"windows of {span} frame leave no room for the overlap they are aligned on; "
                 "raise window_size above the scale frames"
             )
-        log.warning(
-            "an overlap of %d frames does not fit windows of %d frames; using %d (consecutive windows one frame apart)",
-            overlap, span, span - 1,
-        )
+        warn_overlap_cut(overlap, span)
         overlap = span - 1
     step = max(span - overlap, 1)
     windows = []
