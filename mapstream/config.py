@@ -23,6 +23,28 @@ __all__ = [
 ]
 
 
+def _is_count(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _check_counts(config: Any, least: dict[str, int]) -> None:
+    """Each named field of ``config`` is an integer of at least its bound (else ValueError)."""
+    for name, bound in least.items():
+        value = getattr(config, name)
+        if not _is_count(value, bound):
+            kind = "" if isinstance(value, int) and not isinstance(value, bool) else "an integer "
+            raise ValueError(f"{name} must be {kind}>= {bound}, got {value!r}")
+
+
+# ModelConfig's integer fields with their least value.
+_MODEL_COUNTS = {
+    "img_size": 1, "patch_size": 1, "embed_dim": 1, "vit_depth": 1, "vit_num_heads": 1, "vit_num_registers": 0,
+    "depth": 1, "num_heads": 1, "num_register_tokens": 0, "max_frame_num": 1, "camera_trunk_depth": 1,
+    "camera_num_heads": 1, "camera_num_iterations": 1, "dpt_features": 1, "dpt_head_features_2": 1,
+    "dpt_chunk_frames": 1,
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of a GCTStream network (what the state dict holds)."""
@@ -71,8 +93,15 @@ class ModelConfig:
     dpt_chunk_frames: int = 8
 
     def __post_init__(self) -> None:
+        _check_counts(self, _MODEL_COUNTS)
+        if not self.mlp_ratio > 0:
+            raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio!r}")
+        if len(self.dpt_out_channels) != 4 or not all(_is_count(c, 1) for c in self.dpt_out_channels):
+            raise ValueError(f"dpt_out_channels must be 4 positive integers, got {self.dpt_out_channels!r}")
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if self.embed_dim % self.vit_num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by vit_num_heads {self.vit_num_heads}")
         if sum(self.rope3d_dims) != self.head_dim:
             raise ValueError(
                 f"rope3d_dims {self.rope3d_dims} must sum to the head dim {self.head_dim}"
@@ -83,8 +112,6 @@ class ModelConfig:
             raise ValueError(f"selected_layers must be 4 indices in [0, {self.depth}), got {self.selected_layers}")
         if (2 * self.embed_dim) % self.camera_num_heads:
             raise ValueError("camera head width 2*embed_dim must be divisible by camera_num_heads")
-        if self.camera_num_iterations < 1:
-            raise ValueError("camera_num_iterations must be >= 1")
 
     @property
     def head_dim(self) -> int:
@@ -124,11 +151,8 @@ class CacheConfig:
     docs/ARCHITECTURE.md. Outputs equal the reference's until this many frames were evicted."""
 
     def __post_init__(self) -> None:
-        if self.scale_frames < 0:
-            raise ValueError(f"scale_frames must be >= 0, got {self.scale_frames}")
-        if self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
-        if self.trajectory_capacity is not None and self.trajectory_capacity < 2:
+        _check_counts(self, {"scale_frames": 0, "sliding_window": 1})
+        if self.trajectory_capacity is not None and not _is_count(self.trajectory_capacity, 2):
             raise ValueError(f"trajectory_capacity must be >= 2 or None (unbounded), got {self.trajectory_capacity}")
 
 

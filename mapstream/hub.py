@@ -25,6 +25,7 @@ from huggingface_hub.utils import (
 )
 
 __all__ = [
+    "CHECKPOINT_SUFFIXES",
     "DEFAULT_FILENAME",
     "DEFAULT_REPO",
     "HubDownloadError",
@@ -39,7 +40,7 @@ DEFAULT_REPO = "robbyant/lingbot-map"
 DEFAULT_FILENAME = "lingbot-map-long.pt"
 
 # File name endings that mark a string as a local checkpoint path, never a repo id.
-_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -55,7 +56,7 @@ def looks_like_repo_id(text: str) -> bool:
     """
     if not _REPO_ID.fullmatch(text) or ".." in text:
         return False
-    return not text.lower().endswith(_CHECKPOINT_SUFFIXES)
+    return not text.lower().endswith(CHECKPOINT_SUFFIXES)
 
 
 def hub_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -27,6 +27,7 @@ import os
 import pickle
 import re
 import time
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..config import get_preset, preset_names, split_overrides
-from ..hub import DEFAULT_FILENAME, download_checkpoint, looks_like_repo_id
+from ..hub import CHECKPOINT_SUFFIXES, DEFAULT_FILENAME, download_checkpoint, looks_like_repo_id
 from .gct import GCTStream
 
 __all__ = [
@@ -86,6 +87,8 @@ class LoadReport:
     non_finite: list[str] = field(default_factory=list)
     """Keys of the model whose checkpoint tensor holds NaN or Inf (a damaged file, or one
     saved from a diverged run: every prediction would be NaN)."""
+    point_head_keys: int = 0
+    """The model's `point_head.*` keys (0 without a point head)."""
 
     @property
     def ok(self) -> bool:
@@ -131,18 +134,26 @@ class LoadReport:
                 f"only {found} of the model's {self.model_keys} keys are in the checkpoint: it does not look "
                 f"like a LingBot-Map checkpoint{f' for preset {preset!r}' if preset else ''} (wrong file or model?)"
             )
-        if any(k.startswith("point_head.") for k in self.unexpected):
+        extra_point = sum(k.startswith("point_head.") for k in self.unexpected)
+        missing_point = sum(k.startswith("point_head.") for k in self.missing)
+        if extra_point and not missing_point:
             hints.append("the checkpoint has a point head: build it with enable_point=True (or 'auto')")
-        if any(k.startswith("point_head.") for k in self.missing):
+        elif missing_point and not extra_point and missing_point == self.point_head_keys:
             hints.append("the checkpoint has no point head: use enable_point=False (or 'auto')")
+        elif missing_point:
+            hints.append(
+                f"the checkpoint's point head is not the model's ({missing_point} of its {self.point_head_keys} "
+                f"point_head keys missing, {extra_point} unexpected): a damaged file or another version of the head"
+            )
         if self.mismatched:
             hints.append("different shapes mean another architecture: check the preset and overrides "
                          "(img_size, embed_dim, depth, ...)")
         if self.non_finite:
             hints.append("NaN or Inf weights make every prediction NaN: the file is damaged or comes from a "
                          "diverged training run; download or copy it again")
-        hints.append("in Python, load_model(..., strict=False) loads the matching tensors anyway (missing ones "
-                     "keep their initial values, as do those holding NaN or Inf; unexpected ones are ignored)")
+        if self.loaded:
+            hints.append("in Python, load_model(..., strict=False) loads the matching tensors anyway (missing ones "
+                         "keep their initial values, as do those holding NaN or Inf; unexpected ones are ignored)")
         return hints
 
 
@@ -180,7 +191,8 @@ def compare_keys(
 ) -> LoadReport:
     """Match a checkpoint's keys and shapes against the model's, and (`check_values`) find the
     tensors holding NaN or Inf."""
-    report = LoadReport(source=source, model_keys=len(model_shapes))
+    report = LoadReport(source=source, model_keys=len(model_shapes),
+                        point_head_keys=sum(k.startswith("point_head.") for k in model_shapes))
     for key, shape in model_shapes.items():
         if key not in state_dict:
             report.missing.append(key)
@@ -203,8 +215,9 @@ def _finite(t: torch.Tensor) -> bool:
 # --------------------------------------------------------------------------- reading
 def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Canonical key names: drop every `_orig_mod.` component (torch.compile, of the whole
-    model or of a submodule) and a leading `module.` (DataParallel / DDP). Pure: returns a
-    new dict in the same order; raises CheckpointError if two keys become one."""
+    model or of a submodule), a leading `module.` (DataParallel / DDP) and a prefix that every
+    key shares above the model's parts (a training wrapper's attribute, `_wrapper_prefix`).
+    Pure: returns a new dict in the same order; raises CheckpointError if two keys become one."""
     out: dict[str, torch.Tensor] = {}
     origin: dict[str, str] = {}
     for key, value in state_dict.items():
@@ -219,7 +232,29 @@ def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor]) -> dict[str, to
             )
         out[name] = value
         origin[name] = key
+    prefix = _wrapper_prefix(list(out))
+    if prefix:
+        log.info("every checkpoint key starts with %r (a training wrapper's attribute): removed", prefix)
+        out = {key[len(prefix):]: value for key, value in out.items()}
     return out
+
+
+# The model's top-level parts: the first component of every key of a LingBot-Map state dict.
+_MODEL_PARTS = frozenset({"aggregator", "camera_head", "depth_head", "point_head"})
+
+
+def _wrapper_prefix(keys: list[str]) -> str:
+    """The dotted prefix that every key shares above the model's own parts (``model.`` of a
+    PyTorch Lightning module, ``net.``...), or "" when there is none or the keys below it are
+    not the model's."""
+    parts = [key.split(".") for key in keys]
+    depth = 0
+    while parts and all(len(p) > depth + 1 for p in parts) and len({p[depth] for p in parts}) == 1 \
+            and parts[0][depth] not in _MODEL_PARTS:
+        depth += 1
+    if depth and any(p[depth] in _MODEL_PARTS for p in parts):
+        return ".".join(parts[0][:depth]) + "."
+    return ""
 
 
 def _is_safetensors(path: Path) -> bool:
@@ -252,7 +287,35 @@ def _torch_load(path: Path, trust_pickle: bool) -> Any:
     except Exception as exc:  # corrupt, truncated or not a checkpoint at all
         raise CheckpointError(_unreadable(path, exc)) from exc
     log.warning("%s holds pickled Python objects; unpickling them because trust_pickle=True", path)
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap, pickle_module=_stand_in_pickle)
+    except Exception as exc:  # code run by the unpickling failed, or the file is damaged
+        raise CheckpointError(_unreadable(path, exc)) from exc
+
+
+class _StandIn:
+    """An object of a class the checkpoint names but this Python cannot import (a training
+    run's own config class, say): it takes any arguments and state and keeps none. Only the
+    checkpoint's tensors are wanted."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
+class _StandInUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except (ImportError, AttributeError):
+            log.info("the checkpoint names %s.%s, which is not importable here: read as a stand-in", module, name)
+            return type(name, (_StandIn,), {"__module__": module})
+
+
+# What torch.load needs of a pickle module, with the unpickler above.
+_stand_in_pickle = types.SimpleNamespace(__name__="pickle", Unpickler=_StandInUnpickler, load=pickle.load)
 
 
 def _pickled_objects(path: Path, exc: Exception) -> list[str]:
@@ -347,7 +410,7 @@ def resolve_checkpoint(
     if path.is_dir():
         file = path / (filename or DEFAULT_FILENAME)
         if not file.is_file():
-            found = sorted(p.name for p in path.iterdir() if p.suffix in (".pt", ".pth", ".safetensors"))
+            found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in CHECKPOINT_SUFFIXES)
             raise FileNotFoundError(
                 f"Checkpoint file not found: {file}. Checkpoints in {path}: {', '.join(found) or 'none'}; "
                 "choose one with filename=... (--checkpoint-file on the command line)"
@@ -398,10 +461,15 @@ def _build(preset: str, overrides: dict[str, Any], *, storage: bool) -> GCTStrea
         return GCTStream(p.model, p.cache, **overrides)
 
 
+def _match(state_dict: Mapping[str, torch.Tensor], preset: str, enable_point: bool) -> LoadReport:
+    """How the checkpoint's keys and shapes match `preset`'s model (values not read)."""
+    shapes = _build(preset, {"enable_point": enable_point}, storage=False).state_dict()
+    return compare_keys({k: v.shape for k, v in shapes.items()}, state_dict, "", check_values=False)
+
+
 def _fits(state_dict: Mapping[str, torch.Tensor], preset: str, enable_point: bool) -> bool:
     """Whether the checkpoint has exactly the keys and shapes of `preset`'s model."""
-    shapes = _build(preset, {"enable_point": enable_point}, storage=False).state_dict()
-    return compare_keys({k: v.shape for k, v in shapes.items()}, state_dict, "", check_values=False).ok
+    return _match(state_dict, preset, enable_point).ok
 
 
 def _fitting_preset(state_dict: Mapping[str, torch.Tensor], preset: str, overrides: dict[str, Any]) -> str | None:
@@ -414,14 +482,49 @@ _OFFICIAL = "lingbot-map"
 
 
 def _preset_of(state_dict: Mapping[str, torch.Tensor], enable_point: bool) -> str:
-    """`load_model(preset="auto")`: the official preset if the checkpoint fits it, else another
-    it fits exactly (logged), else the official one (whose mismatch is then reported)."""
-    if _fits(state_dict, _OFFICIAL, enable_point):
-        return _OFFICIAL
-    other = _fitting_preset(state_dict, _OFFICIAL, {"enable_point": enable_point})
-    if other is not None:
-        log.info("the checkpoint fits preset %r: building that", other)
-    return other or _OFFICIAL
+    """`load_model(preset="auto")`: the preset whose model the checkpoint fits (the official
+    one first); when none fits exactly, the one with the most keys of the right shape, so that
+    a damaged or edited checkpoint is reported against the model it was saved from (the
+    official one on a tie)."""
+    reports = {name: _match(state_dict, name, enable_point) for name in dict.fromkeys([_OFFICIAL, *preset_names()])}
+    fitting = [name for name, report in reports.items() if report.ok]
+    if fitting:
+        if fitting[0] != _OFFICIAL:
+            log.info("the checkpoint fits preset %r: building that", fitting[0])
+        return fitting[0]
+    matched = {name: r.model_keys - len(r.missing) - len(r.mismatched) for name, r in reports.items()}
+    closest = max(reports, key=lambda name: matched[name])  # dicts keep order: the official one wins a tie
+    log.info("the checkpoint fits no preset exactly; closest: %r (%d of its %d keys match)",
+             closest, matched[closest], reports[closest].model_keys)
+    return closest
+
+
+def _is_memory_mapped(path: Path) -> bool:
+    """Whether `read_state_dict` maps ``path``'s tensors from the file (`_torch_load`)."""
+    return not _is_safetensors(path) and _is_zip(path)
+
+
+def _storages(state_dict: Mapping[str, torch.Tensor]) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in state_dict.values() if t.untyped_storage().nbytes()}
+
+
+def _detach_from_file(model: torch.nn.Module, mapped: set[int]) -> None:
+    """Copy into memory of their own the weights that are still the checkpoint's tensors
+    mapped from its file (storages ``mapped``): loading assigns those tensors, and a `.to()`
+    that changes neither device nor dtype keeps them, so the model would read the file for
+    as long as it lives, and writing over the file (saving a new checkpoint to the same path)
+    would change its weights or crash it."""
+    if not mapped:
+        return
+    for module in model.modules():
+        for group in (module._parameters, module._buffers):
+            for name, t in group.items():
+                if t is None or t.untyped_storage().data_ptr() not in mapped:
+                    continue
+                if isinstance(t, torch.nn.Parameter):
+                    t.data = t.data.clone()
+                else:
+                    group[name] = t.clone()
 
 
 def _meta_tensors(model: torch.nn.Module) -> list[str]:
@@ -508,8 +611,10 @@ def load_model(
     if preset == "auto":
         preset = _preset_of(state_dict, enable_point)
     model, report = _load_weights(state_dict, preset, {**overrides, "enable_point": enable_point}, strict, str(path))
+    mapped = _storages(state_dict) if _is_memory_mapped(path) else set()
     del state_dict
     model.to(device=device, dtype=dtype or torch.float32)
+    _detach_from_file(model, mapped)
     model.load_report = report
     log.info(
         "loaded %d of %d tensors from %s in %.1f s", report.loaded, report.model_keys, path, time.perf_counter() - start
@@ -550,8 +655,9 @@ def convert_checkpoint(
         "tensors": str(len(state_dict)),
         "parameters": str(sum(t.numel() for t in state_dict.values())),
     }
+    as_folder = os.fspath(dst).endswith(("/", os.sep))  # "out/": a folder, made if missing
     dst = Path(dst).expanduser()
-    if dst.is_dir():
+    if dst.is_dir() or as_folder:
         dst = dst / path.with_suffix(".safetensors").name
     if dst.exists() and dst.resolve() == path.resolve():
         raise ValueError(f"{dst} is the checkpoint being converted; give another output path")

@@ -186,6 +186,9 @@ class GCTStream(nn.Module):
             if dtype not in names:
                 raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
             dtype = names[dtype]
+        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"cast_for_inference takes bf16, fp16 or fp32 (a floating-point dtype the kernels "
+                             f"run in), got {dtype!r}")
         for param in self.aggregator.parameters():
             param.data = param.data.to(dtype)
         if heads:

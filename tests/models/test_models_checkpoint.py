@@ -132,6 +132,7 @@ def test_convert_into_a_folder_and_never_over_its_source(tmp_path, pt_file, ref)
     folder.mkdir()
     assert convert_checkpoint(pt_file, folder) == folder / "ckpt.safetensors"
     assert_same(load_model(folder / "ckpt.safetensors", preset="tiny"), ref)
+    assert convert_checkpoint(pt_file, f"{tmp_path}/new/sub/") == tmp_path / "new" / "sub" / "ckpt.safetensors"
     before = pt_file.read_bytes()
     with pytest.raises(ValueError, match="is the checkpoint being converted"):
         convert_checkpoint(pt_file, pt_file)
@@ -252,6 +253,7 @@ def test_foreign_state_dict(tmp_path):
     message = str(err.value)
     assert "does not look like a LingBot-Map checkpoint" in message
     assert "12 under backbone.blocks.*" in message and "head.fc.weight" in message
+    assert "strict=False" not in message  # it would load nothing
 
 
 @pytest.mark.parametrize(
@@ -473,3 +475,94 @@ def test_bad_arguments_fail_before_reading(tmp_path, pt_file, no_hub):
         load_model(REPO, preset="huge")
     with pytest.raises(ValueError, match="filename='x.pt' only applies"):
         load_model(pt_file, filename="x.pt", preset="tiny")
+
+
+# --------------------------------------------------------------------------- what users' files look like
+def test_a_loaded_models_weights_do_not_follow_its_file(tmp_path, ref):
+    """A .pt file's tensors are read through a memory map; the loaded model keeps copies of its
+    own, so writing over the file (a trainer saving its next epoch, or the model saved back to
+    the path it came from) changes nothing in the live model and leaves a readable file."""
+    path = tmp_path / "live.pt"
+    torch.save(ref, path)
+    model = load_model(path, preset="tiny")
+    torch.save({k: torch.zeros_like(v) for k, v in ref.items()}, path)
+    assert_same(model, ref)
+    torch.save(model.state_dict(), path)
+    assert_same(load_model(path, preset="tiny"), ref)
+
+
+def test_trusted_pickles_may_name_classes_that_are_not_installed(tmp_path, ref, monkeypatch):
+    """A training checkpoint pickles its run's own config objects; with trust_pickle=True their
+    classes need not be importable (only the tensors are read). A trusted file whose unpickling
+    fails is a CheckpointError naming the file."""
+    import sys
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "trainer_cfg.py").write_text(
+        "import dataclasses, enum\n"
+        "class Mode(enum.Enum):\n    FAST = 1\n"
+        "@dataclasses.dataclass\nclass TrainConfig:\n    lr: float = 1e-3\n    mode: Mode = Mode.FAST\n"
+    )
+    monkeypatch.syspath_prepend(str(package))
+    import trainer_cfg
+
+    torch.save({"model": ref, "cfg": trainer_cfg.TrainConfig()}, tmp_path / "run.pt")
+    monkeypatch.delitem(sys.modules, "trainer_cfg")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(package)])
+    with pytest.raises(CheckpointError, match="trust_pickle=True"):
+        load_model(tmp_path / "run.pt", preset="tiny")
+    assert_same(load_model(tmp_path / "run.pt", preset="tiny", trust_pickle=True), ref)
+
+    class Fails:
+        def __reduce__(self):
+            return int, ("not a number",)
+
+    torch.save({"model": ref, "x": Fails()}, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match=r"could not read .*bad\.pt.*ValueError"):
+        load_model(tmp_path / "bad.pt", preset="tiny", trust_pickle=True)
+
+
+@pytest.mark.parametrize("prefix", ["model.", "net.model.", "module.model."])
+def test_a_training_wrappers_attribute_prefix_is_removed(tmp_path, ref, prefix):
+    """PyTorch Lightning saves a module held as `self.model` under 'state_dict' with keys
+    'model.aggregator...': a prefix every key shares above the model's own parts goes."""
+    torch.save({"state_dict": {prefix + k: v for k, v in ref.items()}, "epoch": 2}, tmp_path / "l.ckpt")
+    assert_same(load_model(tmp_path / "l.ckpt", preset="tiny"), ref)
+
+
+def test_a_shared_prefix_that_is_the_models_own_or_reveals_no_model_is_kept():
+    z = torch.zeros(1)
+    assert list(checkpoint_filter_fn({"aggregator.a.w": z, "aggregator.b.w": z})) == ["aggregator.a.w", "aggregator.b.w"]
+    assert list(checkpoint_filter_fn({"backbone.a.w": z, "backbone.b.w": z})) == ["backbone.a.w", "backbone.b.w"]
+    assert list(checkpoint_filter_fn({"model.w": z})) == ["model.w"]
+
+
+def test_preset_auto_reports_a_damaged_checkpoint_against_the_preset_it_came_from(tmp_path, ref):
+    """A tiny checkpoint missing one key fits no preset; "auto" reports it against the tiny
+    model (the one key), not as a foreign file against the official one."""
+    torch.save({k: v for k, v in ref.items() if k != "aggregator.camera_token"}, tmp_path / "d.pt")
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "d.pt", preset="auto")
+    assert err.value.report.missing == ["aggregator.camera_token"]
+    assert not err.value.report.mismatched and not err.value.report.unexpected
+    assert "does not look like" not in str(err.value)
+
+
+def test_a_partial_point_head_is_named_as_such(tmp_path, ref, point_ref):
+    """Some point_head keys but not all: neither 'it has a point head' nor 'it has none'."""
+    some = [k for k in point_ref if k.startswith("point_head.")][:3]
+    torch.save({**ref, **{k: point_ref[k] for k in some}}, tmp_path / "pp.pt")
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "pp.pt", preset="tiny")
+    n = sum(k.startswith("point_head.") for k in point_ref)
+    message = str(err.value)
+    assert f"point head is not the model's ({n - 3} of its {n} point_head keys missing, 0 unexpected)" in message
+    assert "has no point head" not in message and "has a point head" not in message
+
+
+def test_a_folder_without_the_named_checkpoint_lists_every_checkpoint_it_holds(tmp_path, no_hub):
+    for name in ("pytorch_model.bin", "last.ckpt", "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match="Checkpoints in .*: last.ckpt, pytorch_model.bin;"):
+        load_model(tmp_path)

@@ -101,3 +101,41 @@ def test_reference_arguments_that_would_build_another_network_are_refused(argume
     assert argument in caplog.text  # told it has no effect
     keys = [(k, v.shape) for k, v in model.state_dict().items()]
     assert keys == [(k, v.shape) for k, v in mapstream.build_model("tiny").state_dict().items()]
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"num_heads": 0}, "num_heads must be >= 1, got 0"),
+    ({"vit_num_heads": 0}, "vit_num_heads must be >= 1, got 0"),
+    ({"embed_dim": -128}, "embed_dim must be >= 1, got -128"),
+    ({"patch_size": 0}, "patch_size must be >= 1, got 0"),
+    ({"num_register_tokens": -1}, "num_register_tokens must be >= 0, got -1"),
+    ({"vit_depth": 0}, "vit_depth must be >= 1, got 0"),
+    ({"camera_trunk_depth": 0}, "camera_trunk_depth must be >= 1, got 0"),
+    ({"dpt_chunk_frames": 0}, "dpt_chunk_frames must be >= 1, got 0"),
+    ({"depth": 2.0}, "depth must be an integer >= 1, got 2.0"),
+    ({"mlp_ratio": 0}, "mlp_ratio must be > 0, got 0"),
+    ({"dpt_out_channels": (64, 64, 64)}, r"dpt_out_channels must be 4 positive integers, got \(64, 64, 64\)"),
+    ({"vit_num_heads": 3}, "embed_dim 128 is not divisible by vit_num_heads 3"),
+])
+def test_an_impossible_architecture_is_refused_when_configured_not_at_the_first_forward(override, message):
+    """Counts that would divide by zero, build an empty stack or fail only inside a forward
+    pass are refused by the configuration, naming the field."""
+    with pytest.raises(ValueError, match=message):
+        mapstream.build_model("tiny", **override)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"kv_cache_sliding_window": 2.5}, "sliding_window must be an integer >= 1, got 2.5"),
+    ({"kv_cache_scale_frames": -1}, "scale_frames must be >= 0, got -1"),
+    ({"trajectory_capacity": 1.5}, r"trajectory_capacity must be >= 2 or None \(unbounded\), got 1.5"),
+])
+def test_a_cache_policy_that_cannot_be_kept_is_refused_when_configured(override, message):
+    with pytest.raises(ValueError, match=message):
+        mapstream.build_model("tiny", **override)
+
+
+def test_cast_for_inference_refuses_a_dtype_the_kernels_do_not_run_in():
+    model = mapstream.build_model("tiny")
+    with pytest.raises(ValueError, match="takes bf16, fp16 or fp32 .* got torch.int8"):
+        model.cast_for_inference(torch.int8)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # left as it was
