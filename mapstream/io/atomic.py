@@ -113,6 +113,12 @@ def atomic_path(path: str | os.PathLike[str], *, fsync: bool = True) -> Iterator
         if fsync:
             _fsync_file(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:
+            # A full disk or a failing device reports no file: name the one being written.
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

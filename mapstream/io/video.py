@@ -208,8 +208,10 @@ def iter_video_frames(
                     yield from packet.decode()
                 except av.error.FFmpegError as exc:
                     if not damaged:
-                        logger.warning("%s: a damaged packet after frame %d was skipped (%s); its frames are "
-                                       "missing from the sequence", path, index, exc)
+                        where = "before its first frame" if index < 0 else f"after frame {index}"
+                        logger.warning("%s: a damaged packet %s was skipped (%s); its frames are missing from "
+                                       "the sequence (frames keep their decode order numbers, so the names "
+                                       "skip them)", path, where, exc)
                     damaged.append(str(exc))
 
         try:

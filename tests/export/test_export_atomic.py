@@ -65,6 +65,23 @@ def test_failure_keeps_the_old_file_and_removes_the_temp(tmp_path: Path) -> None
     assert os.listdir(tmp_path) == ["data.bin"]
 
 
+def test_a_full_disk_is_told_with_the_file_being_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OS reports ENOSPC without a file name; the error names the output it was writing."""
+    import errno
+
+    import plyfile
+
+    def full(self, stream) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(plyfile.PlyData, "write", full)
+    with pytest.raises(OSError) as err:
+        write_ply(make_recon(), tmp_path / "points.ply")
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "points.ply")
+    assert str(tmp_path / "points.ply") in str(err.value)
+    assert os.listdir(tmp_path) == []
+
+
 def test_writer_failure_midway_keeps_previous_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import plyfile
 

@@ -1,7 +1,6 @@
 """FrameSource: every input kind yields the same (name, tensor) pairs as the direct loaders."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -116,8 +115,10 @@ def test_a_bad_frame_size_or_mode_fails_when_the_source_opens(folder: Path, monk
         open_source(folder, mode="stretch")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cv2") is not None, reason="OpenCV is installed")
-def test_webcam_without_opencv_says_what_to_install() -> None:
+def test_webcam_without_opencv_says_what_to_install(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cv2", None)  # what an environment without OpenCV sees
     with pytest.raises(ImportError, match="pip install opencv-python-headless"):
         open_source(0)
     with pytest.raises(ImportError, match="opencv"):
@@ -171,6 +172,30 @@ def test_capture_source_reads_a_webcam_with_stride_first_k_and_capture_times(mon
     monkeypatch.setattr(_FakeCapture, "opened", False)
     with pytest.raises(ValueError, match="cannot open capture device 'rtsp://cam/1'"):
         list(open_source("rtsp://cam/1", image_size=28))
+
+
+def test_a_stream_is_read_through_opencv_frame_for_frame_as_the_file_decoder_reads_it(tmp_path: Path) -> None:
+    """OpenCV's capture (what a webcam or an rtsp:// URL goes through) on a lossless local
+    video: the same frames, in order and in RGB, as PyAV's reading of the file."""
+    pytest.importorskip("cv2")
+    av = pytest.importorskip("av")
+    from mapstream.io.sources import FrameSource
+
+    path = tmp_path / "clip.mkv"
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("ffv1", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 42, 28, "bgr0"
+        for i in range(9):
+            rgb = np.zeros((28, 42, 3), np.uint8)
+            rgb[..., 0], rgb[..., 1], rgb[:, : 3 * i + 1, 2] = 20 * i, 255 - 20 * i, 200
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+        out.mux(stream.encode())
+    captured = list(FrameSource.from_capture(str(path), image_size=42, stride=2))
+    decoded = list(open_source(path, fps=None, stride=2, image_size=42))
+    assert [n for n, _ in captured] == [f"frame_{i:06d}" for i in range(0, 9, 2)]
+    assert len(captured) == len(decoded) == 5
+    for (_, a), (_, b) in zip(captured, decoded):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("container, codec, pix_fmt", [("clip.mp4", "mpeg4", "yuv420p"), ("clip.mkv", "ffv1", "bgr0")])
