@@ -56,6 +56,7 @@ class Export:
         recon = select_frames(load_run(self.run_dir), self.frames)
         from ..io.atomic import prepare_dir
         from ..pipeline.frame_store import lock_run_folder
+        from ..pipeline.outputs import record_export
 
         # Held as a run holds it: a run (or another export) writing there meanwhile is refused.
         with lock_run_folder(prepare_dir(out)):
@@ -63,5 +64,6 @@ class Export:
             written = export_all(
                 recon, out, formats=formats, **dataclasses.asdict(cloud), glb_style=glb_style, progress=not self.quiet
             )
+            record_export(out, written, recon.file_stems())
         print(f"{len(recon)} frames from {source} -> {out}: " + ", ".join(sorted(written)))
         return 0

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; a run keeps the frames it finished and resumes from them when run again", file=sys.stderr)
+        print(f"interrupted; {getattr(command, 'ON_INTERRUPT', 'nothing was left half-written')}", file=sys.stderr)
         return 130
 
 

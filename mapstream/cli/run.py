@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import tyro
 
@@ -21,12 +21,14 @@ class Run:
     weights if they are cached, else the tiny untrained preset (with a warning).
     """
 
+    ON_INTERRUPT: ClassVar[str] = "a run keeps the frames it finished and resumes from them when run again"
+
     input: tyro.conf.Positional[Optional[str]] = None
     """Image folder, video file, glob, webcam index or stream URL (leave out with --demo)."""
     out: Path = Path("runs/latest")
     """Output folder (created; an interrupted run there is resumed)."""
     demo: bool = False
-    """Run on a built-in synthetic sequence (works offline)."""
+    """Run on a built-in synthetic sequence (works offline; rendered 196 wide, whatever --image-size says)."""
     model: str = "robbyant/lingbot-map"
     """Checkpoint path, folder, Hugging Face repo id (built as the preset its keys and shapes fit), or "tiny" (untrained, for tests)."""
     checkpoint_file: str = "lingbot-map-long.pt"
@@ -95,7 +97,7 @@ class Run:
     """No progress bar."""
 
     def main(self) -> int:
-        from ..pipeline import RunOptions, check_options, run
+        from ..pipeline import RunOptions, check_input, check_options, run
 
         interval = self.keyframe_interval
         if interval is not None and interval != "auto":
@@ -120,8 +122,9 @@ class Run:
             compile=self.compile, low_precision_heads=self.low_precision_heads,
         )
         try:
-            if self.view:  # the run's options first: no server for a run that cannot start
+            if self.view:  # the run's options and input first: no server for a run that cannot start
                 check_options(opts)
+                check_input(opts)
             view = self._start_view()
         except ValueError as err:
             raise ValueError(as_flags(str(err), Run)) from err

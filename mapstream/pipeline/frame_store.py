@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import time
 import zipfile
 from pathlib import Path
@@ -178,11 +179,12 @@ class FrameStore:
         return self.finished + len(self._buffer)
 
     def assemble(self, fps: float | None = None) -> Reconstruction:
-        """Every finished frame as a Reconstruction backed by memory-mapped arrays."""
+        """Every finished frame as a Reconstruction backed by memory-mapped arrays (a copy of
+        the shards in one file per array, `discard_assembled` once read)."""
         self.flush()
         if not self._shards:
             raise ValueError("no frame was finished; nothing to export")
-        work = prepare_dir(self.out / ".frames" / "assembled")
+        work = prepare_dir(self._assembled)
         with np.load(self._shards[0][0]) as first:
             shapes = {key: _column(first, key).shape[1:] for key in _ARRAYS}
             dtypes = {key: _column(first, key).dtype for key in _ARRAYS}
@@ -209,6 +211,17 @@ class FrameStore:
             timestamps=_timestamps(arrays["time"]),
             fps=fps,
         )
+
+
+    @property
+    def _assembled(self) -> Path:
+        return self.out / ".frames" / "assembled"
+
+    def discard_assembled(self) -> None:
+        """Remove `assemble`'s arrays: as large as every finished frame together, and the
+        shards hold the same for a resume. A Reconstruction made from them stays readable
+        while it lives (the files are unlinked; their mappings hold the data)."""
+        shutil.rmtree(self._assembled, ignore_errors=True)
 
 
 def _timestamps(times: np.ndarray) -> np.ndarray | None:

@@ -8,12 +8,10 @@ Sim(3) estimate.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import resource
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -36,8 +34,9 @@ from ..windowed.online import check_window_options, predictions_as_window, warp_
 from ..windowed.plan import check_keyframe_interval
 from .frame_store import FrameStore, lock_run_folder
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
+from .outputs import FRAME_FOLDERS, RUN_FILES, EarlierRun, remove_interrupted_writes
 
-__all__ = ["RunOptions", "RunSummary", "check_options", "run"]
+__all__ = ["RunOptions", "RunSummary", "check_input", "check_options", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +121,9 @@ def check_options(opts: RunOptions) -> None:
         raise ValueError(f"camera_iterations must be >= 1, got {opts.camera_iterations}")
     if opts.keyframe_interval is not None:
         make_policy(opts.keyframe_interval)  # its own error for a bad interval
+    if opts.demo and opts.input is not None:
+        raise ValueError(f"--demo renders its own frames and reads no input: give the input {opts.input} or --demo, "
+                         "not both")
     _check_input_apart_from_outputs(opts)
     if opts.mode not in ("streaming", "windowed"):
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
@@ -131,6 +133,34 @@ def check_options(opts: RunOptions) -> None:
             raise ValueError(f"overlap_keyframes must be >= 1 (or unset), got {opts.overlap_keyframes}")
         if opts.keyframe_interval is not None:
             check_keyframe_interval(opts.keyframe_interval)
+
+
+def check_input(opts: RunOptions) -> None:
+    """Open the run's input and let it go: a missing path, an empty folder or an unreadable
+    video is told (ValueError or OSError) before anything else starts (`mapstream run --view`
+    checks it before serving). `run` opens it itself; the demo's frames are rendered then."""
+    if not opts.demo:
+        _source(opts)
+
+
+# Options that only some runs read, with the condition under which they are read.
+_ONLY_WHEN = {
+    "window_size": ("windowed", "--mode windowed"), "overlap": ("windowed", "--mode windowed"),
+    "overlap_keyframes": ("windowed", "--mode windowed"), "shared_from": ("windowed", "--mode windowed"),
+    "sky_model": ("sky_mask", "--sky-mask"), "image_size": ("input", "an input (--demo renders its own size)"),
+}
+
+
+def _unused_options(opts: RunOptions) -> list[str]:
+    """Options given another value than their default that this run does not read: told,
+    since a user who sets one expects an effect."""
+    defaults = RunOptions(input=None, out=Path())
+    unused = []
+    for name, (needs, what) in _ONLY_WHEN.items():
+        read = {"windowed": opts.mode == "windowed", "sky_mask": opts.sky_mask, "input": not opts.demo}[needs]
+        if not read and getattr(opts, name) != getattr(defaults, name):
+            unused.append(f"{name}={getattr(opts, name)!r} has no effect without {what}")
+    return unused
 
 
 def _cache_config(base: CacheConfig, opts: RunOptions) -> CacheConfig:
@@ -151,15 +181,6 @@ def _input_key(spec: str | None) -> str | None:
     return str(Path(spec).resolve())
 
 
-_PER_FRAME_FOLDERS = ("images", "depth", "depth_preview", "masks")
-"""Output folders holding one ``<stem>.png`` a frame (`Reconstruction.file_stems`)."""
-_FRAME_FOLDERS = (*_PER_FRAME_FOLDERS, "sparse")
-"""The output folder's subfolders that exports write frame by frame (sparse/: COLMAP's model,
-which names every frame's image)."""
-_COLMAP_FILES = ("cameras.txt", "images.txt", "points3D.txt")
-"""What `write_colmap` writes in ``sparse/0``."""
-
-
 def _check_input_apart_from_outputs(opts: RunOptions) -> None:
     """Refuse an input the run's outputs would overwrite or be read back from: the output folder
     itself (its summary.png would be a frame of the next run) or one of its per-frame folders
@@ -168,7 +189,7 @@ def _check_input_apart_from_outputs(opts: RunOptions) -> None:
     if opts.demo:
         return
     out = Path(os.path.realpath(opts.out))
-    folders = {name: Path(os.path.realpath(out / name)) for name in _FRAME_FOLDERS}  # a link: where exports write
+    folders = {name: Path(os.path.realpath(out / name)) for name in FRAME_FOLDERS}  # a link: where exports write
     source = _input_path(opts)
     if source is not None:
         source = Path(os.path.realpath(source))
@@ -176,6 +197,11 @@ def _check_input_apart_from_outputs(opts: RunOptions) -> None:
             raise ValueError(
                 f"the output folder is the input folder {opts.input}: the run would read its own outputs "
                 "(summary.png...) as frames when run again; write them elsewhere, e.g. to a subfolder"
+            )
+        if source.parent == out and source.name in RUN_FILES:
+            raise ValueError(
+                f"the input {opts.input} is a file the run writes in its output folder {out}: it would be replaced; "
+                "move it or give another output folder"
             )
         for name, folder in folders.items():
             if source == folder or folder in source.parents:
@@ -294,179 +320,6 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
     )
 
 
-_BEING_REPLACED = (
-    "a run into this folder was writing its outputs and did not finish: the folder may hold part of them beside an "
-    "earlier run's files; run it again (its settings are under replaced_by) to complete it"
-)
-_FORMAT_OUTPUTS = {
-    "npz": ("predictions.npz",), "tum": ("trajectory_tum.txt",), "ply": ("points.ply",), "glb": ("scene.glb",),
-    "depth": ("depth", "depth_preview"), "images": ("images",), "colmap": ("images", "sparse/0"),
-    "nerfstudio": ("images", "transforms.json", "masks"), "summary": ("summary.png",),
-}
-"""What each export format may write in the output folder (files, or folders of per-frame
-files), as `export.export_all` names them; read for a run that stopped while exporting."""
-
-
-def _mark_being_replaced(out: Path, earlier: dict, settings: dict, formats, stems: list[str]) -> None:
-    """Before this run's exports write, run.json says that the folder is being rewritten
-    (``state``) and records what this run is about to write (``replaced_by``: its settings,
-    formats, frame names and the time, after the entries of runs stopped the same way before),
-    keeping what a later run's cleanup reads of the earlier run. A run killed while exporting
-    thus leaves no run.json that vouches for the folder as one finished run, and the next run
-    removes the files it wrote (`_replacing_outputs`). This run's own run.json, written last,
-    replaces it."""
-    entry = {"settings": settings, "formats": list(formats), "frame_stems": stems, "since": time.time()}
-    write_run_json({**earlier, "state": _BEING_REPLACED, "replaced_by": [*_replacing_runs(earlier), entry]},
-                   out / "run.json")
-
-
-def _replacing_runs(info: dict) -> list[dict]:
-    """The runs that stopped while replacing the run of run.json ``info`` (`_mark_being_replaced`)."""
-    entries = info.get("replaced_by", [])
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
-
-
-def _replacing_outputs(out: Path, info: dict) -> tuple[list[Path], list[Path]]:
-    """(files, folders) that runs stopped while replacing the run of ``info`` wrote: the
-    outputs of their formats (`_FORMAT_OUTPUTS`) and the per-frame files of their own frame
-    names, the files among them changed since the run marked the folder (older ones, a user's
-    own `points.ply` say, were not written by it); the folders for the cleanup to remove
-    once empty."""
-    files: list[Path] = []
-    folders: list[Path] = []
-    for entry in _replacing_runs(info):
-        formats, since = entry.get("formats"), entry.get("since")
-        if not isinstance(formats, list) or not isinstance(since, (int, float)):
-            continue
-        outputs = [out / p for name in formats if isinstance(name, str) for p in _FORMAT_OUTPUTS.get(name, ())]
-        for path in [*outputs, *_known_files(out, outputs, _previous_stems(entry))]:
-            try:
-                if path.is_dir() and not path.is_symlink():
-                    folders.append(path)
-                elif path.stat().st_mtime >= since:
-                    files.append(path)
-            except OSError:  # not there: never written
-                continue
-    return files, folders
-
-
-def _earlier_run(out: Path) -> dict:
-    """The run.json an earlier run left in ``out``, read once for what the cleanup needs of it
-    (empty when there is none or it is unreadable)."""
-    try:
-        info = json.loads((out / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
-def _previous_outputs(out: Path, info: dict) -> list[Path]:
-    """The outputs an earlier run in ``out`` listed in its run.json ``info``, as paths under
-    ``out`` (none if unreadable). run.json records them as that run was given ``out``, relative
-    to its working directory when ``out`` was relative; they are re-rooted here."""
-    try:
-        listed = info.get("outputs", {})
-        old_out = Path(info["config"]["options"]["out"])
-    except (KeyError, AttributeError, TypeError):
-        return []
-    paths = []
-    for value in listed.values() if isinstance(listed, dict) else []:
-        if not isinstance(value, str):  # a damaged or hand-edited run.json
-            continue
-        path = Path(value)
-        try:
-            paths.append(out / path.relative_to(old_out))
-        except ValueError:  # not under the out it was given: trusted only if absolute
-            if path.is_absolute():
-                paths.append(path)
-    return paths
-
-
-def _known_files(out: Path, outputs: dict[str, Path] | list[Path], stems: list[str]) -> list[Path]:
-    """The files inside the output folders among ``outputs`` (format name -> path, or paths)
-    whose names mapstream writes: ``<stem>.png`` for each stem in each per-frame folder
-    directly in ``out``, and COLMAP's three text files in ``out/sparse/0``."""
-    paths = outputs.values() if isinstance(outputs, dict) else outputs
-    root = Path(os.path.abspath(out))
-    files = []
-    for folder in (Path(os.path.abspath(p)) for p in paths):
-        if folder.parent == root and folder.name in _PER_FRAME_FOLDERS:
-            files += [folder / f"{stem}.png" for stem in stems]
-        elif folder == root / "sparse" / "0":
-            files += [folder / name for name in _COLMAP_FILES]
-    return files
-
-
-def _previous_stems(info: dict) -> list[str]:
-    """The frame stems an earlier run recorded in its run.json ``info`` (none before they were
-    recorded); only plain names that fit a file name with ".png", so that a damaged or
-    hand-edited run.json cannot point outside its folders."""
-    stems = info.get("frame_stems", [])
-    if not isinstance(stems, list):
-        return []
-    return [s for s in stems if isinstance(s, str) and 0 < len(s.encode()) <= 251 and s not in (".", "..")
-            and Path(s).name == s and "\\" not in s and "\0" not in s]
-
-
-def _below_without_links(out: Path, path: Path) -> Path | None:
-    """``path`` resolved, when it lies below ``out`` with no link on the way down from ``out``
-    (``out`` itself may be one); else None. What a removal may touch: a link, or anything
-    reached through one, may be the user's."""
-    try:
-        rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(out))
-    except ValueError:
-        return None
-    root = Path(os.path.realpath(out))  # where the names below out lie, out's own links followed
-    step = root
-    for part in rel.parts:
-        step = step / part
-        if step.is_symlink():
-            return None
-    return step if rel.parts else None
-
-
-def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path], inputs: set[Path],
-                          previous_known: list[Path] = (), known_written: list[Path] = ()) -> None:
-    """Remove the files an earlier run in ``out`` wrote and this one did not write again (another
-    input, fewer frames, fewer formats), so that no file of another run passes for this one's:
-    its listed files (``previous``) and the files of its listed folders that carry names
-    mapstream writes (``previous_known``: per-frame PNGs by the stems its run.json recorded,
-    COLMAP's files). Only regular files below ``out``, reached without a link, and none of the
-    input's files (``inputs``, `_input_files`). A folder of outputs (depth/, images/,
-    sparse/0...) goes only once empty: it may hold the user's own files, and is then named in
-    a warning. A file that cannot be removed is told: this run's outputs are written by now."""
-    keep = {p for p in (_below_without_links(out, q) for q in (*written.values(), *known_written)) if p is not None}
-    removed = 0
-    for given in [*previous_known, *previous]:  # files first: their folders may empty
-        try:
-            path = _below_without_links(out, given)
-            if path is None or path in keep or path in inputs or not path.exists():
-                continue
-            if path.is_file():
-                path.unlink()
-                removed += 1
-                log.debug("removed %s, an earlier run's output this run does not write", path)
-            elif path.is_dir():
-                _remove_if_empty(path, out.resolve())
-        except (OSError, ValueError, RuntimeError) as exc:
-            log.warning("could not remove %s, an earlier run's output: %s", given, exc)
-    if removed:
-        log.info("removed %d files of an earlier run in %s that this run does not write", removed, out)
-
-
-def _remove_if_empty(folder: Path, root: Path) -> None:
-    """Remove ``folder``, and then its parents below ``root``, while they are empty; warn
-    about the first that is not."""
-    if any(folder.iterdir()):
-        log.warning("%s holds files this run did not write (an earlier run's, or yours); "
-                    "left as it was (delete it if it is not needed)", folder)
-        return
-    while folder != root and root in folder.parents and not any(folder.iterdir()):
-        folder.rmdir()
-        log.info("removed %s, an earlier run's output folder this run does not write", folder)
-        folder = folder.parent
-
-
 def _as_recorded_today(config: dict) -> dict:
     """An earlier run's recorded settings as this version records them: its input path
     resolved, and the window its shared frames came from (before `shared_from` existed, a
@@ -491,37 +344,14 @@ def run(
 
     started = time.perf_counter()
     check_options(opts)  # fail on a bad option before any heavy work
+    for unused in _unused_options(opts):
+        log.warning("%s", unused)
     device = resolve_device(opts.device)
     source = _source(opts)  # a missing or unreadable input is told before any folder is made
     out = prepare_dir(opts.out)  # and an unwritable output before the model loads
     with lock_run_folder(out):  # and another run writing there
-        _remove_interrupted_writes(out)
+        remove_interrupted_writes(out)
         return _run_into(out, opts, source, device, started, progress, on_frame)
-
-
-_RUN_FILES = (*(p for paths in _FORMAT_OUTPUTS.values() for p in paths if Path(p).suffix), "run.json", "progress.json")
-"""The files a run writes directly in its output folder: its formats' files (the entries of
-`_FORMAT_OUTPUTS` with a suffix; the others are folders), run.json and the frame store's
-progress.json."""
-
-
-def _remove_interrupted_writes(out: Path) -> None:
-    """Delete the temp files of atomic writes that a killed run left behind
-    (`io.atomic`: ``.<name>.tmp-<8 hex><suffix>``), and only a run's own: in the output folder
-    those of the files it writes there, in its per-frame folders those of PNGs, in sparse/0
-    those of COLMAP's files. Nothing below a link is touched (as the rerun cleanup), and no
-    other file: another tool may be writing its own temp files here (`mapstream render`'s
-    video, the viewer's screenshots), which the run's lock does not keep out."""
-    from ..io.atomic import remove_stale_temp_files
-
-    removed = remove_stale_temp_files(out, recursive=False, targets=lambda name: name in _RUN_FILES)
-    for name in _PER_FRAME_FOLDERS:
-        if not (out / name).is_symlink():
-            removed += remove_stale_temp_files(out / name, recursive=False, targets=lambda n: n.endswith(".png"))
-    if not (out / "sparse").is_symlink() and not (out / "sparse" / "0").is_symlink():
-        removed += remove_stale_temp_files(out / "sparse" / "0", recursive=False, targets=lambda n: n in _COLMAP_FILES)
-    if removed:
-        log.info("removed %d temp files of an interrupted write in %s", len(removed), out)
 
 
 def _run_into(out: Path, opts: RunOptions, source, device, started: float, progress, on_frame) -> RunSummary:
@@ -543,7 +373,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
     interval = _keyframe_interval(opts, source.expected_length)
     config = {
         "input": _input_key(opts.input) if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
-        "image_size": opts.image_size, "preprocess": opts.preprocess, "rotate": opts.rotate, "fps": opts.fps,
+        "image_size": DEMO_HW[1] if opts.demo else opts.image_size, "preprocess": opts.preprocess, "rotate": opts.rotate, "fps": opts.fps,
         "stride": opts.stride,
         "first_k": opts.first_k, "num_scale_frames": opts.num_scale_frames, "keyframe_interval": interval,
         "window_size": opts.window_size, "overlap": opts.overlap, "overlap_keyframes": opts.overlap_keyframes,
@@ -574,16 +404,21 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         )
 
     resume_at = store.finished
-    overlap = min(resume_at, max(opts.num_scale_frames, 2))
-    if resume_at:  # the cache of the interrupted stream is gone: say what the new frames come from
+    expected = source.expected_length
+    complete = bool(resume_at) and expected is not None and resume_at >= expected
+    overlap = 0 if complete else min(resume_at, max(opts.num_scale_frames, 2))
+    if complete:  # nothing to infer: the input is only read for its frames' names
+        log.info("all %d frames of this input were finished by an earlier run with these settings: "
+                 "writing the outputs again (--no-resume runs the model again)", resume_at)
+    elif resume_at:  # the cache of the interrupted stream is gone: say what the new frames come from
         log.warning(
             "resuming after %d finished frames: the stream restarts with the last %d of them as its scale frames and "
             "is aligned to them by Sim(3), so the frames after differ from an uninterrupted run's "
             "(--no-resume starts over)", resume_at, overlap,
         )
-    anchors = store.last_records(overlap) if resume_at else []
-    realign = _Realigner(anchors, resume_at - overlap) if resume_at else None
-    offset = resume_at - overlap if realign is not None else 0
+    anchors = store.last_records(overlap) if overlap else []
+    realign = _Realigner(anchors, resume_at - overlap) if overlap else None
+    offset = resume_at - overlap
     # Inputs awaiting their prediction (scale phase), with the time the source gave them.
     frames: dict[int, tuple[torch.Tensor, float | None]] = {}
     new = 0
@@ -637,23 +472,22 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         session.close()
     inferred = time.perf_counter()
 
-    earlier = _earlier_run(out)  # before this run's run.json replaces it
-    previous = _previous_outputs(out, earlier)
-    stopped_files, stopped_folders = _replacing_outputs(out, earlier)
-    previous_known = list(dict.fromkeys([*_known_files(out, previous, _previous_stems(earlier)), *stopped_files]))
-    previous = list(dict.fromkeys([*previous, *stopped_folders]))
+    earlier = EarlierRun(out)  # before this run's run.json replaces it
     recon = store.assemble(fps=opts.fps)
-    settings = {**config, "options": {k: str(v) for k, v in asdict(opts).items()}}  # run.json's "config"
-    _mark_being_replaced(out, earlier, settings, opts.formats, recon.file_stems())
-    if opts.sky_mask:
-        recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
-    outputs = export_all(
-        recon, out, formats=opts.formats, conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile,
-        voxel_size=opts.voxel_size, max_points=opts.max_points, drop_black=opts.drop_black_background,
-        drop_white=opts.drop_white_background, progress=progress,
-    )
+    try:
+        settings = {**config, "options": {k: str(v) for k, v in asdict(opts).items()}}  # run.json's "config"
+        earlier.mark_being_replaced(settings, opts.formats, recon.file_stems())
+        if opts.sky_mask:
+            recon = _with_sky_masks(recon, out, opts.sky_model, warnings, progress)
+        outputs = export_all(
+            recon, out, formats=opts.formats, conf_threshold=opts.conf_threshold, conf_percentile=opts.conf_percentile,
+            voxel_size=opts.voxel_size, max_points=opts.max_points, drop_black=opts.drop_black_background,
+            drop_white=opts.drop_white_background, progress=progress,
+        )
+    finally:
+        store.discard_assembled()
     stems = recon.file_stems()
-    _remove_stale_outputs(out, previous, outputs, _input_files(opts), previous_known, _known_files(out, outputs, stems))
+    earlier.remove_what_is_not_rewritten(outputs, stems, _input_files(opts))
     exported = time.perf_counter()
     fps = new / max(inferred - loaded - in_callback, 1e-9)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

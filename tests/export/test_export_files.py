@@ -152,11 +152,9 @@ def test_export_all_writes_every_format(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_the_runs_table_of_what_each_format_writes_is_export_alls(tmp_path: Path, fmt: str) -> None:
     """`mapstream run` removes what a run stopped while exporting may have written from its
-    formats' names (`pipeline.run._FORMAT_OUTPUTS`): each format writes exactly those entries
+    formats' names (`pipeline.outputs.FORMAT_OUTPUTS`): each format writes exactly those entries
     (masks only with sky masks)."""
-    import importlib
-
-    table = importlib.import_module("mapstream.pipeline.run")._FORMAT_OUTPUTS
+    from mapstream.pipeline.outputs import FORMAT_OUTPUTS as table
     assert set(table) == set(ALL_FORMATS)
     for sky, recon in (("with", make_recon()), ("without", make_recon(sky=False))):
         out = tmp_path / sky

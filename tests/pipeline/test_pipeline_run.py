@@ -12,21 +12,7 @@ from PIL import Image
 
 from conftest import DATA
 from mapstream.cli.main import main
-
-
-def photos(tmp_path, n=10):
-    src = DATA / "courthouse"
-    if not src.exists():
-        pytest.skip(f"{src} not found")
-    folder = tmp_path / "frames"
-    folder.mkdir()
-    for p in sorted(src.glob("*.png"))[:n]:
-        shutil.copy(p, folder / p.name)
-    return folder
-
-
-def run_cli(*args) -> int:
-    return main(["run", *args, "--model", "tiny", "--image-size", "140", "--num-scale-frames", "2", "--quiet"])
+from run_helpers import photos, run_cli
 
 
 def test_run_writes_every_output_readable_by_other_tools(tmp_path, capsys):
@@ -759,7 +745,7 @@ def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file
     whose removal fails is told and the rest still go."""
     import logging
 
-    from mapstream.pipeline.run import _earlier_run, _known_files, _previous_stems, _remove_stale_outputs
+    from mapstream.pipeline.outputs import _earlier_run, _known_files, _previous_stems, _remove_stale_outputs
 
     out = tmp_path / "out"
     (out / "images").mkdir(parents=True)
@@ -788,7 +774,7 @@ def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file
         return real_unlink(path, *args, **kwargs)
 
     monkeypatch.setattr(Path, "unlink", unlink)
-    with caplog.at_level(logging.WARNING, logger="mapstream.pipeline.run"):
+    with caplog.at_level(logging.WARNING, logger="mapstream.pipeline.outputs"):
         _remove_stale_outputs(out, previous, {}, set(), _known_files(out, previous, stems), [])
     assert (out / "photos" / "a.png").read_bytes() == b"user photo" and outside.read_bytes() == b"user file"
     assert (out / "images" / "a.png").is_symlink() and (out / "images" / "b.png").is_symlink()
