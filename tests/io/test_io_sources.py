@@ -70,16 +70,22 @@ def test_folder_limits_and_glob(folder: Path) -> None:
     assert torch.equal(frame, preprocess_image(Image.open(folder / "2.png"), "crop", 56))
 
 
-def test_video_source(tmp_path: Path) -> None:
+def lossless_video(path: Path, frames: list[np.ndarray], rate: int) -> Path:
+    """An FFV1 Matroska video of RGB ``frames`` (decoded back exactly)."""
     av = pytest.importorskip("av")
-    path = tmp_path / "clip.mkv"
     with av.open(str(path), "w") as container:
-        stream = container.add_stream("ffv1", rate=10)
-        stream.width, stream.height, stream.pix_fmt = 32, 28, "bgr0"
-        for i in range(6):
-            pixels = np.full((28, 32, 3), 40 * i, dtype=np.uint8)
+        stream = container.add_stream("ffv1", rate=rate)
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = "bgr0"
+        for pixels in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
         container.mux(stream.encode())
+    return path
+
+
+def test_video_source(tmp_path: Path) -> None:
+    frames = [np.full((28, 32, 3), 40 * i, dtype=np.uint8) for i in range(6)]
+    path = lossless_video(tmp_path / "clip.mkv", frames, rate=10)
     source = open_source(path, fps=5, image_size=28)
     with pytest.raises(TypeError, match="not known"):
         len(source)
@@ -178,18 +184,14 @@ def test_a_stream_is_read_through_opencv_frame_for_frame_as_the_file_decoder_rea
     """OpenCV's capture (what a webcam or an rtsp:// URL goes through) on a lossless local
     video: the same frames, in order and in RGB, as PyAV's reading of the file."""
     pytest.importorskip("cv2")
-    av = pytest.importorskip("av")
     from mapstream.io.sources import FrameSource
 
-    path = tmp_path / "clip.mkv"
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("ffv1", rate=30)
-        stream.width, stream.height, stream.pix_fmt = 42, 28, "bgr0"
-        for i in range(9):
-            rgb = np.zeros((28, 42, 3), np.uint8)
-            rgb[..., 0], rgb[..., 1], rgb[:, : 3 * i + 1, 2] = 20 * i, 255 - 20 * i, 200
-            out.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
-        out.mux(stream.encode())
+    frames = []
+    for i in range(9):
+        rgb = np.zeros((28, 42, 3), np.uint8)
+        rgb[..., 0], rgb[..., 1], rgb[:, : 3 * i + 1, 2] = 20 * i, 255 - 20 * i, 200
+        frames.append(rgb)
+    path = lossless_video(tmp_path / "clip.mkv", frames, rate=30)
     captured = list(FrameSource.from_capture(str(path), image_size=42, stride=2))
     decoded = list(open_source(path, fps=None, stride=2, image_size=42))
     assert [n for n, _ in captured] == [f"frame_{i:06d}" for i in range(0, 9, 2)]
