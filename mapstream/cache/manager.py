@@ -39,6 +39,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -238,6 +239,7 @@ class StreamCacheManager:
         self.layout: TokenLayout | None = None
         self._key: StorageKey | None = None
         self._run: PageRun | None = None
+        self._on_drop: weakref.finalize | None = None  # gives `_run` back if this manager is dropped
         self._trajectory_capacity = 0  # frames the arena's trajectory region holds
         self._in_step = False
         self._broken = False
@@ -291,7 +293,7 @@ class StreamCacheManager:
             raise CacheStateError(f"{self.name}: cannot release the cache during a step")
         if self._run is not None:
             self._run.pool.free(self._run)
-            self._run = None
+            self._hold(None)
         self._key = None
         self.layout = None
         self._clear()
@@ -323,6 +325,24 @@ class StreamCacheManager:
         traj_tokens = trajectory_frames * layout.trajectory_tokens
         return self.spec.ring_slots + -(-traj_tokens // layout.tokens_per_frame)
 
+    def _hold(self, run: PageRun | None) -> None:
+        """Make ``run`` the leased arena (None: none). While held, the manager's collection
+        gives it back to its pool, so that a session dropped without `close()` (or a state
+        nobody released) does not keep its pages leased for the life of the model."""
+        if self._on_drop is not None:
+            self._on_drop.detach()
+        self._run = run
+        self._on_drop = None if run is None else weakref.finalize(self, run.pool.free_later, run)
+
+    def __getstate__(self) -> dict:
+        # A copy (copy.deepcopy of a model) arms its own give-back in __setstate__.
+        return {k: v for k, v in self.__dict__.items() if k != "_on_drop"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._on_drop = None
+        self._hold(self._run)
+
     def _lease(self, layout: TokenLayout, dtype: torch.dtype, device: torch.device) -> None:
         key = StorageKey(layout.num_layers, layout.num_heads, layout.head_dim, layout.tokens_per_frame, dtype, device)
         if self._key == key and self.layout == layout:
@@ -336,7 +356,7 @@ class StreamCacheManager:
         self.release()
         cap = self.spec.trajectory_capacity
         self._trajectory_capacity = cap if cap is not None else _UNBOUNDED_INITIAL_TRAJECTORY
-        self._run = self.pools.get(key).allocate(self._pages(layout, self._trajectory_capacity))
+        self._hold(self.pools.get(key).allocate(self._pages(layout, self._trajectory_capacity)))
         self._key, self.layout = key, layout
 
     @torch.no_grad()
@@ -348,7 +368,7 @@ class StreamCacheManager:
         new = self.pools.get(self._key).allocate(self._pages(self.layout, self._trajectory_capacity))
         new.storage[:, :, :, : old.tokens].copy_(old.storage)
         old.pool.free(old)
-        self._run = new
+        self._hold(new)
         log.debug("%s: trajectory memory grown to %d frames", self.name, self._trajectory_capacity)
 
     # ------------------------------------------------------------------ planning

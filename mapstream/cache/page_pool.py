@@ -5,9 +5,15 @@ tensor per chunk laid out [layers, 2 (K, V), heads, chunk_tokens, head_dim]; a c
 a *contiguous run* of pages, so that every token range it shows to attention is a strided
 view of one tensor (no gather). Freed runs go back to the pool and are handed out again;
 chunks are only released by `trim()`. The pool knows nothing about frames.
+
+A run whose holder is garbage-collected without freeing it (a session nobody closed) comes
+back through `free_later`, which any thread may call at any time, the garbage collector's
+finalizers included: it only queues the run, and the pool takes the queue back under its
+lock at its next operation.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -88,6 +94,7 @@ class PagePool:
         self.min_chunk_pages = min_chunk_pages
         self._chunks: list[_Chunk | None] = []
         self._lock = threading.Lock()
+        self._freed_later: collections.deque[PageRun] = collections.deque()
 
     def __getstate__(self) -> dict:
         # A copy (copy.deepcopy of a model) gets its own lock; locks cannot be copied.
@@ -107,6 +114,7 @@ class PagePool:
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
         with self._lock:
+            self._take_back()
             for index, chunk in enumerate(self._chunks):
                 if chunk is None:
                     continue
@@ -138,15 +146,31 @@ class PagePool:
         if run.pool is not self:
             raise ValueError("this page run belongs to another pool")
         with self._lock:
-            chunk = self._chunks[run.chunk]
-            if chunk is None:
-                raise RuntimeError("page run freed after its chunk was trimmed")
-            chunk.give(run.first_page, run.num_pages)
+            self._take_back()
+            self._give(run)
+
+    def free_later(self, run: PageRun) -> None:
+        """Queue ``run`` to be freed at the pool's next operation. Safe from a finalizer that
+        the garbage collector runs while this thread is inside the pool (an allocation under
+        its lock), where `free` would wait on the lock forever."""
+        self._freed_later.append(run)
+
+    def _take_back(self) -> None:
+        """Free the queued runs (`free_later`); the lock is held."""
+        while self._freed_later:
+            self._give(self._freed_later.popleft())
+
+    def _give(self, run: PageRun) -> None:
+        chunk = self._chunks[run.chunk]
+        if chunk is None:
+            raise RuntimeError("page run freed after its chunk was trimmed")
+        chunk.give(run.first_page, run.num_pages)
 
     def trim(self) -> int:
         """Release the storage of chunks with no leased page. Returns bytes released."""
         released = 0
         with self._lock:
+            self._take_back()
             for i, chunk in enumerate(self._chunks):
                 if chunk is not None and chunk.used_pages == 0:
                     released += chunk.storage.nbytes
@@ -157,6 +181,7 @@ class PagePool:
 
     def stats(self) -> PoolStats:
         with self._lock:
+            self._take_back()
             live = [c for c in self._chunks if c is not None]
             total = sum(c.pages for c in live)
             used = sum(c.used_pages for c in live)
