@@ -69,10 +69,13 @@ log = logging.getLogger(__name__)
 class _Piece:
     """A function of static tensors, run eagerly or replayed from a captured graph."""
 
-    def __init__(self, fn: Callable[[], tuple], capture: bool, pool) -> None:
+    def __init__(self, fn: Callable[[], tuple], capture: bool, pool, reads: Callable[[], list] | None = None) -> None:
         self.fn, self.capture, self.pool = fn, capture, pool
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple = ()
+        # Tensors the graph reads that others own and may drop (`reads()` after capture):
+        # held for as long as the graph, so that their memory is never reused under it.
+        self.reads, self.held = reads, []
 
     def __call__(self) -> tuple:
         if not self.capture:
@@ -87,6 +90,7 @@ class _Piece:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=self.pool):
                 self.outputs = self.fn()
+            self.held = self.reads() if self.reads is not None else []
             self.graph.replay()
         else:
             self.graph.replay()
@@ -97,8 +101,9 @@ class _KeyedPiece:
     """A `_Piece` captured for one key — what its graph holds fixed, such as cache storage
     addresses — and captured again when the key changes."""
 
-    def __init__(self, fn: Callable[[], tuple], capture: bool, pool, what: str) -> None:
-        self.fn, self.capture, self.pool, self.what = fn, capture, pool, what
+    def __init__(self, fn: Callable[[], tuple], capture: bool, pool, what: str,
+                 reads: Callable[[], list] | None = None) -> None:
+        self.fn, self.capture, self.pool, self.what, self.reads = fn, capture, pool, what, reads
         self.piece: _Piece | None = None
         self.key = None
 
@@ -106,7 +111,7 @@ class _KeyedPiece:
         if self.piece is None or key != self.key:
             if self.piece is not None:
                 log.debug("%s: what its graph holds changed (cache storage, hints), capturing again", self.what)
-            self.piece = _Piece(self.fn, self.capture, self.pool)
+            self.piece = _Piece(self.fn, self.capture, self.pool, self.reads)
             self.key = key
         return self.piece
 
@@ -168,7 +173,7 @@ class GraphedStep:
         self._first_piece = _Piece(self._first, capture, self.pool)
         if whole:
             self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
-            self._whole = _KeyedPiece(self._whole_step, capture, self.pool, "whole step")
+            self._whole = _KeyedPiece(self._whole_step, capture, self.pool, "whole step", self._head_tables)
             self._backend = None
             self._key_norms: tuple = ()
         else:
@@ -176,7 +181,7 @@ class GraphedStep:
             self.pieces = [self._first_piece]
             self.pieces += [_Piece(self._make_middle(i), capture, self.pool) for i in range(1, c.depth)]
             self.pieces.append(_Piece(self._last, capture, self.pool))
-            self._dense_piece = _Piece(self._dense, capture, self.pool)
+            self._dense_piece = _Piece(self._dense, capture, self.pool, self._head_tables)
             # The camera head runs beside the dense heads on a second stream, so it needs
             # its own pool: graphs of one pool may reuse each other's temporaries, which is
             # only safe when they run one after the other.
@@ -186,6 +191,11 @@ class GraphedStep:
                 "camera head",
             )
             self._outputs: list[tuple] = []
+
+    def _head_tables(self) -> list:
+        """The dense heads' position tables, which their graphs read (`DPTHead.position_tables`)."""
+        heads = (self.model.depth_head, self.model.point_head)
+        return [table for head in heads if head is not None for table in head.position_tables()]
 
     # ------------------------------------------------------------------ per-frame inputs
     def _load_frame(self, frame: torch.Tensor, cache) -> None:
@@ -265,7 +275,10 @@ class GraphedStep:
         """The dense heads' outputs (fp32)."""
         c = self.config
         heads = {}
-        with heads_without_autocast(self.frame.device), _conv_search(self.conv_search and self.capture):
+        # No timing inside a capture: a convolution whose search missed would time its candidates
+        # there (synchronising, which breaks the capture); the warm-up before it did the search.
+        search = self.conv_search and self.capture and not torch.cuda.is_current_stream_capturing()
+        with heads_without_autocast(self.frame.device), _conv_search(search):
             if self.model.depth_head is not None:
                 heads["depth"], heads["depth_conf"] = self.model.depth_head(layers, self.image_hw, c.num_special_tokens)
             if self.model.point_head is not None:

@@ -140,6 +140,12 @@ class DPTHead(nn.Module):
         # at 504x378, read in full every frame.
         self._positions: dict[tuple, torch.Tensor | SeparableAddend] = {}
 
+    def position_tables(self) -> list[torch.Tensor | SeparableAddend]:
+        """The position embeddings kept now. A CUDA graph captured with this head reads them
+        by address and holds this list: the cache may drop them for new frame sizes (it is
+        bounded), and memory the graph still reads must not be freed and reused."""
+        return list(self._positions.values())
+
     def _position(self, channels: int, rows: int, cols: int, aspect: float, like: torch.Tensor,
                   separable: bool = False) -> torch.Tensor | SeparableAddend:
         key = (channels, rows, cols, aspect, like.device, like.dtype, separable)

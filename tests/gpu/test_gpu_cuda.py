@@ -701,10 +701,11 @@ def test_value_check_on_a_second_stream_answers_while_the_current_stream_is_busy
 
 
 @pytest.mark.parametrize("fast", ["pieces", "whole"], ids=["pieces", "whole-step"])
-def test_graphed_dense_heads_are_warmed_up_and_captured_under_cudnn_benchmark_mode(monkeypatch, fast):
+def test_graphed_dense_heads_are_warmed_up_under_cudnn_benchmark_mode_and_captured_without(monkeypatch, fast):
     """The graphed step's dense heads pick their convolution kernels by cuDNN's timing
-    (`graphs._conv_search`) while warming up and capturing; the global flag is back off after
-    every step, and the outputs equal the eager session's."""
+    (`graphs._conv_search`) while warming up; the capture after finds them in cuDNN's cache
+    and never times (timing synchronises, which would break the capture); the global flag is
+    back off after every step, and the outputs equal the eager session's."""
     if fast == "whole" and available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
         pytest.skip("the whole step needs the Triton backend")
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
@@ -714,7 +715,7 @@ def test_graphed_dense_heads_are_warmed_up_and_captured_under_cudnn_benchmark_mo
     original = head._forward_frames
 
     def recording(*args, **kwargs):
-        seen.append(torch.backends.cudnn.benchmark)
+        seen.append((torch.backends.cudnn.benchmark, torch.cuda.is_current_stream_capturing()))
         return original(*args, **kwargs)
 
     monkeypatch.setattr(head, "_forward_frames", recording)
@@ -728,15 +729,48 @@ def test_graphed_dense_heads_are_warmed_up_and_captured_under_cudnn_benchmark_mo
         for i in range(5):
             got += s.step(images[i])
             assert not torch.backends.cudnn.benchmark
-    assert not any(seen[:eager_calls]), seen
+    assert not any(benchmark for benchmark, _ in seen[:eager_calls]), seen
     graphed = seen[eager_calls:]
-    # The scale phase runs eagerly (heuristics); the first graphed step warms up and
-    # captures (benchmark mode); replays call no Python.
-    first = graphed.index(True)
-    assert first >= 1 and not any(graphed[:first]) and all(graphed[first:]), seen
+    # The scale phase runs eagerly (heuristics); the first graphed step warms up (benchmark
+    # mode) and captures (not); replays call no Python.
+    first = graphed.index((True, False))
+    assert first >= 1 and not any(benchmark for benchmark, _ in graphed[:first]), seen
+    rest = graphed[first:]
+    assert len(rest) >= 2 and rest == [(True, False), (False, True)] * (len(rest) // 2), seen
     for a, b in zip(got, want):  # bf16 trunk: the tolerance of the other graphed-vs-eager tests
         torch.testing.assert_close(a.depth, b.depth, rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(a.pose_enc, b.pose_enc, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("fast", ["pieces", "whole"])
+def test_a_graph_keeps_the_dense_heads_position_tables_when_their_cache_drops_them(fast):
+    """The depth head keeps its position tables for 20 sizes at most and then drops them all.
+    A graph captured at one size reads them by address: other sizes run meanwhile (in another
+    session of the same model) must not free memory it reads. Its replays after equal the
+    eager steps."""
+    if fast == "whole" and available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
+        pytest.skip("the whole step needs the Triton backend")
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval().cast_for_inference("bf16")
+    model.set_backend("triton" if fast == "whole" else "sdpa")
+    g = torch.Generator().manual_seed(3)
+    frames = torch.rand(5, 3, 28, 56, generator=g).cuda()
+    with model.session(num_scale_frames=1, precision="bf16", fast=False) as s:
+        want = s.run_frames(frames)
+    with model.session(num_scale_frames=1, precision="bf16", fast=fast) as s:
+        first = s.run_frames(frames)
+        tables = {id(t) for t in model.depth_head.position_tables()}
+        with model.session(num_scale_frames=1, precision="bf16") as other:
+            for width in (28, 42, 70, 84, 98, 112):
+                other.reset()
+                other.run_frames(torch.rand(2, 3, 28, width, generator=g).cuda())
+                torch.zeros(1 << 22, device="cuda")  # allocations that would reuse freed memory
+        assert not tables & {id(t) for t in model.depth_head.position_tables()}  # the cache dropped them
+        s.reset()
+        again = s.run_frames(frames)
+    for a, b, c in zip(first, again, want):
+        assert torch.equal(a.depth, b.depth) and torch.equal(a.pose_enc, b.pose_enc)
+        torch.testing.assert_close(b.depth, c.depth, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(b.pose_enc, c.pose_enc, rtol=2e-2, atol=2e-2)
 
 
 def test_compiled_between_layers_fuses_across_the_blocks_boundaries():
