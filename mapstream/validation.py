@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["OVERSHOOT", "ValueCheck", "check_images", "check_scale_frames", "keyframe_flag"]
+__all__ = ["OVERSHOOT", "ValueCheck", "check_count", "check_images", "check_scale_frames", "keyframe_flag"]
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,15 @@ def keyframe_flag(keyframe) -> bool | None:
     raise TypeError(f"keyframe must be True, False or None (the policy decides), got {keyframe!r}")
 
 
+def check_count(name: str, value: Any, least: int = 1) -> None:
+    """ValueError unless ``value`` is an integer (NumPy's too; not a bool, a float or a
+    string, which would otherwise be rounded or compared somewhere deep) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+
+
 def check_scale_frames(num_scale_frames: int) -> None:
     """ValueError for a scale phase of no frame (every sequence starts with at least one)."""
-    if num_scale_frames < 1:
-        raise ValueError(f"num_scale_frames must be >= 1, got {num_scale_frames}")
+    check_count("num_scale_frames", num_scale_frames)

@@ -25,6 +25,7 @@ import torch
 
 from ..geometry import invert_se3, pose_encoding_to_extri_intri
 from ..session import FramePrediction, Session
+from ..validation import check_count
 from .align import Sim3, pairwise_alignment, warp_predictions
 from .plan import check_keyframe_interval, check_window_size, effective_overlap, warn_if_windows_evict, warn_overlap_cut
 
@@ -50,6 +51,8 @@ def check_window_options(window_size: int, overlap_size: int | None, shared_from
     if shared_from not in SHARED_FROM:
         raise ValueError(f"shared_from must be one of {', '.join(SHARED_FROM)}, got {shared_from!r}")
     check_window_size(window_size)
+    if overlap_size is not None:
+        check_count("overlap_size", overlap_size, least=0)
     if overlap_size is not None and overlap_size < 1:
         raise ValueError(
             f"an overlap of {overlap_size} frames leaves consecutive windows no frame to align them on; "
@@ -89,6 +92,8 @@ class WindowedSession:
     ) -> None:
         check_keyframe_interval(keyframe_interval)
         check_window_options(window_size, overlap_size, shared_from)  # before the session takes any memory
+        if overlap_keyframes is not None:
+            check_count("overlap_keyframes", overlap_keyframes, least=0)
         self.shared_from = shared_from
         self._session = Session(
             model,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from ..validation import check_count, check_scale_frames
+
 __all__ = [
     "WindowPlan", "check_keyframe_interval", "check_window_size", "effective_overlap", "plan_windows",
     "warn_if_windows_evict",
@@ -53,8 +55,7 @@ def effective_overlap(
 
 def check_window_size(window_size: int) -> None:
     """ValueError for a window of no cache slot (offline plans and online sessions alike)."""
-    if window_size < 1:
-        raise ValueError(f"window_size must be >= 1, got {window_size}")
+    check_count("window_size", window_size)
 
 
 def check_keyframe_interval(keyframe_interval) -> None:
@@ -103,7 +104,11 @@ def plan_windows(
         raise ValueError("no frames to plan windows for")
     check_window_size(window_size)
     check_keyframe_interval(keyframe_interval)
-    scale = min(max(scale_frames, 1), num_frames)
+    check_scale_frames(scale_frames)
+    for name, value in (("overlap_size", overlap_size), ("overlap_keyframes", overlap_keyframes)):
+        if value is not None:
+            check_count(name, value, least=0)
+    scale = min(scale_frames, num_frames)
     overlap = effective_overlap(
         num_frames,
         scale_frames=scale,

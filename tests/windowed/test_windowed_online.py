@@ -204,3 +204,30 @@ def test_shared_frames_from_the_later_window_are_the_offline_stitch(model, overl
 def test_shared_from_takes_only_the_two_choices(model):
     with pytest.raises(ValueError, match="shared_from must be one of earlier, later"):
         WindowedSession(model, window_size=5, overlap_size=2, num_scale_frames=2, shared_from="last")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_scale_frames": 2.5}, "num_scale_frames must be an integer >= 1, got 2.5"),
+    ({"num_scale_frames": "2"}, "num_scale_frames must be an integer >= 1, got '2'"),
+    ({"num_scale_frames": 0}, "num_scale_frames must be >= 1, got 0"),
+    ({"window_size": 4.5}, "window_size must be an integer >= 1, got 4.5"),
+    ({"overlap_size": 1.5}, "overlap_size must be an integer >= 0, got 1.5"),
+    ({"overlap_keyframes": 1.5}, "overlap_keyframes must be an integer >= 0, got 1.5"),
+])
+def test_counts_that_are_not_whole_numbers_are_refused_offline_online_and_streaming(kwargs, message):
+    """A count given as a float or a string is refused up front with its name, never rounded
+    or failed deep inside a slice; a scale phase of no frame is refused windowed as streaming."""
+    import mapstream
+
+    model = mapstream.build_model("tiny")
+    frames = torch.zeros(7, 3, 28, 28)
+    offline = {"window_size": 3, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        model.inference_windowed(frames, **offline)
+    with pytest.raises(ValueError, match=message):
+        mapstream.WindowedSession(model, **{"window_size": 3, **kwargs})
+    if set(kwargs) == {"num_scale_frames"}:
+        with pytest.raises(ValueError, match=message):
+            model.inference_streaming(frames, **kwargs)
+        with pytest.raises(ValueError, match=message):
+            model.session(**kwargs)
