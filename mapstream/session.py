@@ -378,6 +378,9 @@ class Session:
         num_frames = images.shape[1]
         outs = []
         start = 0
+        # Frames `step` buffered for the scale phase are predicted here too: the outputs'
+        # images hold them, so that every prediction has its image at the same index.
+        shown = torch.cat([*self._buffer, images], dim=1) if self.in_scale_phase and self._buffer else images
         if self.in_scale_phase:
             start = min(self.num_scale_frames - len(self._buffer), num_frames)
             with self.state.step(store=True):
@@ -389,7 +392,7 @@ class Session:
                 preds.append(self.step(images[0, i]))
                 bar.update(1)
             stacked = self._stack(outs)
-            return self._merge(stacked, preds, images)
+            return self._merge(stacked, preds, shown)
         for i in range(start, num_frames):
             store = self.policy.decide(self._count, self._scale)
             frame = images[:, i : i + 1]
@@ -398,7 +401,7 @@ class Session:
                 self._count += 1
             bar.update(1)
         result = self._stack(outs)
-        result["images"] = images.to(self.output_device) if self.output_device is not None else images
+        result["images"] = shown.to(self.output_device) if self.output_device is not None else shown
         return result
 
     @staticmethod

@@ -279,6 +279,35 @@ def test_close_returns_pages_and_further_steps_fail(model):
     assert model.free_kv_cache() > 0
 
 
+def test_a_session_dropped_without_close_gives_its_pages_back(model):
+    """Sessions nobody closed (an exception, a forgotten `with`) return their pages once they
+    are collected: five dropped sessions hold nothing, and free_kv_cache hands the memory back."""
+    import gc
+
+    model.free_kv_cache()
+    pools = model.pools.pools
+    for seed in range(5):
+        s = model.session(num_scale_frames=1)
+        s.step(frames_of(1, seed=seed)[0])
+        assert sum(p.stats().pages_in_use for p in pools()) > 0
+        del s
+        gc.collect()
+        assert sum(p.stats().pages_in_use for p in pools()) == 0
+    assert model.free_kv_cache() > 0
+    assert sum(p.stats().bytes_total for p in pools()) == 0
+
+
+def test_run_after_buffered_steps_returns_every_predicted_frames_image(model):
+    """Frames `step` buffered for the scale phase are predicted by the next `run`: its images
+    start with them, one image a prediction, in order."""
+    frames = frames_of(5, seed=4)
+    with model.session(num_scale_frames=3) as s:
+        assert s.step(frames[0]) == []
+        out = s.run(frames[1:])
+    assert out["images"].shape[1] == out["depth"].shape[1] == out["pose_enc"].shape[1] == 5
+    assert torch.equal(out["images"][0].cpu(), frames)
+
+
 def test_misuse_is_a_clear_error(model):
     with model.session(num_scale_frames=2) as s:
         s.run_frames(frames_of(3))
