@@ -67,8 +67,9 @@ class WindowedSession:
         model: the network.
         window_size: cache slots per window (scale frames + keyframes), as in
             `inference_windowed`; a window spans scale + (window_size - scale) * interval frames.
-        overlap_size / overlap_keyframes: frames shared by consecutive windows (default: the
-            scale frames; keyframes x interval when overlap_keyframes is given).
+        overlap_size / overlap_keyframes: frames shared by consecutive windows (default 16,
+            as `mapstream run --overlap`; None: the scale frames, `inference_windowed`'s
+            default; keyframes x interval when overlap_keyframes is given).
         num_scale_frames, keyframe_interval, output_device, precision, cache, fast: as `Session`.
         shared_from: "earlier" (default) emits a frame shared by two windows as soon as the
             earlier window predicts it; "later" emits it from the later window, as the offline
