@@ -212,7 +212,6 @@ class FrameStore:
             fps=fps,
         )
 
-
     @property
     def _assembled(self) -> Path:
         return self.out / ".frames" / "assembled"
