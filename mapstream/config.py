@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .validation import check_count
+
 __all__ = [
     "ModelConfig",
     "CacheConfig",
@@ -23,17 +25,10 @@ __all__ = [
 ]
 
 
-def _is_count(value: Any, least: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
 def _check_counts(config: Any, least: dict[str, int]) -> None:
     """Each named field of ``config`` is an integer of at least its bound (else ValueError)."""
     for name, bound in least.items():
-        value = getattr(config, name)
-        if not _is_count(value, bound):
-            kind = "" if isinstance(value, int) and not isinstance(value, bool) else "an integer "
-            raise ValueError(f"{name} must be {kind}>= {bound}, got {value!r}")
+        check_count(name, getattr(config, name), bound)
 
 
 # ModelConfig's integer fields with their least value.
@@ -96,7 +91,7 @@ class ModelConfig:
         _check_counts(self, _MODEL_COUNTS)
         if not self.mlp_ratio > 0:
             raise ValueError(f"mlp_ratio must be > 0, got {self.mlp_ratio!r}")
-        if len(self.dpt_out_channels) != 4 or not all(_is_count(c, 1) for c in self.dpt_out_channels):
+        if len(self.dpt_out_channels) != 4 or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in self.dpt_out_channels):
             raise ValueError(f"dpt_out_channels must be 4 positive integers, got {self.dpt_out_channels!r}")
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
@@ -152,7 +147,7 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         _check_counts(self, {"scale_frames": 0, "sliding_window": 1})
-        if self.trajectory_capacity is not None and not _is_count(self.trajectory_capacity, 2):
+        if self.trajectory_capacity is not None and (isinstance(self.trajectory_capacity, bool) or not isinstance(self.trajectory_capacity, int) or self.trajectory_capacity < 2):
             raise ValueError(f"trajectory_capacity must be >= 2 or None (unbounded), got {self.trajectory_capacity}")
 
 
