@@ -1,0 +1,100 @@
+"""Throughput of several streams on one device: N sessions stepped one after another (on
+the CUDA-graph fast path where there is a GPU) against `mapstream.step_together` (one
+batched eager forward for all N), and how far the two give apart.
+
+Full model with synthetic (rule) weights, random frames, bf16 on a GPU, fp32 elsewhere.
+
+Usage: python benchmarks/multistream.py [--streams 4] [--frames 40] [--out FILE]
+       python benchmarks/multistream.py --device cpu --preset tiny --size 56x42 (mechanism check)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import mapstream
+from mapstream.bench import BenchConfig, build_bench_model, write_result
+
+# Steps after the scale phase left out of the median: the first ones build graphs and caches.
+WARMUP_STEPS = 4
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _stream(model, frames: torch.Tensor, *, together: bool, fast: bool, scale: int, precision: str):
+    """Every stream's predictions and the median time of one round (one frame of each stream)."""
+    streams, count = frames.shape[:2]
+    sessions = [mapstream.Session(model, num_scale_frames=scale, precision=precision, fast=fast)
+                for _ in range(streams)]
+    preds: list[list] = [[] for _ in range(streams)]
+    times = []
+    with torch.no_grad():
+        for i in range(count):
+            _sync(frames.device)
+            start = time.perf_counter()
+            if together:
+                out = mapstream.step_together(sessions, list(frames[:, i]))
+            else:
+                out = [s.step(frames[b, i]) for b, s in enumerate(sessions)]
+            _sync(frames.device)
+            times.append(time.perf_counter() - start)
+            for b in range(streams):
+                preds[b].extend(out[b])
+    for s in sessions:
+        s.close()
+    steady = sorted(times[scale + WARMUP_STEPS :])
+    round_ms = steady[len(steady) // 2] * 1e3
+    return preds, {"median_ms_per_round": round_ms, "stream_frames_per_s": streams * 1e3 / round_ms}
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / a.float().norm())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--frames", type=int, default=40, help="frames per stream")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="lingbot-map")
+    ap.add_argument("--size", default="504x378", help="WxH")
+    ap.add_argument("--scale-frames", type=int, default=8, help="frames of each stream's scale phase")
+    ap.add_argument("--out", default=None, help="also write the result here (JSON)")
+    args = ap.parse_args(argv)
+    if args.frames <= args.scale_frames + WARMUP_STEPS:
+        ap.error(f"--frames must exceed --scale-frames + {WARMUP_STEPS} (the steps a median leaves out)")
+    width, height = (int(v) for v in args.size.split("x"))
+    device = torch.device(args.device)
+    precision = "bf16" if device.type == "cuda" else "fp32"
+    cfg = BenchConfig(preset=args.preset, width=width, height=height, scale_frames=args.scale_frames,
+                      device=args.device, precision=precision)
+    model = build_bench_model(cfg, device)
+    g = torch.Generator(device=device).manual_seed(0)
+    frames = torch.rand(args.streams, args.frames, 3, height, width, device=device, generator=g)
+    result: dict = {"streams": args.streams, "frames": args.frames, "size": [width, height],
+                    "preset": args.preset, "device": str(device)}
+    fast = device.type == "cuda"
+    run = dict(scale=cfg.scale_frames, precision=precision)
+    solo, result["one_after_another"] = _stream(model, frames, together=False, fast=fast, **run)
+    result["one_after_another"]["fast_path"] = fast
+    print(json.dumps(result), flush=True)
+    batched, result["step_together"] = _stream(model, frames, together=True, fast=False, **run)
+    pairs = [(a, b) for a_list, b_list in zip(solo, batched) for a, b in zip(a_list, b_list)]
+    result["all_finite"] = all(bool(torch.isfinite(b.depth).all() and torch.isfinite(b.pose_enc).all())
+                               for _, b in pairs)
+    result["depth_rel_err_max"] = max(_relative_error(a.depth, b.depth) for a, b in pairs)
+    result["pose_enc_rel_err_max"] = max(_relative_error(a.pose_enc, b.pose_enc) for a, b in pairs)
+    print(json.dumps(result), flush=True)
+    if args.out:
+        write_result(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""The maintained benchmarks (benchmarks/*.py) on a CPU at small sizes: each runs end to end
+and its result holds what it claims. Their timings need the GPU; here only the mechanism and
+the checks they report are tested."""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SMALL = ["--device", "cpu", "--preset", "tiny", "--size", "56x42", "--scale-frames", "2"]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_multistream_gives_every_stream_the_same_predictions_batched_or_not(tmp_path):
+    out = tmp_path / "multistream.json"
+    result = _load("multistream").main(SMALL + ["--streams", "2", "--frames", "8", "--out", str(out)])
+    assert result["streams"] == 2 and result["size"] == [56, 42]
+    assert result["one_after_another"]["fast_path"] is False  # no CUDA graphs on a CPU
+    assert result["all_finite"]
+    assert result["depth_rel_err_max"] < 1e-5 and result["pose_enc_rel_err_max"] < 1e-5
+    for way in ("one_after_another", "step_together"):
+        timing = result[way]
+        assert timing["stream_frames_per_s"] == pytest.approx(2 * 1e3 / timing["median_ms_per_round"])
+    assert json.loads(out.read_text())["depth_rel_err_max"] == result["depth_rel_err_max"]
+
+
+def test_multistream_refuses_too_few_frames_for_a_steady_median():
+    with pytest.raises(SystemExit):
+        _load("multistream").main(SMALL + ["--frames", "6"])  # 2 scale + 4 warm-up steps leave none
+
+
+def test_long_run_memory_keeps_the_cache_bytes_flat_while_the_trajectory_grows(tmp_path):
+    out = tmp_path / "memory.json"
+    result = _load("long_run_memory").main(SMALL + ["--window", "3", "--frames", "24", "--every", "4", "--out", str(out)])
+    marks = result["marks"]
+    assert [m["frame"] for m in marks] == [4, 8, 12, 16, 20, 24]
+    assert result["flat_cache_bytes"] and len({m["cache_bytes"] for m in marks}) == 1
+    # Once the window is full, every frame past scale + window lives in the trajectory.
+    assert [m["window_frames"] for m in marks] == [2, 3, 3, 3, 3, 3]
+    assert [m["trajectory_frames"] for m in marks] == [0, 3, 7, 11, 15, 19]
+    assert result["trajectory_frames_max"] == 19
+    assert "allocated" not in marks[0] and "flat_allocated" not in result  # GPU memory only on a GPU
+    assert json.loads(out.read_text())["marks"] == marks
+
+
+def test_fast_check_finds_the_fast_step_equal_to_the_eager_one_on_cpu():
+    result = _load("fast_check").main(SMALL + ["--frames", "8"])
+    check = result["check"]
+    assert check["frames"] == 8 and check["finite"]
+    assert max(check[name] for name in ("pose_enc", "depth", "depth_conf")) < 1e-5
+    assert "bench" not in result  # the protocol's timing needs CUDA
+
+
+def test_profile_step_sorts_operator_time_into_kinds():
+    module = _load("profile_step")
+    assert module.kind_of("void flash_fwd_kernel<...>") == "attention"
+    assert module.kind_of("sm90_xmma_gemm_bf16") == "matmul"
+    assert module.kind_of("aten::addmm") == "matmul"
+    assert module.kind_of("cudnn::winograd") == "conv"
+    assert module.kind_of("aten::native_layer_norm") == "norm"
+    assert module.kind_of("aten::add_") == module.OTHER
+    assert module.by_kind([("gemm", 1.0), ("aten::mul", 0.5), ("conv2d", 2.0), ("matmul", 0.25)]) == {
+        "conv": 2.0, "matmul": 1.25, "elementwise/other": 0.5}
+    result = module.main(SMALL + ["--frames", "8"])
+    assert len(result["wall_ms_per_step"]) == module.TIMED_STEPS
+    assert sum(result["by_kind_ms_per_step"].values()) == pytest.approx(result["kernel_ms_per_step"])
+    assert result["kernel_ms_per_step"] > 0 and result["whole"] is False
+
+
+def _event(name: str, ts: float, dur: float, stream: int = 7) -> dict:
+    return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+
+# Two steps of two cache attentions each (µs); the second step's heads run on two streams.
+ATTENTION = "_flash_fwd_balanced"
+TRACE = [
+    _event("patch", 0, 10), _event(ATTENTION, 20, 30), _event("gemm", 60, 10), _event(ATTENTION, 80, 30),
+    _event("dpt", 120, 20),
+    _event("patch", 1000, 10), _event(ATTENTION, 1020, 30), _event("gemm", 1060, 10), _event(ATTENTION, 1080, 30),
+    _event("heads_gemm<float>(int)", 1115, 40, stream=8), _event("dpt", 1120, 20),
+]
+
+
+def test_trace_summary_splits_the_last_step_at_its_cache_attentions():
+    s = _load("trace_summary").summarize(TRACE, layers=2, top=2)
+    approx = lambda *values: pytest.approx(values, abs=1e-12)  # noqa: E731
+    assert s["cycle"] == approx(1.0, 0.1)  # first attention to first attention; 100 µs of kernels in it
+    assert s["step"] == approx(0.155, 0.14, 6)  # starts after the 860 µs idle gap
+    assert s["before_first_attention"] == approx(0.01, 0.01, 1)
+    assert s["trunk"] == approx(0.09, 0.07, 3)
+    assert s["attention_kernels_ms"] == pytest.approx(0.06)
+    assert s["heads"] == approx(0.04, 0.06, 2)
+    assert s["heads_by_stream"]["8"] == approx(0.04, 0.04, 1, 0.005, 0.045)
+    assert s["heads_by_stream"]["7"] == approx(0.02, 0.02, 1, 0.01, 0.03)
+    assert s["top"] == [(ATTENTION, 0.06, 2), ("heads_gemm", 0.04, 1)]
+
+
+def test_trace_summary_reads_gzipped_traces_and_needs_a_whole_step(tmp_path, capsys):
+    module = _load("trace_summary")
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": [{"cat": "cpu_op", "name": "aten::mm", "ts": 5, "dur": 1}] + TRACE[::-1]}, f)
+    assert module.load(str(path)) == TRACE  # GPU events only, in order of start
+    summary = module.main([str(path), "--layers", "2"])
+    printed = capsys.readouterr().out
+    assert re.search(r"cycle\s+1\.000 ms, GPU busy\s+0\.100 ms", printed)
+    assert summary["attention_calls"] == 2
+    with pytest.raises(ValueError, match="fewer than one step's 3"):
+        module.summarize(TRACE[:5], layers=3)
+
+
+def test_attention_checks_every_usable_backend_and_names_the_others():
+    import torch
+
+    from mapstream.attention import available_backends
+
+    small = ["--device", "cpu", "--dtype", "fp32", "--queries", "6", "--keys", "40", "--capacity", "48",
+             "--heads", "2", "--dim", "8", "--reps", "2"]
+    module = _load("attention")
+    result = module.main(small + ["--backends", "sdpa", "triton"])
+    sdpa = result["backends"]["sdpa"]
+    assert sdpa["attend_rel_err"] < 1e-6 and sdpa["range_rel_err"] < 1e-6
+    assert sdpa["attend_us"] > 0 and sdpa["range_us"] > 0
+    assert "needs a CUDA device (got cpu)" in result["backends"]["triton"]["unusable"]
+    usable = [name for name, reasons in available_backends(torch.device("cpu"), torch.float32).items() if not reasons]
+    assert list(module.main(small)["backends"]) == usable  # by default every backend that can run
+
+
+def test_device_scripts_parse_and_name_files_that_exist():
+    check = BENCHMARKS / "device_check.sh"
+    for script in (check, BENCHMARKS / "device_setup.sh"):
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    named = re.findall(r'"\$here/(\w+\.py)"', check.read_text())
+    assert sorted(named) == ["profile_step.py", "trace_summary.py"]
+    assert all((BENCHMARKS / name).is_file() for name in named)
+    usage = subprocess.run(["bash", str(check)], capture_output=True, text=True)
+    assert usage.returncode == 2 and "tests|measure" in usage.stderr
