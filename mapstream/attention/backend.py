@@ -76,8 +76,8 @@ class AttentionBackend(ABC):
 
         This default is plain masked attention over all T keys with fp32 scores and
         softmax (as fused kernels keep them): time and memory grow with Nq x T, which suits
-        small problems (the camera head: one query a frame over about a thousand keys; a
-        fused masked kernel measured 8x slower there). Backends with `device_range` read
+        small problems (the camera head: one query a frame over about a thousand keys, where
+        a fused masked kernel is slower still). Backends with `device_range` read
         only the range.
         """
         out_dtype = q.dtype

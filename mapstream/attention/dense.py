@@ -2,11 +2,10 @@
 
 `dense_attention(q, k, v)` is `F.scaled_dot_product_attention(q, k, v)` (no mask, default
 scale). For one frame in half precision on CUDA — every streaming step — it runs our flash
-kernel (`triton_flash`, pointer loads) instead: in a 504x378 step cuDNN's kernel sat behind
-≈ 8 µs of idle GPU inside the captured graphs and its [B, H, N, D] output needed a layout
-copy before the output projection, 48 calls a frame; ours takes about as long a call
-(≈ 14 µs) but needs neither, writing token-major [N, H, D], the projection's layout
-(docs/BENCHMARKS.md, session 6).
+kernel (`triton_flash`, pointer loads) instead: inside a captured graph cuDNN's kernel
+leaves the GPU idle before it starts, and its [B, H, N, D] output needs a layout copy before
+the output projection, 48 calls a frame; ours takes about as long a call but needs neither,
+writing token-major [N, H, D], the projection's layout.
 It is registered as the custom op `mapstream::dense_attention`, so torch.compile traces it
 into the compiled blocks. Everything else is PyTorch's SDPA: CPU, fp32 (also fp32 q, k under
 autocast, which SDPA rounds to the autocast dtype itself), batches of frames such as the

@@ -42,8 +42,8 @@ class FlashInferBackend(AttentionBackend):
             v[0],
             causal=False,
             kv_layout="HND",
-            # NOTE: fa2 explicitly: FlashInfer 0.5.3's fa3 single-prefill kernel died with a
-            # floating-point exception on an H200 (2026-11-29), and "auto" picks fa3 on Hopper.
+            # fa2 explicitly: FlashInfer 0.5.3's fa3 single-prefill kernel dies with a
+            # floating-point exception on Hopper, where "auto" would pick it.
             backend="fa2",
         )
         return out.transpose(0, 1).unsqueeze(0).to(q.dtype)

@@ -21,7 +21,7 @@ BACKENDS: dict[str, str] = {
     # serves the aggregator's ~1k queries a frame.
     "triton-rows": "mapstream.attention.triton_backend:TritonRowsBackend",
 }
-# Preference order for "auto": fastest first (H200 measurements, docs/BENCHMARKS.md), the
+# Preference order for "auto": fastest first at the protocol's shape on a GPU, the
 # reference last.
 _AUTO_ORDER = ("triton", "flashinfer", "sdpa")
 

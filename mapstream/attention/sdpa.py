@@ -18,9 +18,9 @@ class SDPABackend(AttentionBackend):
 
     def __init__(self, *, cudnn: bool = True) -> None:
         """cudnn=False keeps PyTorch from choosing its cuDNN kernel on CUDA. cuDNN builds a
-        plan on the host for every new key count (~1.8 ms a call on an H200,
-        docs/BENCHMARKS.md): fine when shapes repeat, ruinous for a small attention whose
-        key count grows every frame (the camera head in bf16: +25 ms a frame)."""
+        plan on the host for every new key count, which costs milliseconds: fine when shapes
+        repeat, ruinous for a small attention whose key count grows every frame (the camera
+        head in bf16, 16 calls a frame)."""
         self.cudnn = cudnn
 
     @classmethod

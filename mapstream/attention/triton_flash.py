@@ -1,9 +1,9 @@
 """Our own flash-attention forward in Triton, shaped for attention over the stream cache.
 
 Why a kernel of our own: the cache attention is one fixed shape (one frame's ~1k queries
-over up to ~71k keys, head dim 64, no mask) and dominates a streaming step. cuDNN plans per
-key count on the host (≈1.8 ms a call, docs/BENCHMARKS.md) and FlashInfer's fa2 kernel is
-slower on Hopper. This kernel
+over up to ~71k keys, head dim 64, no mask) and dominates a streaming step. cuDNN plans
+anew on the host for every key count, which the cache changes every frame, and FlashInfer's
+fa2 kernel, an Ampere design, is slower on Hopper. This kernel
 
 - reads K/V straight from the cache arena's strided [H, T, D] views (no gather, no copy);
 - can read the visible key range [lo, hi) from device memory, so a captured CUDA graph
@@ -37,7 +37,8 @@ _LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes and launch parameters (tuned on an H200; see docs/BENCHMARKS.md)."""
+    """Tile sizes and launch parameters. The defaults and `default_config` are tuned for the
+    protocol's shape on Hopper; the switches that are off by default stay for A/B runs."""
 
     block_m: int = 64
     block_n: int = 128
@@ -47,12 +48,12 @@ class KernelConfig:
     """Registers a thread may use at most (0: the compiler's choice). A cap lets more programs
     of a large block share a multiprocessor (8 warps at 128 registers: two programs)."""
     exp_bf16x2: bool = False
-    """Packed bf16 exponentials (sm90 inline PTX). No gain on an H200: ptxas issues one
-    MUFU.EX2.BF16 per half (docs/BENCHMARKS.md)."""
+    """Packed bf16 exponentials (sm90 inline PTX). Off by default: ptxas issues one
+    MUFU.EX2.BF16 per half, so the special function unit does the same work."""
     exp_poly: bool = False
     """One exponential in four as a polynomial on the FMA units instead of the special
     function unit (sm80+ inline PTX; relative error 7.5e-5, far below P's bf16 rounding).
-    Slower on an H200 (+12 %): the kernel is not bound by that unit (docs/BENCHMARKS.md)."""
+    Off by default: the kernel is not bound by that unit, so the extra FMA work only costs."""
     pipeline_qk: bool = False
     """Issue the next tile's scores before this tile's softmax."""
     tma: bool = False
@@ -61,34 +62,34 @@ class KernelConfig:
     """Let Triton split producer and consumer warps in the TMA loop."""
     tree_max: bool = False
     """Row maxima as a tree of halvings instead of one serial chain a row (`_row_max`).
-    No faster on an H200 (648.7 vs 648.3 µs; docs/BENCHMARKS.md, session 5)."""
+    Off by default: the serial chain is not what bounds the kernel."""
     wide_sum: bool = False
     """Row sums kept per column and summed once at the end (64 more registers a thread),
     instead of a serial chain of adds a tile that stalls the exponentials issued among it.
-    Slower on an H200 (676.7 vs 648.3 µs): the chains were not what bounds the kernel."""
+    Off by default: the chains are not what bounds the kernel, and the registers cost."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
     balance: bool = False
     """Give the programs the device could hold beyond one per row block (and head) a share
     of every row block's keys, so that no multiprocessor idles while the others finish:
-    at the protocol's shape 256 row blocks fill 256 of an H200's 264 resident slots, and
-    the 8 spare ones sat idle through the whole call. Each row block's first keys go to
-    its own program, the rest (its tail) to a spare one, which walks the tails of several
-    row blocks; the split point gives both equal work. A second kernel merges the two."""
+    at the protocol's shape 256 row blocks fill 256 of a 132-multiprocessor GPU's 264
+    resident slots, and the other 8 would idle through the whole call. Each row block's
+    first keys go to its own program, the rest (its tail) to a spare one, which walks the
+    tails of several row blocks; the split point gives both equal work. A second kernel
+    merges the two."""
     programs_per_sm: int = 2
     """Programs of this configuration a multiprocessor holds at once (shared memory bounds
-    the 64x128 tiles at 3 stages to 2 on sm90: ncu, docs/BENCHMARKS.md session 3); with
-    the multiprocessor count, the resident slots that `balance` fills."""
+    the 64x128 tiles at 3 stages to 2 on sm90); with the multiprocessor count, the resident
+    slots that `balance` fills."""
     slots: int = 0
     """Resident program slots for `balance`: 0 asks the device (multiprocessors x
     programs_per_sm); a number overrides it (tests under the CPU interpreter)."""
     tail_setup: int = 5
     """Key tiles' worth of work a tail costs `balance` beyond its keys (loading its queries,
-    starting the pipeline, storing its partial result); sets the split point. Measured on an
-    H200 at the protocol's shape (docs/BENCHMARKS.md, session 10; µs a call, 682 unbalanced):
-    0 and 2 leave the spare programs last to finish (754, 690); 3 to 6 give 654-657, 8 and
-    11 660-661."""
+    starting the pipeline, storing its partial result); sets the split point. Too small a
+    value leaves the spare programs last to finish; from 3 to 6 the two sides end together
+    at the protocol's shape, and larger values give the spare programs too little."""
 
 
 def _launch_options(config: KernelConfig) -> dict:
@@ -100,9 +101,9 @@ def _launch_options(config: KernelConfig) -> dict:
 
 
 def default_config(device: torch.device) -> KernelConfig:
-    """The fastest measured configuration for `device` (H200 sweep, docs/BENCHMARKS.md):
-    64x128 tiles, 4 warps, 3 stages, with TMA loads and spare slots balanced where the GPU
-    has them (sm90+: two programs a multiprocessor)."""
+    """The configuration for `device`: 64x128 tiles, 4 warps, 3 stages (the best of a sweep
+    at the protocol's shape on Hopper), with TMA loads and spare slots balanced where the
+    GPU has them (sm90+: two programs a multiprocessor)."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0):
         return KernelConfig(tma=True, balance=True)
     return KernelConfig()

@@ -3,15 +3,15 @@
 Made for the camera head's cache attention: one query a frame over one cached token per
 frame (a few hundred to a few thousand keys, head dim 128). In a captured step its key range
 must come from device memory; PyTorch offers no fused kernel for that, and the masked
-attention written with tensor ops costs about ten kernels (~50 µs with their gaps) a call,
-16 calls a frame. This is one kernel a call, or two when the keys are many:
+attention written with tensor ops costs about ten kernels a call, and the gaps between
+them, 16 calls a frame. This is one kernel a call, or two when the keys are many:
 
 The camera cache keeps every frame, so its key count grows with the stream. One program per
-(query, head) walking the keys one tile after the other waits for a load a tile: on an H200,
-11 µs a call at 200 keys and 47 µs at 1,096 (docs/BENCHMARKS.md, session 9). With `splits`
-> 1 each (query, head) shares its keys among `splits` programs (equal parts of the visible
-range, worked out in the kernel, so a captured graph follows the range as it grows) and a
-second kernel merges their partial softmaxes: 6 and 9 µs.
+(query, head) walking the keys one tile after the other waits for a load a tile, so its
+time grows with the keys. With `splits` > 1 each (query, head) shares its keys among
+`splits` programs (equal parts of the visible range, worked out in the kernel, so a captured
+graph follows the range as it grows) and a second kernel merges their partial softmaxes,
+which keeps a call short as the stream grows.
 
 The products are fp32 multiply-adds, not tensor-core dots: there are too few rows for the
 tensor cores to matter, and fp32 inputs (the reference precision of the heads) stay exact

@@ -4,8 +4,8 @@
 
 PyTorch does it as two strided copies (or two `index_copy_` when s lives on the device, in
 captured graphs), whose non-contiguous destination keeps them off its vectorized copy
-kernel: ≈ 3.5 µs each for a 978-token frame and 3–9 µs each for the camera head's single
-token on an H200, twice per layer (docs/BENCHMARKS.md, session 7). On CUDA one Triton kernel
+kernel, twice per layer and step, for the aggregator's frames and the camera head's single
+token alike. On CUDA one Triton kernel
 writes both with whole-row vector stores; elsewhere, and inside `plain_pytorch()`, the
 PyTorch copies, which the kernel is tested against.
 

@@ -136,8 +136,8 @@ class DPTHead(nn.Module):
         # Position embeddings depend only on the frame size: computed once per size (about 10
         # small kernels each, five per frame) and kept; not a buffer, so not in the state dict.
         # The full-resolution one is kept as its two tables (`dpt_position_tables`), which the
-        # resize to that size adds itself: as a map it was features/2 x H x W floats, ~100 MB
-        # at 504x378, read in full every frame.
+        # resize to that size adds itself: as a map it would be features/2 x H x W floats,
+        # ~100 MB at 504x378, read in full every frame.
         self._positions: dict[tuple, torch.Tensor | SeparableAddend] = {}
 
     def position_tables(self) -> list[torch.Tensor | SeparableAddend]:

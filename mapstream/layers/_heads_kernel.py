@@ -2,10 +2,9 @@
 
 Each of q, k, v is read from the projection once, with whole-row vector loads; the
 LayerNorm and the rotation happen in registers (the rotation pairs channels by reshaping
-the row, not by loading it a second time in partner order). The first version loaded each
-row four times through gathered addresses and held 64-token tiles: 220–255 registers a
-thread (spilling with the 3D RoPE) in an offline sm90 build, 19–27 µs a call for a 978-token
-frame on an H200, where this one takes 5.5 µs (docs/BENCHMARKS.md, session 7).
+the row, not by loading it a second time in partner order). Loading each row four times
+through gathered addresses in 64-token tiles would need more registers than a thread has
+with the 3D RoPE, and spill.
 """
 from __future__ import annotations
 

@@ -21,8 +21,7 @@ def _row_linear_fwd(
     row_ok = rows < N
     w_rows = W + rows[:, None].to(tl.int64) * stride_w
     # The first chunk's weights do not depend on the LayerNorm: requested before its
-    # statistics, their memory latency overlaps the row's reads from L2 (-4.5 % for the camera
-    # head's fp32 chain alone, docs/BENCHMARKS.md, session 20).
+    # statistics, their memory latency overlaps the row's reads from L2.
     cols = tl.arange(0, BLOCK_K)
     w_next = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols[None, :] < K), other=0.0)
     mean = 0.0

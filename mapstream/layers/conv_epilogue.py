@@ -4,8 +4,8 @@
 
 PyTorch adds a convolution's bias after cuDNN as a broadcast over the output, which for a
 channels-last map runs off its vectorized elementwise path, and each residual add and ReLU is
-one more pass over the map: in the DPT head at 504x378 about 65 such kernels, ≈ 0.5 ms of
-its ≈ 2.2 ms of kernels on an H200 with fp32 heads (docs/BENCHMARKS.md, session 7). On CUDA
+one more pass over the map: in the DPT head at 504x378 about 65 such kernels, a large share
+of the head's time. On CUDA
 the convolution runs without its bias and one Triton kernel adds the bias and the addends and
 applies the ReLU, in fp32 with one rounding. Elsewhere, inside `plain_pytorch()`, and for what
 the kernel does not take (`_kernel_takes`), it is the composition above.

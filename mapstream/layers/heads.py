@@ -2,10 +2,10 @@
 
     qkv [B, N, 3 * H * D] -> q, k, v [B, H, N, D], q and k LayerNormed per head, then rotated
 
-On CUDA one Triton kernel (`_heads_kernel.py`) does it in one pass over the projection. In
-the compiled trunk the same work was five kernels a block (split, the two norms, the RoPE
-products, a layout copy), 25–30 µs of a 977-token frame on an H200 where one pass over its
-6 MB needs a few (docs/BENCHMARKS.md, session 6). Elsewhere, and for what the kernel does not
+On CUDA one Triton kernel (`_heads_kernel.py`) does it in one pass over the projection,
+where the compiled trunk would run five kernels a block (split, the two norms, the RoPE
+products, a layout copy) for work that one pass over a frame's 6 MB covers. Elsewhere, and
+for what the kernel does not
 take (`_kernel_takes`), it is the plain PyTorch composition, the definition the kernel is
 tested against.
 

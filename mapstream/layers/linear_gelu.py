@@ -1,8 +1,8 @@
 """gelu(fc1(x)) of the blocks' MLPs, with the GELU in the product's epilogue on CUDA.
 
-In the compiled trunk the GELU after each fc1 was a kernel of its own: a pass over the
-978 x 4096 hidden activations of every ViT, frame and global block, 72 launches and
-≈ 0.56 ms a 504x378 frame on an H200 (docs/BENCHMARKS.md, session 8). cuBLASLt applies a GELU in
+Left to itself, the compiled trunk runs the GELU after each fc1 as a kernel of its own: a
+pass over the 978 x 4096 hidden activations of every ViT, frame and global block, 72
+launches a 504x378 frame. cuBLASLt applies a GELU in
 the product's epilogue (`torch._addmm_activation`, which torch.compile calls as it is), so
 the hidden activations are written once, already activated.
 

@@ -3,10 +3,10 @@
     value, conf = pointwise_output(conv, h)
     # == out = conv(h) moved channels-last; exp(out[..., :-1]), 1 + exp(out[..., -1])
 
-At full image resolution this step read the 32-channel map once in cuDNN's fp32 kernel
-(N = 2 outputs a pixel leaves it on the FMA units, ≈ 40 µs at 504x378 on an H200), then
-passed over the logits four more times (bias, two exponentials, the add): ≈ 57 µs of the DPT
-head's critical path (docs/BENCHMARKS.md, session 13). On CUDA one Triton kernel reads each
+At full image resolution PyTorch reads the 32-channel map once in cuDNN's fp32 kernel
+(N = 2 outputs a pixel leaves it on the FMA units), then passes over the logits four more
+times (bias, two exponentials, the add), all on the DPT head's critical path. On CUDA one
+Triton kernel reads each
 pixel's channels once and writes both outputs, in fp32 with one rounding. Elsewhere, inside
 `plain_pytorch()` and for what the kernel does not take (`_kernel_takes`), it is the
 composition above.

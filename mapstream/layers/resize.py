@@ -4,10 +4,10 @@
 an optional tensor added to the result, or a `SeparableAddend` (the DPT head's position
 embedding: each channel varies along one axis only, so the kernel reads two small tables
 instead of a map as large as the output, ~100 MB at 504x378 with 128 channels). On CUDA it
-runs one Triton kernel that reads and writes any strides: PyTorch's kernel for channels-last inputs took 0.44 ms of a 504x378
-frame's ~1.9 ms DPT head on an H200 (its largest call, 128 channels up to full resolution,
-231 µs for ~50 MB of output), and the position embedding added after it was one more pass
-over that output (docs/BENCHMARKS.md, session 5). Elsewhere it is `F.interpolate` itself.
+runs one Triton kernel that reads and writes any strides: PyTorch's kernel for channels-last
+inputs is slow, the DPT head's largest call (128 channels up to full resolution) alone a
+large share of the head, and the position embedding added after it would be one more pass
+over that output. Elsewhere it is `F.interpolate` itself.
 
 Arithmetic as PyTorch's: source coordinate = scale * destination with scale =
 (in - 1) / (out - 1) in fp32, weights 1 - f and f, the four taps blended in fp32 and rounded

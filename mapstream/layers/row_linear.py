@@ -6,18 +6,16 @@
 The camera head refines one camera token a frame, so every product of its trunk is a
 matrix-vector product: bound by reading the weights (201 M of them, 16 passes a frame), and
 around each one PyTorch launches the LayerNorm before it and the GELU or the scaled residual
-add after it as kernels of their own. On the step's critical path that was 11 kernels a
-trunk block, ≈ 130 µs, with fp32 heads beside the DPT head (docs/BENCHMARKS.md, session 13).
+add after it as kernels of their own, 11 kernels a trunk block on the step's critical path.
 On CUDA, for one row, one Triton kernel (`_row_linear_kernel.py`) computes the norm in its
 prologue and the GELU or residual in its epilogue, in fp32 with one rounding at the end (a
 half-precision norm's result is rounded first, as the module hands it on). Elsewhere, inside
 `plain_pytorch()` or for what the kernel does not take (`_kernel_takes`: more than one row,
 mixed dtypes, autocast), it is the composition above; the aggregator's blocks, with ~1k
 tokens a frame, always take that path (with fc2's reduction split in two when compiled on
-CUDA: `split_linear`). Measured in the step with fp32 heads, the products are
-no slower than cuBLAS's and the camera head runs 64 kernels fewer a frame, but beside the DPT
-head they get only the memory bandwidth its convolutions leave, so the heads did not end
-measurably sooner (docs/BENCHMARKS.md, session 13, part 2).
+CUDA: `split_linear`). The products are no slower than cuBLAS's and the camera head runs
+64 kernels fewer a frame; beside the DPT head, though, they get only the memory bandwidth
+its convolutions leave, so with fp32 heads the heads end hardly sooner.
 """
 from __future__ import annotations
 
@@ -35,12 +33,11 @@ __all__ = ["linear_residual", "norm_linear"]
 _BLOCK_N = 4
 _CHUNK_BYTES = 2048
 _NUM_WARPS = 4
-# A program streams 4 weight rows, 2 KB of each at a time: with fp32 weights 4 x 512 was the
-# best of 4-16 rows by 128-512 columns for the trunk's products on an H200 (docs/BENCHMARKS.md,
-# session 11, part 4); half weights take 1024 columns, the same bytes, which keeps every
-# thread's loads 16 bytes wide (512 gives 4- and 2-byte loads, sm_90 PTX, offline). Session 20
-# measured 2-16 rows, 4 KB chunks and 8 warps again for the camera head's whole chain, on all
-# SMs and on 32: none was faster.
+# A program streams 4 weight rows, 2 KB of each at a time: with fp32 weights 4 x 512 is the
+# best of 4-16 rows by 128-512 columns for the trunk's products (more rows, 4 KB chunks or 8
+# warps are no faster for the camera head's whole chain either); half weights take 1024
+# columns, the same bytes, which keeps every thread's loads 16 bytes wide (512 gives 4- and
+# 2-byte loads on sm_90).
 
 
 def norm_linear(x: torch.Tensor, norm: nn.LayerNorm, linear: nn.Linear, *, gelu: bool = False) -> torch.Tensor:

@@ -1,18 +1,17 @@
 """linear(x) for one frame's tokens with the reduction split in two, where tiles are few.
 
 A block's fc2 (4096 -> 1024) over one 504x378 frame (978 tokens) has only 8 x 8 output tiles
-of 128x128 for an H200's 132 multiprocessors. cuBLAS runs it as 128 tiles of 64x128, which
-are less efficient a tile: 445 TFLOP/s (18.4 µs alone), against 600 for fc1. Splitting the
-reduction in two halves, run as one batched cuBLAS product with fp32 outputs, gives 128
-tiles of 128x128: 13.9 µs alone, 14.5 in the step against 15.3-18.0 (docs/BENCHMARKS.md,
-session 17). The halves are summed with the bias and rounded once, as cuBLAS's own epilogue
-rounds once; only the fp32 order of the sum differs.
+of 128x128 for a GPU of 132 multiprocessors. cuBLAS runs it as 128 tiles of 64x128, which
+are less efficient a tile than fc1's. Splitting the reduction in two halves, run as one
+batched cuBLAS product with fp32 outputs, gives 128 tiles of 128x128, which fill the GPU at
+the larger tile's efficiency. The halves are summed with the bias and rounded once, as
+cuBLAS's own epilogue rounds once; only the fp32 order of the sum differs.
 
 The sum reads the two fp32 halves, so it pays only where it joins a pass that runs anyway:
 inside torch.compile, Inductor fuses it into the residual add (and next norm) after fc2,
-which then takes ≈ 0.7 µs longer. Eagerly it would be extra kernels, so `split_linear`
+which then takes a little longer. Eagerly it would be extra kernels, so `split_linear`
 serves traced code only. The projection (1024 -> 1024) has the same tiles, but its halves
-are too short to gain (6.7 against 6.4 µs alone), hence the minimum depth.
+are too short to gain, hence the minimum depth.
 """
 from __future__ import annotations
 
@@ -25,9 +24,9 @@ __all__ = ["split_linear", "split_pays"]
 
 _TILE = 128
 MIN_DEPTH = 2048
-"""The shortest reduction (input features) split; the projection's 1024 did not gain."""
+"""The shortest reduction (input features) split; the projection's 1024 does not gain."""
 enabled = True
-"""Off for A/B measurements (scripts/probe_step_variants.py) only."""
+"""Off only to measure the step without the split (A/B)."""
 
 
 def split_pays(rows: int, linear: nn.Linear, multiprocessors: int) -> bool:

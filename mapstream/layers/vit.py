@@ -24,8 +24,8 @@ class _ConvPatchify(nn.Module):
 
         The convolution's stride equals its kernel, so it is one matrix product of the
         flattened patches with the flattened kernel (weights stay in the checkpoint's conv
-        layout). cuDNN ran this 14x14/14 convolution as a 63 µs kernel plus layout
-        conversions at 504x378 on an H200; the product is a few µs."""
+        layout). cuDNN runs this 14x14/14 convolution as a slow kernel plus layout
+        conversions; the product is far shorter."""
         n, c, height, width = images.shape
         p = self.proj.kernel_size[0]
         patches = images.reshape(n, c, height // p, p, width // p, p).permute(0, 2, 4, 1, 3, 5)
@@ -60,9 +60,9 @@ class PatchEmbedViT(nn.Module):
         )
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         # Resized embeddings per (grid, dtype, device), each valid for one value of the stored
-        # grid (its storage and version counter): the resize was ~15 kernels and ~85 µs of
-        # every frame's step on an H200 (docs/BENCHMARKS.md, session 13). Not a buffer, so not
-        # in the state dict; bounded like the DPT head's position embeddings.
+        # grid (its storage and version counter): the resize is ~15 kernels that every frame's
+        # step would otherwise run. Not a buffer, so not in the state dict; bounded like the
+        # DPT head's position embeddings.
         self._resized: dict[tuple, torch.Tensor] = {}
 
     def position_embedding(self, grid_h: int, grid_w: int, dtype: torch.dtype) -> torch.Tensor:
