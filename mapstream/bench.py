@@ -231,7 +231,7 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         # power cap the clock, and so the step, follow the step's energy.
         "gpu_power": power.summary() if power is not None else None,
         # Row blocks the fixed-reference attention had to compute again, per global block
-        # (docs/BENCHMARKS.md, session 12): all zero when the key-norm bounds are tight.
+        # (`KeyNormHints`): all zero when the key-norm bounds are tight.
         "key_norm_repairs": model.aggregator.key_norm_hints.repaired_blocks(),
     }
     if cfg.stage_breakdown and not cfg.fast:  # stages are timed on the eager path only

@@ -1,10 +1,9 @@
 """What the GPU's power manager did while the benchmark ran: energy, SM clock, capping.
 
-Under the protocol's load an H200 holds its power cap (700 W) and lowers its SM clock: the
-same steady step took 20.4 ms with the GPU rested between steps and 21.9 ms back to back, at
-1,695-1,890 MHz instead of 1,980 (docs/BENCHMARKS.md, session 22). So a figure means little
-without the clock it ran at, and the step's energy sets its speed as much as its kernels'
-times do. `mapstream bench` records, over the steady frames: the energy a frame, the mean
+Under the protocol's load a large GPU can reach its power cap and lower its SM clock, so
+the same step takes longer back to back than with the GPU rested between steps. A figure
+then means little without the clock it ran at, and the step's energy sets its speed as much
+as its kernels' times do. `mapstream bench` records, over the steady frames: the energy a frame, the mean
 power against the enforced limit, the SM clock after each frame, and the share of frames the
 driver was capping the clock (power or thermal reasons).
 

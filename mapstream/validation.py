@@ -55,8 +55,7 @@ class ValueCheck:
     Frames on a GPU are checked there: their minimum and maximum come back to the host in one
     asynchronous copy, so a caller can queue work that does not depend on the answer (a
     streaming step's first graph reads no cache) before waiting for it, instead of leaving
-    the GPU idle during the round trip (≈ 0.3 ms a frame on an H200, docs/BENCHMARKS.md,
-    session 8)."""
+    the GPU idle during the round trip every frame."""
 
     def __init__(
         self, images: torch.Tensor, *, stream: "torch.cuda.Stream | None" = None,

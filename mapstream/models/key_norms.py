@@ -3,7 +3,7 @@
 Keys of a global block leave its qk-norm (a LayerNorm), so their norms have a bound known
 from the weights (`layers.layer_norm_bound`). Handed to the attention backend as a
 `KeyNormHint`, it lets our Triton kernel fix each query row's softmax reference point in
-advance (no running max: ≈ 15 % faster a call, docs/BENCHMARKS.md, session 12). The kernel
+advance, which spares it the running max and the rescaling it drives. The kernel
 checks every row and computes a block of rows again where the bound put its weights out of
 range, counting it in the hint's counter: correct whatever the weights, but a block
 computed again costs more than the running max saves. Weights whose bound is that loose
