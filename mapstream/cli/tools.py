@@ -18,7 +18,7 @@ class Convert:
     """Allow .pt files that pickle Python objects besides tensors (only from a trusted source)."""
 
     def main(self) -> int:
-        from ..models.checkpoint import convert_checkpoint, default_converted_path
+        from ..checkpoint import convert_checkpoint, default_converted_path
 
         path = convert_checkpoint(self.src, self.dst or default_converted_path(self.src), trust_pickle=self.trust_pickle)
         print(f"wrote {path}")
@@ -38,8 +38,12 @@ class Eval:
     """JSON path (default: PRED/eval.json)."""
     align: Literal["none", "se3", "sim3"] = "sim3"
     """Trajectory alignment before ATE/RPE (recorded next to every number)."""
+    match: Literal["auto", "name", "timestamp", "index"] = "auto"
+    """How frames are paired: by file name, by timestamp (names read as seconds, else the run's own times; the nearest run frame per ground-truth frame, so a run denser than its ground truth is evaluated on the paired frames), by position (equal counts), or auto (the first that pairs every frame)."""
+    max_dt: float = 0.02
+    """Timestamp pairing tolerance in seconds (also used to pair TUM depth maps and poses)."""
 
     def main(self) -> int:
         from ..eval.runner import eval_main
 
-        return eval_main(self.pred, self.gt, self.out, self.align, emit=print)
+        return eval_main(self.pred, self.gt, self.out, self.align, emit=print, match=self.match, max_dt=self.max_dt)

@@ -5,6 +5,8 @@
 * :mod:`mapstream.eval.pointcloud` — accuracy / completeness / Chamfer / F1, voxel grid, ICP;
 * :mod:`mapstream.eval.datasets` — TUM RGB-D and the authors' benchmark layout;
 * :mod:`mapstream.eval.predictions` — the ``mapstream run`` output contract;
+* :mod:`mapstream.eval.input_geometry` — ground-truth depth through the run's preprocessing;
+* :mod:`mapstream.eval.matching` — pairing run frames with ground-truth frames;
 * :mod:`mapstream.eval.runner` — :func:`evaluate`, :func:`format_table`, :func:`eval_main`.
 
 Alignment (Umeyama SE(3) / Sim(3)) lives in :mod:`mapstream.geometry.align`. See docs/EVALUATION.md.

@@ -6,15 +6,16 @@
 ``pred_dir`` is a run folder (``predictions.npz``) for a single ground-truth scene, or a folder of
 run folders named like the scenes of a dataset folder. Frames are matched by name (file stem),
 then by timestamp (names parsed as seconds, else the run's ``timestamps``, within ``max_dt``),
-then by index (equal counts).
+then by index (equal counts); ``match="timestamp"`` pairs a run denser than its ground truth
+(:mod:`mapstream.eval.matching`).
 Each metric group is computed when its inputs exist (a failing group is recorded under
 ``errors`` and the others still run):
 
 * ``trajectory``: ATE and RPE (``rpe_delta`` frames) after ``align`` (none / se3 / sim3);
 * ``pose_auc``: AUC@3/5/15/30 over all frame pairs (alignment-free);
 * ``depth``: abs-rel ... delta_3 with ``depth_align`` (median / scale_shift / none) per frame or
-  per sequence, at the prediction's resolution (ground truth nearest-resized to it; if the
-  aspect ratios differ, the model input is assumed to be a centre crop of the resized image);
+  per sequence, in the prediction's pixels: the ground truth goes through the geometry of the
+  run's own preprocessing (:mod:`mapstream.eval.input_geometry`; padding left out);
 * ``points``: predicted depth unprojected with predicted poses and moved by the trajectory
   alignment, against the ground-truth depth unprojected with ground-truth poses (or
   ``points.ply``), voxel-downsampled, optionally ICP-refined.
@@ -36,6 +37,8 @@ import torch
 from mapstream.io.atomic import atomic_open
 from mapstream.eval.datasets import GroundTruthSequence, find_scenes, read_sequence
 from mapstream.eval.depth import DEPTH_METRIC_NAMES, depth_metrics
+from mapstream.eval.input_geometry import InputGeometry, depth_in_model_frame, read_input_geometry
+from mapstream.eval.matching import MATCH_MODES, match_frames
 from mapstream.eval.pointcloud import pointcloud_metrics
 from mapstream.eval.predictions import PREDICTIONS_FILE, Predictions, read_predictions
 from mapstream.eval.trajectory import AUC_THRESHOLDS, PoseAUCResult, aggregate_auc, ate, pose_auc, rpe
@@ -47,7 +50,6 @@ __all__ = ["EvalReport", "SceneReport", "evaluate", "match_frames", "format_tabl
 
 log = logging.getLogger(__name__)
 
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".exr", ".npy"}
 _AGGREGATED = {
     "trajectory": ("ate", "ate_mean", "ate_median", "ate_max", "rpe_trans", "rpe_trans_mean", "rpe_rot_deg",
                    "rpe_rot_deg_mean"),
@@ -127,89 +129,6 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
     return path
 
 
-def _frame_key(name: str) -> str:
-    """A frame name without folders and image extension (``rgb/0.100000.png`` -> ``0.100000``)."""
-    base = name.replace("\\", "/").rsplit("/", 1)[-1]
-    stem, dot, ext = base.rpartition(".")
-    return stem if dot and f".{ext.lower()}" in _IMAGE_SUFFIXES else base
-
-
-def match_frames(
-    pred_names: Sequence[str],
-    gt: GroundTruthSequence,
-    *,
-    mode: str = "auto",
-    max_dt: float = 0.02,
-    pred_timestamps: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, str]:
-    """Pair predicted frames with ground-truth frames.
-
-    Args:
-        pred_names: the run's frame names.
-        gt: the ground truth.
-        mode: ``"name"``, ``"timestamp"``, ``"index"`` or ``"auto"`` (the first of those that
-            pairs every predicted frame; else the best partial name/timestamp match if it pairs at
-            least half of them; else an error).
-        max_dt: timestamp tolerance in seconds.
-        pred_timestamps: the run's own timestamps (seconds), used when the names are not numbers.
-
-    Returns:
-        ``(pred_idx [M], gt_idx [M], how)``.
-    """
-    keys = [_frame_key(n) for n in pred_names]
-    candidates: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    if mode in ("auto", "name"):
-        lookup = {_frame_key(n): i for i, n in enumerate(gt.frame_names)}
-        pi = [i for i, k in enumerate(keys) if k in lookup]
-        candidates["name"] = (np.array(pi, dtype=np.int64), np.array([lookup[keys[i]] for i in pi], dtype=np.int64))
-    if mode in ("auto", "timestamp") and np.isfinite(gt.timestamps).all():
-        try:
-            stamps = np.array([float(k) for k in keys])
-        except ValueError:
-            stamps = pred_timestamps
-        if stamps is not None and len(gt.timestamps):
-            nearest = np.abs(stamps[:, None] - gt.timestamps[None, :]).argmin(1)
-            ok = np.abs(gt.timestamps[nearest] - stamps) <= max_dt
-            pi, gi = np.flatnonzero(ok), nearest[ok]
-            if len(np.unique(gi)) == len(gi):
-                candidates["timestamp"] = (pi, gi)
-    if mode in ("auto", "index") and len(pred_names) == len(gt):
-        idx = np.arange(len(gt))
-        candidates["index"] = (idx, idx)
-    if mode != "auto":
-        if mode not in candidates or len(candidates[mode][0]) == 0:
-            raise ValueError(f"{gt.name}: no frame could be matched by {mode}")
-        return (*candidates[mode], mode)
-    for how in ("name", "timestamp", "index"):
-        if how in candidates and len(candidates[how][0]) == len(pred_names):
-            return (*candidates[how], how)
-    partial = [h for h in ("name", "timestamp") if h in candidates]
-    best = max(partial, key=lambda h: len(candidates[h][0]), default=None)
-    if best is not None and len(candidates[best][0]) > 0 and 2 * len(candidates[best][0]) >= len(pred_names):
-        log.warning("%s: only %d of %d predicted frames matched by %s", gt.name, len(candidates[best][0]),
-                    len(pred_names), best)
-        return (*candidates[best], best)
-    raise ValueError(
-        f"{gt.name}: cannot match the {len(pred_names)} predicted frames (e.g. {pred_names[0]!r}) to the "
-        f"{len(gt)} ground-truth frames (e.g. {gt.frame_names[0]!r}) by name, timestamp or index"
-    )
-
-
-def _fit_gt_to_pred(depth: np.ndarray, target_hw: tuple[int, int]) -> tuple[np.ndarray, str]:
-    """Nearest-neighbour resize (then centre crop when aspect ratios differ) of a GT depth map."""
-    Hg, Wg = depth.shape
-    Hp, Wp = target_hw
-    if (Hg, Wg) == (Hp, Wp):
-        return depth, "none"
-    scale = max(Hp / Hg, Wp / Wg)  # cover the target, then centre-crop
-    Hs, Ws = round(Hg * scale), round(Wg * scale)
-    oy, ox = (Hs - Hp) // 2, (Ws - Wp) // 2
-    rows = np.minimum(((np.arange(Hp) + oy + 0.5) * Hg / Hs).astype(np.int64), Hg - 1)
-    cols = np.minimum(((np.arange(Wp) + ox + 0.5) * Wg / Ws).astype(np.int64), Wg - 1)
-    how = "nearest resize" if (oy, ox) == (0, 0) else "nearest resize + centre crop"
-    return depth[np.ix_(rows, cols)], how
-
-
 def _cloud(depth: np.ndarray, K: np.ndarray, T_world_cam: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """World points ``[M, 3]`` of the masked pixels of one depth map (float64)."""
     pts = unproject_depth(torch.from_numpy(np.asarray(depth, np.float64)), torch.from_numpy(K),
@@ -226,7 +145,8 @@ def _subsample(points: np.ndarray, max_points: int, seed: int = 0) -> np.ndarray
 
 
 # ----------------------------------------------------------------------------- one scene
-def _evaluate_scene(pred: Predictions, gt: GroundTruthSequence, report: SceneReport, opts: dict) -> None:
+def _evaluate_scene(pred: Predictions, gt: GroundTruthSequence, geometry: InputGeometry, report: SceneReport,
+                    opts: dict) -> None:
     align = opts["align"]
     T_est, T_ref = pred.T_world_cam, gt.T_world_cam
     S: Sim3 | None = None
@@ -256,19 +176,18 @@ def _evaluate_scene(pred: Predictions, gt: GroundTruthSequence, report: SceneRep
         missing = "predicted" if pred.depth is None else "ground-truth"
         report.errors.update({g: f"no {missing} depth" for g in groups})
         return
+    frame_hw = tuple(pred.depth.shape[1:])
     try:
-        fitted = [_fit_gt_to_pred(gt.load_depth(i), pred.depth.shape[1:]) for i in range(len(gt))]
+        G = np.stack([depth_in_model_frame(gt.load_depth(i), geometry, frame_hw, gt.image_hw) for i in range(len(gt))])
     except (OSError, RuntimeError, ValueError) as err:
-        report.errors.update({g: f"cannot read the ground-truth depth: {err}" for g in groups})
+        report.errors.update({g: f"cannot map the ground-truth depth onto the prediction: {err}" for g in groups})
         return
-    G = np.stack([d for d, _ in fitted])
-    resize = fitted[0][1]
     try:
         dm = depth_metrics(pred.depth, G, align=opts["depth_align"], per=opts["depth_per"],
                            min_depth=opts["min_depth"], max_depth=opts["max_depth"])
         report.metrics["depth"] = {
             "align": f"{dm.align} per {dm.per}", **dm.values, "min_depth": dm.min_depth,
-            "max_depth": dm.max_depth, "gt_resize": resize, "num_frames": len(G),
+            "max_depth": dm.max_depth, "gt_resize": geometry.describe(), "num_frames": len(G),
             "mean_scale": float(np.mean(dm.scales)),
         }
     except ValueError as err:
@@ -394,6 +313,10 @@ def evaluate(
     """
     if align not in ALIGN_MODES:
         raise ValueError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+    if match not in MATCH_MODES:
+        raise ValueError(f"match must be one of {MATCH_MODES}, got {match!r}")
+    if not (math.isfinite(max_dt) and max_dt >= 0):
+        raise ValueError(f"max_dt must be a number of seconds >= 0, got {max_dt}")
     pred_dir = Path(pred_dir)
     opts = dict(align=align, rpe_delta=rpe_delta, auc_thresholds=tuple(auc_thresholds), depth_align=depth_align,
                 depth_per=depth_per, min_depth=min_depth, max_depth=max_depth, points=points,
@@ -427,6 +350,7 @@ def _evaluate_pair(name: str, run: Path | None, gt_src, pred_dir: Path, num_pair
         seq = gt_src if isinstance(gt_src, GroundTruthSequence) else read_sequence(
             gt_src, max_dt=opts["max_dt"], camera=opts["tum_camera"])
         pred = read_predictions(run)
+        geometry = read_input_geometry(pred.run_dir)
         pi, gi, report.match = match_frames(pred.names, seq, mode=opts["match"], max_dt=opts["max_dt"],
                                             pred_timestamps=pred.timestamps)
     except (OSError, ValueError) as err:
@@ -437,7 +361,7 @@ def _evaluate_pair(name: str, run: Path | None, gt_src, pred_dir: Path, num_pair
         return
     report.num_frames = len(pi)
     log.info("%s: %d frames matched by %s", name, len(pi), report.match)
-    _evaluate_scene(pred.subset(pi), seq.subset(gi), report, opts)
+    _evaluate_scene(pred.subset(pi), seq.subset(gi), geometry, report, opts)
     for group, msg in report.errors.items():
         log.warning("%s: %s not computed: %s", name, group, msg)
 
@@ -503,7 +427,8 @@ def format_table(report: EvalReport) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def eval_main(pred: str, gt: str, out: str | None, align: str, *, emit: Callable[[str], None] | None = None) -> int:
+def eval_main(pred: str, gt: str, out: str | None, align: str, *, emit: Callable[[str], None] | None = None,
+              **options: Any) -> int:
     """CLI body of ``mapstream eval``: evaluate, write JSON, emit the table.
 
     Args:
@@ -512,6 +437,7 @@ def eval_main(pred: str, gt: str, out: str | None, align: str, *, emit: Callable
         out: JSON path (default: ``<pred>/eval.json``).
         align: ``"none"``, ``"se3"`` or ``"sim3"``.
         emit: receives the table (default: logged at INFO on this module's logger).
+        options: more of :func:`evaluate`'s keywords (e.g. ``match="timestamp"``, ``max_dt``).
 
     Returns:
         0 when at least one metric group was computed, 1 when none was, 2 on bad input
@@ -519,7 +445,7 @@ def eval_main(pred: str, gt: str, out: str | None, align: str, *, emit: Callable
     """
     out_path = Path(out) if out else Path(pred) / "eval.json"
     try:
-        report = evaluate(pred, gt, align=align, out=out_path)
+        report = evaluate(pred, gt, align=align, out=out_path, **options)
     except (FileNotFoundError, ValueError, RuntimeError, OSError) as err:
         log.error("mapstream eval: %s", err)
         return 2
