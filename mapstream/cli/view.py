@@ -38,6 +38,10 @@ class View:
     """Initially keep one point in this many."""
     hide_sky: bool = True
     """Initially hide sky points (when the run has a sky mask), as the reference does; a checkbox shows them."""
+    export_dir: tuple[Path, ...] = ()
+    """Further folders the page's GLB, PNG and video paths may write into (besides the run folder; nowhere else)."""
+    allow_origin: tuple[str, ...] = ()
+    """Further web origins (http://HOST:PORT) whose pages may connect, e.g. a tunnel's local address on another port."""
     block: bool = True
     """Serve until Ctrl-C; --no-block builds the scene, prints the address and exits (a smoke test)."""
 
@@ -52,6 +56,7 @@ class View:
         app = ViewerApp(
             recon, options, host=self.host, port=self.port, title=f"mapstream: {self.run_dir}",
             output_dir=predictions_path(self.run_dir).parent,  # where "export GLB" and "screenshot" write
+            export_dirs=self.export_dir, allowed_origins=self.allow_origin,
         )
         app.start()
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from mapstream.export import Reconstruction
 from mapstream.viewer.actions import export_shown_glb, first_client, save_render
+from mapstream.viewer.export_folders import ExportFolders, OutsideExportFolders
 from mapstream.viewer.controls import (
     LOOK_AT_CENTRE,
     SCREENSHOT_SIZES,
@@ -35,7 +37,7 @@ from mapstream.viewer.controls import (
     add_controls,
     glb_style,
 )
-from mapstream.viewer.recording import VideoRecorder
+from mapstream.viewer.recording import VideoRecorder, originals_path
 from mapstream.viewer.scene import (
     build_point_pool,
     downscale_image,
@@ -60,7 +62,11 @@ class ViewerApp(Served):
     The point pool and the scene framing are computed on construction (no server yet);
     :meth:`start` binds the port and builds the scene, :meth:`stop` frees it. Also a context
     manager (``with ViewerApp(recon).start() as app: ...``). ``output_dir`` (the run folder) is
-    where the "Export" folder's files go by default; without it, the current directory.
+    where the "Export" folder's files go by default; without it, the current directory. Paths
+    typed into the page are written only inside that folder or one of ``export_dirs``
+    (:mod:`mapstream.viewer.export_folders`); paths given to the methods from code are the
+    caller's own. The websocket talks to the viewer's own page and to pages of
+    ``allowed_origins`` only (:mod:`mapstream.viewer.origin_guard`).
     """
 
     def __init__(
@@ -72,12 +78,16 @@ class ViewerApp(Served):
         port: int = 8080,
         title: str = "mapstream",
         output_dir: str | os.PathLike[str] | None = None,
+        export_dirs: Iterable[str | os.PathLike[str]] = (),
+        allowed_origins: Iterable[str] = (),
     ) -> None:
         self.recon = recon
         self.options = options or ViewerOptions()
         self.options.validate()
         self.host, self.requested_port, self.title = host, check_port(port), title
         self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.export_folders = ExportFolders([self.output_dir or Path.cwd(), *export_dirs])
+        self.allowed_origins = tuple(allowed_origins)
         self.pool = build_point_pool(recon, self.options.max_points, self.options.seed)
         self.framing = scene_framing(recon, self.pool)
         self.server: Any | None = None
@@ -100,7 +110,7 @@ class ViewerApp(Served):
         if self._stopped:
             # Its shown points, recorder and scene handles belonged to the stopped server.
             raise RuntimeError("a ViewerApp cannot start again once stopped; make a new one")
-        self.server = start_server(self.host, self.requested_port, self.title)
+        self.server = start_server(self.host, self.requested_port, self.title, self.allowed_origins)
         try:
             self._build_scene()
         except BaseException:
@@ -344,8 +354,17 @@ class ViewerApp(Served):
 
     # -- export -------------------------------------------------------------------------------
     def _target(self, path: str | os.PathLike[str] | None, field: Any) -> Path | None:
-        text = str(path if path is not None else field.value).strip()
-        return Path(text).expanduser().absolute() if text else None
+        """The file to write: ``path`` from code as given, else the page's ``field`` inside the
+        export folders; None when empty.
+
+        Raises:
+            OutsideExportFolders: the field names a file outside the export folders.
+        """
+        if path is not None:
+            text = str(path).strip()
+            return Path(text).expanduser().absolute() if text else None
+        text = str(field.value).strip()
+        return self.export_folders.place(text) if text else None
 
     def export_glb(self, path: str | os.PathLike[str] | None = None) -> Path | None:
         """Write what the page shows to ``path`` (default: the "GLB path" field) as GLB: the shown
@@ -356,7 +375,11 @@ class ViewerApp(Served):
             handles = self.handles
             if handles is None:
                 return None
-            target = self._target(path, handles.glb_path)
+            try:
+                target = self._target(path, handles.glb_path)
+            except OutsideExportFolders as refusal:
+                self._report(f"export GLB: {refusal}; nothing was written", failed=True)
+                return None
             frames = self._visible_frames()
             index = np.concatenate([self._shown[i] for i in np.flatnonzero(frames)])
             cameras = self._visible_cameras(frames)
@@ -387,11 +410,15 @@ class ViewerApp(Served):
         with self._lock:
             if self.server is None or self.handles is None:
                 return None
-            target = self._target(path, self.handles.png_path)
+            try:
+                target, outside = self._target(path, self.handles.png_path), None
+            except OutsideExportFolders as err:
+                target, outside = None, f"{err}; nothing was written"
             client = first_client(self.server)
             busy = self._screenshot_thread is not None and self._screenshot_thread.is_alive()
             refusal = (
-                "enter a file path first" if target is None
+                outside if outside is not None
+                else "enter a file path first" if target is None
                 else "no browser is connected; open the page first" if client is None
                 else "the previous one is not finished" if busy
                 else None
@@ -425,7 +452,13 @@ class ViewerApp(Served):
         with self._lock:
             if self.server is None or self.handles is None:
                 return None
-            target = self._target(path, self.handles.video_path)
+            try:
+                target = self._target(path, self.handles.video_path)
+                if path is None and target is not None and self.handles.video_originals.value:
+                    self.export_folders.place(str(originals_path(target)))  # written beside it
+            except OutsideExportFolders as refusal:
+                self._report(f"record video: {refusal}; nothing was written", failed=True)
+                return None
             return self._recorder.start(
                 self.handles, first_client(self.server), target, len(self.recon), originals=self._input_image
             )

@@ -1,4 +1,5 @@
-"""The viser server both viewers run on: started only where it can listen, and its address.
+"""The viser server both viewers run on: started only where it can listen, talking only to
+its own page (:mod:`mapstream.viewer.origin_guard`), and its address.
 
 viser is imported here, when a server starts, never when mapstream is imported.
 """
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["Served", "check_listen_host", "check_port", "import_viser", "move_cameras", "server_url", "start_server"]
@@ -43,17 +45,28 @@ def import_viser() -> Any:
     return viser
 
 
-def start_server(host: str, port: int, title: str) -> Any:
+def start_server(host: str, port: int, title: str, allowed_origins: Iterable[str] = ()) -> Any:
     """A running ``viser.ViserServer`` on ``host`` (checked first) and ``port``, or the next
-    free port when that one is busy.
+    free port when that one is busy, whose websocket refuses pages other than its own and
+    those of ``allowed_origins`` (:class:`~mapstream.viewer.origin_guard.OriginPolicy`).
 
     Raises:
         OSError: no server can listen on ``host`` here.
-        RuntimeError: viser is not installed.
+        ValueError: an allowed origin is not ``scheme://host[:port]``.
+        RuntimeError: viser is not installed, or its websocket cannot be guarded.
     """
+    from mapstream.viewer.origin_guard import OriginPolicy, guard_origins
+
+    policy = OriginPolicy(host, allowed_origins)  # checked before anything listens
     viser = import_viser()
     check_listen_host(host)
-    return viser.ViserServer(host=host, port=port, label=title, verbose=False)
+    server = viser.ViserServer(host=host, port=port, label=title, verbose=False)
+    try:
+        guard_origins(server, policy)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def check_port(port: int) -> int:
