@@ -1,4 +1,6 @@
-"""The README starts with the two set-up commands, and CI runs exactly the second one."""
+"""The README starts with the two set-up commands, and CI runs exactly the second one; the
+README stays short and the user docs hold every command's options, links that resolve and
+nothing a user does not have."""
 from __future__ import annotations
 
 import re
@@ -8,6 +10,23 @@ import shutil
 import pytest
 
 from conftest import DATA, REPO
+
+COMMAND_DOCS = {
+    "run": "RUN.md", "export": "EXPORT.md", "view": "VIEWER.md", "render": "RENDER.md", "eval": "EVALUATION.md",
+    "convert": "CLI.md", "bench": "CLI.md", "info": "CLI.md",
+}
+"""The page that documents each command's options."""
+
+
+def _user_docs() -> list:
+    """The README and the docs a user reads (the benchmark log is the project's own record)."""
+    return [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "BENCHMARKS.md")]
+
+
+def _slug(heading: str) -> str:
+    """The anchor a Markdown renderer (GitHub's rule) gives a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
 
 
 def _blocks() -> list[str]:
@@ -66,3 +85,59 @@ def test_the_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     out = namespace["out"]
     assert out["pose_enc"].shape == (1, 10, 9)
     assert out["depth"].shape == (1, 10, *frames.shape[-2:], 1)
+
+
+def test_the_readme_fits_on_two_screens():
+    assert len((REPO / "README.md").read_text().splitlines()) <= 100
+
+
+def test_every_command_has_a_row_in_the_readme_and_a_page():
+    from mapstream.cli.main import _commands
+    import typing
+
+    names = {typing.get_args(option)[1].name for option in typing.get_args(_commands())}
+    assert names == set(COMMAND_DOCS)
+    readme = (REPO / "README.md").read_text()
+    for name in names:
+        assert f"| `mapstream {name}" in readme, name
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_DOCS))
+def test_every_option_of_a_command_is_in_its_page(command, capsys, monkeypatch):
+    from mapstream.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    # An option's line opens with its flag(s) after the box's edge (a terminal) or two spaces:
+    # "│ --demo, --no-demo"; a description's lines are indented further.
+    options = [re.match(r"(?:│ | {2})((?:--[a-z][a-z0-9-]*(?:, )?)+)", line) for line in capsys.readouterr().out.splitlines()]
+    flags = {flag for option in options if option for flag in re.findall(r"--[a-z][a-z0-9-]*", option[1])}
+    assert flags or command == "info", "no option read off the help"
+    page = (REPO / "docs" / COMMAND_DOCS[command]).read_text()
+    mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", page))
+    missing = sorted(f for f in flags if f not in mentioned and f.replace("--no-", "--") not in mentioned
+                     and f"--no-{f[2:]}" not in mentioned)
+    assert not missing, f"docs/{COMMAND_DOCS[command]} does not mention {missing}"
+
+
+def test_user_docs_cite_no_file_a_user_does_not_have():
+    """The reference's specification files are the project's, not the users': a doc states the
+    fact itself instead of pointing at them."""
+    for path in _user_docs():
+        text = path.read_text()
+        assert "shared/spec" not in text and "shared/bench" not in text, path.name
+        assert not re.search(r"(?<![\w/])(APP|LIMITS|STREAMING|MODEL)\.md", text), path.name
+
+
+def test_links_between_the_docs_resolve():
+    for path in [*_user_docs(), REPO / "docs" / "BENCHMARKS.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if "://" in target:
+                continue
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            assert linked.exists(), f"{path.name} links to {target}"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(), flags=re.M)
+                assert anchor in {_slug(h) for h in headings}, f"{path.name} links to {target}"
