@@ -1,6 +1,7 @@
 """`mapstream render RUN_DIR`: a flythrough video of a run (see mapstream.render)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -56,6 +57,7 @@ class Render:
 
     def main(self) -> int:
         from ..device import resolve_device
+        from ..export.summary import untrained_caption
         from ..render import RenderOptions, render_flythrough
         from ..render.flythrough import frames_drawn
         from ..render.path_file import load_path_file
@@ -76,8 +78,14 @@ class Render:
         device = resolve_device(self.device)
         if self.frames is not None:
             frame_slice(self.frames)
-        out = check_video_path(self.out if self.out is not None else predictions_path(self.run_dir).parent / "flythrough.mp4")
+        source = predictions_path(self.run_dir)
+        out = check_video_path(self.out if self.out is not None else source.parent / "flythrough.mp4")
+        # The run folder's records say whether its weights were trained; a copy of the .npz
+        # under another name is not what they describe.
+        caption = untrained_caption(source.parent) if source.name == "predictions.npz" else None
+        options = dataclasses.replace(options, caption=caption)
         recon = select_frames(load_run(self.run_dir), self.frames)
         path = render_flythrough(recon, out, options, device=device, progress=not self.quiet)
-        print(f"wrote {path} ({len(frames_drawn(len(recon), self.every))} frames at {self.fps:g} FPS)")
+        note = " with the caption: untrained weights" if caption else ""
+        print(f"wrote {path} ({len(frames_drawn(len(recon), self.every))} frames at {self.fps:g} FPS){note}")
         return 0

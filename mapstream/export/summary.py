@@ -4,13 +4,19 @@ The top view plots camera centres on the world x-z plane (x to the right, z upwa
 OpenCV-style world (y down) that is the view from above, not mirrored. Centres are coloured by
 time, keyframes are circled in red, the first frame is marked with a triangle. Matplotlib is
 used through its object API with the Agg canvas (no pyplot, no global backend change).
+
+A figure of predictions from untrained weights says so across its top: a summary.png looks
+like a result on its own, shared without the run's log. :func:`untrained_caption` reads that
+from the run folder's records (``run.json``, ``progress.json``), where a run on the tiny
+preset records its model as ``tiny (synthetic weights)``.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,7 +30,46 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["sample_frames", "summary_figure", "write_summary_figure"]
+__all__ = ["UNTRAINED_CAPTION", "sample_frames", "summary_figure", "untrained_caption", "write_summary_figure"]
+
+UNTRAINED_CAPTION = "UNTRAINED WEIGHTS (tiny preset): this is not a reconstruction of the scene"
+"""The caption of figures and videos of predictions from untrained weights."""
+_UNTRAINED_MODEL = "synthetic weights"  # in the model a run on untrained weights records
+_CAPTION_COLOR = "#c00000"
+
+
+def _record(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _model_of(settings: Any) -> str:
+    model = settings.get("model") if isinstance(settings, dict) else None
+    return model if isinstance(model, str) else ""
+
+
+def untrained_caption(run_folder: str | os.PathLike[str]) -> str | None:
+    """:data:`UNTRAINED_CAPTION` when the run whose outputs the folder holds (or is being
+    written) ran on untrained weights, else None (also for a folder without a run's records).
+
+    The run is the one run.json names: while a run replaces the folder's outputs, run.json is
+    marked (``state``) and its last ``replaced_by`` entry holds that run's settings; a
+    finished run's are its ``config``. Without run.json, ``progress.json`` has the settings of
+    the run keeping frames there.
+    """
+    folder = Path(run_folder)
+    info = _record(folder / "run.json")
+    replacing = info.get("replaced_by") if "state" in info else None
+    if isinstance(replacing, list) and replacing and isinstance(replacing[-1], dict):
+        model = _model_of(replacing[-1].get("settings"))
+    elif info:
+        model = _model_of(info.get("config"))
+    else:
+        model = _model_of(_record(folder / "progress.json").get("config"))
+    return UNTRAINED_CAPTION if _UNTRAINED_MODEL in model.lower() else None
 
 
 def sample_frames(num_frames: int, count: int) -> list[int]:
@@ -33,10 +78,13 @@ def sample_frames(num_frames: int, count: int) -> list[int]:
     return sorted({int(i) for i in np.rint(np.linspace(0, num_frames - 1, count))})
 
 
-def summary_figure(recon: Reconstruction, *, num_samples: int = 4, colormap: str = "viridis") -> Figure:
+def summary_figure(
+    recon: Reconstruction, *, num_samples: int = 4, colormap: str = "viridis", caption: str | None = None
+) -> Figure:
     """Build the figure (see the module docstring); its first axes is the top view.
 
     The keyframe markers are the collection labelled ``"keyframes"`` on the top-view axes.
+    ``caption``: a warning written in bold red across the top (e.g. :data:`UNTRAINED_CAPTION`).
     """
     import_optional("matplotlib", "drawing the summary figure")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -50,6 +98,8 @@ def summary_figure(recon: Reconstruction, *, num_samples: int = 4, colormap: str
     FigureCanvasAgg(figure)
     grid = figure.add_gridspec(2, 1 + len(samples), width_ratios=[5.0 / panel_w] + [1.0] * len(samples))
 
+    if caption:
+        figure.suptitle(caption, color=_CAPTION_COLOR, fontsize="x-large", fontweight="bold")
     top = figure.add_subplot(grid[:, 0])
     x, z = recon.T_world_cam[:, 0, 3], recon.T_world_cam[:, 2, 3]
     top.plot(x, z, color="0.6", linewidth=1, zorder=1)
@@ -80,11 +130,18 @@ def summary_figure(recon: Reconstruction, *, num_samples: int = 4, colormap: str
 
 
 def write_summary_figure(
-    recon: Reconstruction, path: str | os.PathLike[str], *, num_samples: int = 4, dpi: int = 100
+    recon: Reconstruction, path: str | os.PathLike[str], *, num_samples: int = 4, dpi: int = 100,
+    caption: str | None = None,
 ) -> Path:
-    """Draw :func:`summary_figure` and save it atomically (format from the suffix, e.g. ``.png``)."""
-    figure = summary_figure(recon, num_samples=num_samples)
+    """Draw :func:`summary_figure` and save it atomically (format from the suffix, e.g. ``.png``).
+
+    ``caption``: None takes :func:`untrained_caption` of the folder written into (a run's
+    folder: its records say which weights made the predictions); ``""`` draws none.
+    """
     path = Path(path)
+    if caption is None:
+        caption = untrained_caption(path.parent)
+    figure = summary_figure(recon, num_samples=num_samples, caption=caption)
     with atomic_path(path) as tmp:
         figure.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")
     logger.info("wrote %s", path)

@@ -2,7 +2,9 @@
 
 Frame t of the video shows the points of frames 0..t (the run's confidence threshold and
 sky mask applied), the trajectory so far, the current camera's frustum, and the input frame
-t as an inset, optionally shaded by eye-dome lighting (`mapstream.render.edl`). The virtual
+t as an inset, optionally shaded by eye-dome lighting (`mapstream.render.edl`), and a caption
+band across the top when one is given (a video of untrained weights says so on every frame,
+since a clip is watched without its run's log). The virtual
 camera follows one mode throughout or a file's segments (`mapstream.render.path_file`).
 Drawn by `mapstream.render.raster.splat` on the CPU or a CUDA GPU; encoded
 with PyAV (H.264 where the build has it, else MPEG-4 Part 2); written atomically, so an
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 from mapstream.device import resolve_device
 from mapstream.export import Reconstruction
@@ -80,6 +82,9 @@ class RenderOptions:
     camera_segments: SegmentedPath | None = None
     """A camera path made of segments (e.g. read by :func:`mapstream.render.path_file.load_path_file`);
     when given, ``mode`` is not used."""
+    caption: str | None = None
+    """Text on a red band across the top of every frame (e.g.
+    :data:`mapstream.export.summary.UNTRAINED_CAPTION`); None: no band."""
 
     def __post_init__(self) -> None:
         if self.height < 16:
@@ -140,7 +145,7 @@ def render_flythrough(
                 points = torch.cat((xyz[: upto[t]], trail[0][: t * per_segment], frusta[t][0]))
                 colors = torch.cat((rgb[: upto[t]], trail[1][: t * per_segment], frusta[t][1]))
                 image = _draw(points, colors, K, views[t], (height, width), options, background)
-                video.write(_annotate(image.cpu().numpy(), recon, t, options.inset))
+                video.write(_annotate(image.cpu().numpy(), recon, t, options.inset, options.caption))
                 bar.update(1)
     return path
 
@@ -195,15 +200,45 @@ def _coloured(points: torch.Tensor, color: tuple[int, int, int], device) -> tupl
     return points.float().to(device), colors
 
 
-def _annotate(image: np.ndarray, recon: Reconstruction, t: int, inset: bool) -> np.ndarray:
-    """The frame counter, and the input frame t as an inset (a quarter of the height)."""
+_CAPTION_BAND = (192, 0, 0)
+
+
+def _caption_lines(draw: ImageDraw.ImageDraw, caption: str, font, width: int) -> list[str]:
+    """``caption`` broken at spaces into lines that fit ``width`` pixels (a word longer than
+    the width stays whole)."""
+    lines: list[str] = []
+    for word in caption.split():
+        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def _draw_caption(canvas: Image.Image, caption: str) -> int:
+    """White text on a red band across the top of ``canvas``; returns the band's height."""
+    draw = ImageDraw.Draw(canvas)
+    font = ImageFont.load_default(size=max(10, canvas.height // 28))
+    lines = _caption_lines(draw, caption, font, canvas.width - 16)
+    line_h = getattr(font, "size", 11) + 4  # the bitmap fallback font (no FreeType) is 11 px
+    band = 8 + line_h * len(lines)
+    draw.rectangle((0, 0, canvas.width, band), fill=_CAPTION_BAND)
+    for i, line in enumerate(lines):
+        draw.text((8, 4 + i * line_h), line, fill=(255, 255, 255), font=font)
+    return band
+
+
+def _annotate(image: np.ndarray, recon: Reconstruction, t: int, inset: bool, caption: str | None = None) -> np.ndarray:
+    """The frame counter, the input frame t as an inset (a quarter of the height), and the
+    caption band."""
     canvas = Image.fromarray(image)
     if inset:
         h = max(canvas.height // 4, 8)
         w = max(int(round(h * recon.image_hw[1] / recon.image_hw[0])), 8)
         thumb = Image.fromarray(np.asarray(recon.images[t])).resize((w, h), Image.BILINEAR)
         canvas.paste(thumb, (8, canvas.height - h - 8))
+    top = _draw_caption(canvas, caption) if caption else 0
     draw = ImageDraw.Draw(canvas)
-    draw.text((8, 8), f"frame {t + 1}/{len(recon)}  {recon.names[t]}", fill=(255, 255, 255), stroke_width=2,
+    draw.text((8, top + 8), f"frame {t + 1}/{len(recon)}  {recon.names[t]}", fill=(255, 255, 255), stroke_width=2,
               stroke_fill=(0, 0, 0))
     return np.asarray(canvas)
