@@ -9,10 +9,11 @@ Scene tree: ``/points/frame_000000`` (one point cloud per frame, so the scrubber
 visibility), ``/cameras/frame_000000`` (frustums with the frame image, coloured along the
 trajectory), ``/trajectory``. Which points, frustums and viewpoints are shown comes from
 :mod:`mapstream.viewer.scene`; the options and the panel's layout are in
-:mod:`mapstream.viewer.controls`, the "Export" folder's GLB and PNG writers in
-:mod:`mapstream.viewer.actions`, the "Video" folder's recorder in
-:mod:`mapstream.viewer.recording`. Needs ``pip install 'mapstream[viewer]'`` (viser); viser is
-imported only when a server starts (:mod:`mapstream.viewer.server`).
+:mod:`mapstream.viewer.controls`, the "Export" and "Video" buttons in
+:mod:`mapstream.viewer.page_exports` (with the GLB and PNG writers of
+:mod:`mapstream.viewer.actions` and the recorder of :mod:`mapstream.viewer.recording`). Needs
+``pip install 'mapstream[viewer]'`` (viser); viser is imported only when a server starts
+(:mod:`mapstream.viewer.server`).
 """
 from __future__ import annotations
 
@@ -26,18 +27,10 @@ from typing import Any
 import numpy as np
 
 from mapstream.export import Reconstruction
-from mapstream.viewer.actions import export_shown_glb, first_client, save_render
-from mapstream.viewer.export_folders import ExportFolders, OutsideExportFolders
-from mapstream.viewer.controls import (
-    LOOK_AT_CENTRE,
-    SCREENSHOT_SIZES,
-    VIEW_STEP_S,
-    ViewerHandles,
-    ViewerOptions,
-    add_controls,
-    glb_style,
-)
-from mapstream.viewer.recording import VideoRecorder, originals_path
+from mapstream.viewer.controls import LOOK_AT_CENTRE, VIEW_STEP_S, ViewerHandles, ViewerOptions, add_controls
+from mapstream.viewer.export_folders import ExportFolders
+from mapstream.viewer.page_exports import PageExports
+from mapstream.viewer.recording import VideoRecorder
 from mapstream.viewer.scene import (
     build_point_pool,
     downscale_image,
@@ -56,7 +49,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["ViewerApp", "ViewerOptions"]
 
 
-class ViewerApp(Served):
+class ViewerApp(PageExports, Served):
     """Serve a reconstruction with viser: points, cameras, a frame scrubber and controls.
 
     The point pool and the scene framing are computed on construction (no server yet);
@@ -351,127 +344,6 @@ class ViewerApp(Served):
             t = self._frame_t() if self.handles is not None else len(self.recon) - 1
             view = view_preset(self.recon, self.framing, name, t)
         move_cameras(self.server, *view, steps=self.options.view_steps, step_s=VIEW_STEP_S)
-
-    # -- export -------------------------------------------------------------------------------
-    def _target(self, path: str | os.PathLike[str] | None, field: Any) -> Path | None:
-        """The file to write: ``path`` from code as given, else the page's ``field`` inside the
-        export folders; None when empty.
-
-        Raises:
-            OutsideExportFolders: the field names a file outside the export folders.
-        """
-        if path is not None:
-            text = str(path).strip()
-            return Path(text).expanduser().absolute() if text else None
-        text = str(field.value).strip()
-        return self.export_folders.place(text) if text else None
-
-    def export_glb(self, path: str | os.PathLike[str] | None = None) -> Path | None:
-        """Write what the page shows to ``path`` (default: the "GLB path" field) as GLB: the shown
-        points, the drawn frustums at their drawn size and, with "show cameras", the trajectory,
-        in the folder's style (:func:`~mapstream.viewer.controls.glb_style`). The outcome goes to the log and
-        the status; returns the path written, or None when it failed."""
-        with self._lock:
-            handles = self.handles
-            if handles is None:
-                return None
-            try:
-                target = self._target(path, handles.glb_path)
-            except OutsideExportFolders as refusal:
-                self._report(f"export GLB: {refusal}; nothing was written", failed=True)
-                return None
-            frames = self._visible_frames()
-            index = np.concatenate([self._shown[i] for i in np.flatnonzero(frames)])
-            cameras = self._visible_cameras(frames)
-            trajectory = bool(handles.show_cameras.value)
-            # Frustums as deep as the page draws them ("camera size" included).
-            depth = self._frustum_scale() * float(handles.camera_size.value)
-        if target is None:
-            self._report("export GLB: enter a file path first", failed=True)
-            return None
-        try:
-            style = glb_style(handles, self.framing.extent)  # a value set from code may be out of range
-            export_shown_glb(
-                self.recon, self.pool, index, cameras, target, trajectory=trajectory, style=style, frustum_depth=depth
-            )
-        except Exception as err:  # any failure is the user's to see; the server keeps serving
-            self._report(f"GLB export to `{target}` failed: {err}", failed=True)
-            return None
-        spheres = style.points == "spheres"
-        drawn = f"{min(len(index), style.max_spheres):,} spheres" if spheres else f"{len(index):,} points"
-        self._report(f"wrote `{target}`: {drawn}, {int(cameras.sum())} cameras")
-        return target
-
-    def screenshot(self, path: str | os.PathLike[str] | None = None) -> threading.Thread | None:
-        """Save the first connected browser's view as PNG to ``path`` (default: the "PNG path"
-        field) at the "screenshot size" chosen, on a background thread (a render takes a round
-        trip to the browser). Returns the thread, or None when no browser is connected or a
-        screenshot is under way (both reported in the status)."""
-        with self._lock:
-            if self.server is None or self.handles is None:
-                return None
-            try:
-                target, outside = self._target(path, self.handles.png_path), None
-            except OutsideExportFolders as err:
-                target, outside = None, f"{err}; nothing was written"
-            client = first_client(self.server)
-            busy = self._screenshot_thread is not None and self._screenshot_thread.is_alive()
-            refusal = (
-                outside if outside is not None
-                else "enter a file path first" if target is None
-                else "no browser is connected; open the page first" if client is None
-                else "the previous one is not finished" if busy
-                else None
-            )
-            if refusal is not None:
-                self._report(f"screenshot: {refusal}", failed=True)
-                return None
-            height = SCREENSHOT_SIZES[self.handles.screenshot_size.value]
-            thread = threading.Thread(
-                target=self._take_screenshot, args=(client, target, height), name="mapstream-viewer-screenshot",
-                daemon=True,
-            )
-            self._screenshot_thread = thread
-            thread.start()  # inside the lock: a second click sees this one alive
-        return thread
-
-    def _take_screenshot(self, client: Any, target: Path, height: int | None) -> None:
-        try:
-            save_render(client, target, height=height)
-        except Exception as err:  # a closed tab, a timeout or a bad path: reported, never raised
-            self._report(f"screenshot to `{target}` failed: {err}", failed=True)
-            return
-        self._report(f"wrote `{target}`")
-
-    def record_video(self, path: str | os.PathLike[str] | None = None) -> threading.Thread | None:
-        """Record frames 0 to last, as the "show" mode draws them and the first connected browser
-        sees them, to ``path`` (default: the "video path" field) at the "Video" folder's
-        resolution and fps, on a background thread (see :class:`VideoRecorder`). Returns the
-        thread, or None when refused (no path or not a video file, no browser connected, a
-        recording under way; reported in the status)."""
-        with self._lock:
-            if self.server is None or self.handles is None:
-                return None
-            try:
-                target = self._target(path, self.handles.video_path)
-                if path is None and target is not None and self.handles.video_originals.value:
-                    self.export_folders.place(str(originals_path(target)))  # written beside it
-            except OutsideExportFolders as refusal:
-                self._report(f"record video: {refusal}; nothing was written", failed=True)
-                return None
-            return self._recorder.start(
-                self.handles, first_client(self.server), target, len(self.recon), originals=self._input_image
-            )
-
-    def stop_recording(self) -> bool:
-        """Stop the recording under way after the frame it is rendering; no video is written.
-        Returns whether one was under way."""
-        return self._recorder.stop()
-
-    def toggle_recording(self) -> None:
-        """The "record video" button: stop the recording under way, or start one."""
-        if not self.stop_recording():
-            self.record_video()
 
     def _play_loop(self) -> None:
         """Advance the frame slider while "play" is checked, until :meth:`stop`."""
