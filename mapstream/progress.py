@@ -2,13 +2,23 @@
 
 `progress=None` (the library's default) shows a bar only when stderr is a terminal, so an
 interactive `model.inference_streaming(...)` shows how far it got while logs, pipes and CI
-stay clean; True always shows one, False never. The CLI passes True unless `--quiet`.
+stay clean; True always shows one, False never. The CLI follows the same rule: bars on a
+terminal, or where `--no-quiet` asks for them; none with `--quiet` (`mapstream.cli.main`).
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-__all__ = ["progress_bar"]
+__all__ = ["progress_bar", "stderr_is_terminal"]
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr, where bars are drawn, is a terminal (not a file, a pipe, or closed)."""
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        return False
 
 
 def progress_bar(total: int | None, *, desc: str, unit: str = "frame", progress: bool | None = None,

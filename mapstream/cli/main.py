@@ -1,6 +1,7 @@
 """Entry point: `mapstream <command> [options]` (also `python -m mapstream`)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from typing import Annotated, Union
@@ -24,6 +25,30 @@ def _commands():
     return Union[tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in commands.items())]  # type: ignore[return-value]
 
 
+def _configure_logging() -> None:
+    """Log lines on stderr, one per record. huggingface_hub gives its loggers a handler of
+    their own, and its records reach the root's handler as well: each of its warnings would
+    print twice, so its handler goes and the root's prints them."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)  # library warnings (e.g. windowed alignment) print as log lines
+    import huggingface_hub.utils.logging  # noqa: F401 - adds the handler, once, on import
+
+    hub = logging.getLogger("huggingface_hub")
+    for handler in list(hub.handlers):
+        hub.removeHandler(handler)
+
+
+def _bars_only_on_a_terminal(command, args: list[str]):
+    """The command, made quiet when its stderr is no terminal (a log file, a pipe, CI) unless
+    `--no-quiet` asks for bars there: a progress bar redraws itself, which a terminal shows in
+    place and a log keeps line after line. An explicit `--quiet` is quiet everywhere."""
+    from ..progress import stderr_is_terminal
+
+    if getattr(command, "quiet", None) is False and "--no-quiet" not in args and not stderr_is_terminal():
+        return dataclasses.replace(command, quiet=True)
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     import tyro
 
@@ -33,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"mapstream {__version__}")
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.captureWarnings(True)  # library warnings (e.g. windowed alignment) print as log lines
-    command = tyro.cli(_commands(), args=args, prog="mapstream")
+    _configure_logging()
+    command = _bars_only_on_a_terminal(tyro.cli(_commands(), args=args, prog="mapstream"), args)
     try:
         return int(command.main() or 0)
     except (ValueError, OSError, RuntimeError, ImportError) as err:  # ImportError: an optional package
