@@ -3,6 +3,7 @@ point-cloud settings or formats, without running the model again."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -37,6 +38,7 @@ class Export:
     def main(self) -> int:
         from ..export import check_formats, export_all
         from ..viewer import load_run, predictions_path
+        from ..viewer.loading import run_warnings
 
         source = predictions_path(self.run_dir)
         out = self.out if self.out is not None else source.parent
@@ -53,7 +55,10 @@ class Export:
             glb_style = self.glb.style()
         except ValueError as err:
             raise ValueError(as_flags(str(err), Export)) from err
-        recon = select_frames(load_run(self.run_dir), self.frames)
+        recon = load_run(self.run_dir, log_notes=False)
+        for warning in run_warnings(self.run_dir, recon):
+            print(f"WARNING: {warning}", file=sys.stderr)
+        recon = select_frames(recon, self.frames)
         from ..io.atomic import prepare_dir
         from ..pipeline.frame_store import lock_run_folder
         from ..pipeline.outputs import record_export

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -47,8 +48,12 @@ class View:
 
     def main(self) -> int:
         from ..viewer import ViewerApp, ViewerOptions, load_run, predictions_path
+        from ..viewer.loading import run_warnings
 
-        recon = load_run(self.run_dir)
+        recon = load_run(self.run_dir, log_notes=False)
+        warnings = run_warnings(self.run_dir, recon)
+        for warning in warnings:
+            print(f"WARNING: {warning}", file=sys.stderr)
         options = ViewerOptions(
             conf_threshold=self.conf_threshold, max_points=self.max_points, point_size=self.point_size,
             downsample=self.downsample, hide_sky=self.hide_sky,
@@ -56,7 +61,7 @@ class View:
         app = ViewerApp(
             recon, options, host=self.host, port=self.port, title=f"mapstream: {self.run_dir}",
             output_dir=predictions_path(self.run_dir).parent,  # where "export GLB" and "screenshot" write
-            export_dirs=self.export_dir, allowed_origins=self.allow_origin,
+            export_dirs=self.export_dir, allowed_origins=self.allow_origin, notices=warnings,
         )
         app.start()
         try:

@@ -59,7 +59,8 @@ class ViewerApp(PageExports, Served):
     typed into the page are written only inside that folder or one of ``export_dirs``
     (:mod:`mapstream.viewer.export_folders`); paths given to the methods from code are the
     caller's own. The websocket talks to the viewer's own page and to pages of
-    ``allowed_origins`` only (:mod:`mapstream.viewer.origin_guard`).
+    ``allowed_origins`` only (:mod:`mapstream.viewer.origin_guard`). ``notices`` (e.g. that the
+    run did not finish, or that its weights were untrained) stand at the top of the panel.
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class ViewerApp(PageExports, Served):
         output_dir: str | os.PathLike[str] | None = None,
         export_dirs: Iterable[str | os.PathLike[str]] = (),
         allowed_origins: Iterable[str] = (),
+        notices: Iterable[str] = (),
     ) -> None:
         self.recon = recon
         self.options = options or ViewerOptions()
@@ -81,6 +83,7 @@ class ViewerApp(PageExports, Served):
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.export_folders = ExportFolders([self.output_dir or Path.cwd(), *export_dirs])
         self.allowed_origins = tuple(allowed_origins)
+        self.notices = tuple(notices)
         self.pool = build_point_pool(recon, self.options.max_points, self.options.seed)
         self.framing = scene_framing(recon, self.pool)
         self.server: Any | None = None
@@ -167,7 +170,7 @@ class ViewerApp(PageExports, Served):
             server.gui, options, num_frames=n, conf_max=max(conf_max, options.conf_threshold, 1.01),
             point_size=size, has_sky_mask=self.pool.has_sky_mask, frame_image=self._frame_image(n - 1),
             glb_path=self._default_path("view.glb"), png_path=self._default_path("screenshot.png"),
-            video_path=self._default_path("viewer.mp4"),
+            video_path=self._default_path("viewer.mp4"), notices=self.notices,
         )
         self._image_frame = n - 1
 

@@ -6,6 +6,7 @@ up by :class:`mapstream.viewer.app.ViewerApp`; nothing here imports viser (``gui
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -30,6 +31,7 @@ __all__ = [
     "ViewerOptions",
     "add_controls",
     "glb_style",
+    "notice_markdown",
 ]
 
 DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "16", "32")
@@ -151,6 +153,7 @@ class ViewerHandles:
     video_fps: Any
     video_originals: Any
     record_video: Any
+    notice: Any | None = None
     point_clouds: list[Any] = field(default_factory=list)
     frustums: list[Any] = field(default_factory=list)
     trajectory: Any | None = None
@@ -168,13 +171,15 @@ def add_controls(
     glb_path: str,
     png_path: str,
     video_path: str,
+    notices: Sequence[str] = (),
 ) -> ViewerHandles:
-    """Add the status line and the folders Frames, Frame image, Points, Cameras, View, Export
-    and Video to ``gui`` (a viser GUI API) with their initial values; returns their handles (no
-    scene node yet). ``conf_max`` and ``point_size`` set the ranges of the threshold and size
-    sliders, ``frame_image`` is the panel's first image, the paths the Export and Video
-    folders' initial fields."""
+    """Add the notices (if any), the status line and the folders Frames, Frame image, Points,
+    Cameras, View, Export and Video to ``gui`` (a viser GUI API) with their initial values;
+    returns their handles (no scene node yet). ``conf_max`` and ``point_size`` set the ranges
+    of the threshold and size sliders, ``frame_image`` is the panel's first image, the paths
+    the Export and Video folders' initial fields."""
     n = num_frames
+    notice = gui.add_markdown(notice_markdown(notices)) if notices else None
     status = gui.add_markdown("")
     with gui.add_folder("Frames"):
         frame = gui.add_slider("frame", min=0, max=max(n - 1, 1), step=1, initial_value=n - 1, disabled=n == 1)
@@ -251,8 +256,14 @@ def add_controls(
         screenshot_size=screenshot_size,
         screenshot=screenshot,
         video_path=video, video_height=video_height, video_fps=video_fps, video_originals=video_originals,
-        record_video=record_video,
+        record_video=record_video, notice=notice,
     )
+
+
+def notice_markdown(notices: Sequence[str]) -> str:
+    """``notices`` as the panel's first lines: each a bold warning of its own, above everything
+    else, as they change what the scene below means."""
+    return "\n\n".join(f"**⚠ {text}**" for text in notices)
 
 
 def glb_style(handles: ViewerHandles, extent: float) -> GlbStyle:

@@ -1,4 +1,5 @@
-"""Find and read a run's ``predictions.npz`` with errors that say what is wrong."""
+"""Find and read a run's ``predictions.npz`` with errors that say what is wrong, and the warnings its
+folder's records call for (a run that did not finish, untrained weights: :mod:`mapstream.viewer.run_notes`)."""
 from __future__ import annotations
 
 import json
@@ -8,12 +9,11 @@ import zipfile
 from pathlib import Path
 
 from mapstream.export import Reconstruction
+from mapstream.viewer.run_notes import PREDICTIONS_NAME, frames_named, read_run_notes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PREDICTIONS_NAME", "load_run", "predictions_path"]
-
-PREDICTIONS_NAME = "predictions.npz"
+__all__ = ["PREDICTIONS_NAME", "load_run", "predictions_path", "run_warnings"]
 
 
 def predictions_path(run: str | os.PathLike[str]) -> Path:
@@ -52,8 +52,20 @@ def _why_no_predictions(folder: Path, candidate: Path) -> str:
     return f"{candidate} not found: is {folder} the --out folder of `mapstream run`?"
 
 
-def load_run(run: str | os.PathLike[str]) -> Reconstruction:
-    """The :class:`Reconstruction` saved in a run folder (or a ``predictions.npz`` path).
+def run_warnings(run: str | os.PathLike[str], recon: Reconstruction) -> tuple[str, ...]:
+    """What the records of run folder ``run`` (or of its ``predictions.npz`` path) say about
+    ``recon``, read from there: that a run into it did not finish (with the frames ``recon``
+    holds) and that its weights were untrained (:func:`~mapstream.viewer.run_notes.read_run_notes`)."""
+    notes = read_run_notes(run)
+    npz = Path(run) if Path(run).suffix == ".npz" else Path(run) / PREDICTIONS_NAME
+    unfinished = () if notes.unfinished is None else (f"{notes.unfinished} {npz} holds {frames_named(recon.names)}.",)
+    return (*unfinished, *(() if notes.untrained is None else (notes.untrained,)))
+
+
+def load_run(run: str | os.PathLike[str], *, log_notes: bool = True) -> Reconstruction:
+    """The :class:`Reconstruction` saved in a run folder (or a ``predictions.npz`` path). With
+    ``log_notes``, :func:`run_warnings` (a run that did not finish, untrained weights) are logged
+    as warnings.
 
     Raises:
         FileNotFoundError: see :func:`predictions_path`.
@@ -72,4 +84,6 @@ def load_run(run: str | os.PathLike[str]) -> Reconstruction:
     except (zipfile.BadZipFile, EOFError, OSError, KeyError) as err:
         raise ValueError(f"{path} is corrupt or truncated ({type(err).__name__}: {err})") from err
     logger.info("loaded %s: %d frames of %dx%d", path, len(recon), recon.image_hw[1], recon.image_hw[0])
+    for warning in run_warnings(path, recon) if log_notes else ():
+        logger.warning("%s", warning)
     return recon
