@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,41 @@ def test_allowed_origins_and_the_listen_host_are_let_in(free_port: int) -> None:
         assert handshake(app.port, "http://localhost:9001") == 403
     with pytest.raises(ValueError, match="not a page's origin; give it as http://HOST:PORT"):
         ViewerApp(make_recon(), port=free_port, allowed_origins=["localhost:9000"]).start()
+
+
+def test_guarding_closes_a_foreign_page_that_came_in_while_the_server_started(free_port: int) -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    from mapstream.viewer.origin_guard import guard_origins
+
+    server = viser.ViserServer(host="127.0.0.1", port=free_port, verbose=False)  # not guarded yet
+    try:
+        port = server.get_port()
+        protocol = [f"viser-v{viser.__version__}"]
+        with connect(f"ws://127.0.0.1:{port}", origin="http://evil.example", subprotocols=protocol,  # type: ignore[arg-type]
+                     proxy=None) as foreign, connect(f"ws://127.0.0.1:{port}", origin=f"http://127.0.0.1:{port}",
+                                                     subprotocols=protocol, proxy=None) as own:  # type: ignore[arg-type]
+            guard_origins(server, OriginPolicy("127.0.0.1"))
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    foreign.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+            own.recv(timeout=10)  # still served
+        assert handshake(port, "http://evil.example") == 403
+    finally:
+        server.stop()
+
+
+def test_a_viewer_that_cannot_be_guarded_does_not_serve(free_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    monkeypatch.setattr(gc, "get_objects", lambda: [])  # as if viser served without websockets' Server
+    app = ViewerApp(make_recon(), port=free_port)
+    with pytest.raises(RuntimeError, match="cannot check which web pages connect to the viewer"):
+        app.start()
+    assert app.server is None
+    with pytest.raises(OSError):  # the server it started is gone: nothing listens there
+        socket.create_connection(("127.0.0.1", free_port), timeout=2).close()
 
 
 def test_origin_policy() -> None:
