@@ -40,6 +40,8 @@ __all__ = ["ALLOW_ORIGIN_HINT", "OriginPolicy", "check_origin_url", "guard_origi
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 ALLOW_ORIGIN_HINT = "--allow-origin"
 """The command-line flag that adds an origin (named in the refusal's log line)."""
+MAX_LOGGED_REFUSALS = 32
+"""Distinct refused origins logged; a client sending ever new ones is refused without a line each."""
 
 
 def check_origin_url(origin: str) -> str:
@@ -124,8 +126,8 @@ class OriginPolicy:
         )
 
     def _log_refusal(self, origin: str | None) -> None:
-        with self._refused_lock:  # once an origin: a page may retry in a loop
-            if origin in self._refused:
+        with self._refused_lock:  # once an origin (a page may retry in a loop), and a bounded log
+            if str(origin) in self._refused or len(self._refused) >= MAX_LOGGED_REFUSALS:
                 return
             self._refused.add(str(origin))
         logger.warning(
