@@ -1,4 +1,10 @@
-"""Which network a run uses: a checkpoint file, a hub id, or the untrained tiny preset."""
+"""Which network a run uses: a checkpoint file, a hub id, or the untrained tiny preset.
+
+A hub id is fetched with a quick look for the network first (`mapstream.hub`): a run on a
+machine without network reads the hub cache at once, and when the checkpoint is not there it
+stops in seconds with every way forward that works offline, instead of after half a minute of
+retries.
+"""
 from __future__ import annotations
 
 import logging
@@ -10,6 +16,8 @@ __all__ = ["DEFAULT_REPO", "DEFAULT_CHECKPOINT", "resolve_model", "cached_offici
 
 log = logging.getLogger(__name__)
 
+HUB_PROBE_SECONDS = 3.0
+"""How long a run waits for a connection to the hub before it reads only the hub cache."""
 DEFAULT_REPO = "robbyant/lingbot-map"
 DEFAULT_CHECKPOINT = "lingbot-map-long.pt"
 TINY_WARNING = (
@@ -59,5 +67,40 @@ def resolve_model(
     # The architecture follows the checkpoint ("auto"): the command line has no preset option.
     if Path(spec).is_file():
         return load_model(spec, preset="auto", device=device, backend=backend, **overrides), spec, []
-    return (load_model(spec, filename=filename, preset="auto", device=device, backend=backend, **overrides),
+    if _is_hub_id(spec):
+        source, file_in_source = _hub_checkpoint(spec, filename), None
+    else:
+        source, file_in_source = spec, filename  # a folder holding `filename` (or a missing path)
+    return (load_model(source, filename=file_in_source, preset="auto", device=device, backend=backend, **overrides),
             f"{spec} ({filename})", [])
+
+
+def _is_hub_id(spec: str) -> bool:
+    from ..hub import looks_like_repo_id
+
+    return not Path(spec).expanduser().exists() and looks_like_repo_id(spec)
+
+
+def _hub_checkpoint(repo_id: str, filename: str) -> Path:
+    """The checkpoint's local path, fetched or read from the hub cache; offline and not
+    cached, a HubDownloadError that names the ways forward of a run without network."""
+    from ..hub import HubDownloadError, download_checkpoint, hub_cache_dir
+
+    try:
+        return download_checkpoint(repo_id, filename, probe_timeout=HUB_PROBE_SECONDS)
+    except HubDownloadError as err:
+        raise HubDownloadError(_offline_ways(repo_id, filename, err.reason or str(err), hub_cache_dir()),
+                               reason=err.reason) from err
+
+
+def _offline_ways(repo_id: str, filename: str, reason: str, cache: Path) -> str:
+    repo_folder = f"models--{repo_id.replace('/', '--')}"
+    return (
+        f"cannot get the checkpoint {filename} of {repo_id}: {reason}. Ways forward without network:\n"
+        f"  - a local copy of the checkpoint: --model /path/to/{filename} "
+        f"(RunOptions(model=...)), downloaded elsewhere from {repo_id} on the Hugging Face hub;\n"
+        f"  - the hub cache: copy {repo_folder} from the cache of a machine that downloaded it "
+        f"(`hf download {repo_id} {filename}`) into {cache} (or point HF_HUB_CACHE at such a cache);\n"
+        f"  - --model tiny (RunOptions(model='tiny')): the untrained tiny preset, to try every stage of "
+        "mapstream without the weights (its outputs are not a reconstruction)."
+    )

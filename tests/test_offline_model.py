@@ -1,0 +1,147 @@
+"""`mapstream run` without network: it stops at once with the ways forward, uses a cached
+checkpoint without waiting, and downloads for real when a hub answers (here a local one)."""
+from __future__ import annotations
+
+import hashlib
+import io
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import mapstream
+from mapstream import hub
+from mapstream.cli.main import main
+from mapstream.pipeline.model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (taken and given back at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def hub_at(monkeypatch, tmp_path):
+    """Point the hub at an address (its URL), with an empty hub cache and no proxy."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+
+    def point(url: str) -> Path:
+        monkeypatch.setattr(hub.constants, "ENDPOINT", url)
+        monkeypatch.setattr(hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
+        return tmp_path / "hub-cache"
+
+    return point
+
+
+@pytest.fixture(scope="module")
+def checkpoint_bytes() -> bytes:
+    """The tiny preset's synthetic weights, as the official .pt file holds its weights."""
+    buffer = io.BytesIO()
+    torch.save({"model": mapstream.fill_synthetic_(mapstream.build_model("tiny")).state_dict()}, buffer)
+    return buffer.getvalue()
+
+
+def photos(tmp_path: Path) -> Path:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(2):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (42, 56, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return folder
+
+
+@pytest.mark.parametrize("offline", ["no hub answers", "HF_HUB_OFFLINE=1", "no name resolution"])
+def test_an_offline_run_stops_at_once_naming_the_ways_forward(tmp_path, hub_at, monkeypatch, capsys, offline):
+    cache = hub_at(f"http://127.0.0.1:{closed_port()}" if offline != "no name resolution" else "https://hub.invalid")
+    if offline == "HF_HUB_OFFLINE=1":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = photos(tmp_path)
+    started = time.perf_counter()
+    assert main(["run", str(folder), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert time.perf_counter() - started < 4.0  # huggingface_hub's own retries take about 30 s
+    err = capsys.readouterr().err
+    assert f"cannot get the checkpoint {DEFAULT_CHECKPOINT} of {DEFAULT_REPO}" in err
+    assert f"--model /path/to/{DEFAULT_CHECKPOINT}" in err  # a local copy
+    assert str(cache) in err and "HF_HUB_CACHE" in err  # the hub cache
+    assert "--model tiny" in err  # the untrained preset
+
+
+def test_a_cached_checkpoint_is_used_without_waiting_for_the_hub(tmp_path, hub_at, checkpoint_bytes):
+    cache = hub_at(f"http://127.0.0.1:{closed_port()}")
+    snapshot = cache / "models--robbyant--lingbot-map" / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / DEFAULT_CHECKPOINT).write_bytes(checkpoint_bytes)
+    (cache / "models--robbyant--lingbot-map" / "refs").mkdir()
+    (cache / "models--robbyant--lingbot-map" / "refs" / "main").write_text(COMMIT)
+    started = time.perf_counter()
+    model, description, warnings = resolve_model(DEFAULT_REPO, filename=DEFAULT_CHECKPOINT, device=torch.device("cpu"))
+    assert time.perf_counter() - started < 10.0  # loading included; no retries
+    assert description == f"{DEFAULT_REPO} ({DEFAULT_CHECKPOINT})" and warnings == []
+    expected = torch.load(io.BytesIO(checkpoint_bytes), weights_only=True)["model"]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
+class LocalHub(BaseHTTPRequestHandler):
+    """Serves the server's ``files`` (URL path -> bytes) as the hub serves a repo's files."""
+
+    def _headers(self) -> bytes | None:
+        body = self.server.files.get(self.path)  # type: ignore[attr-defined]
+        if body is None:
+            self.send_error(404)
+            return None
+        self.server.requests.append((self.command, self.path))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("X-Repo-Commit", COMMIT)
+        self.send_header("ETag", f'"{hashlib.sha256(body).hexdigest()}"')
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return body
+
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+        self._headers()
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = self._headers()
+        if body is not None:
+            self.wfile.write(body)
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+
+def test_the_checkpoint_is_downloaded_from_a_hub_that_answers(tmp_path, hub_at, checkpoint_bytes):
+    """The real download path (huggingface_hub's), against a local server holding the file;
+    then, the server gone, the copy it left in the cache serves the next run at once."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), LocalHub)
+    server.files = {f"/{DEFAULT_REPO}/resolve/main/{DEFAULT_CHECKPOINT}": checkpoint_bytes}
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        cache = hub_at(f"http://127.0.0.1:{server.server_address[1]}")
+        path = hub.download_checkpoint(DEFAULT_REPO, DEFAULT_CHECKPOINT, probe_timeout=2.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert path.read_bytes() == checkpoint_bytes and cache in path.parents
+    assert ("GET", f"/{DEFAULT_REPO}/resolve/main/{DEFAULT_CHECKPOINT}") in server.requests
+    started = time.perf_counter()
+    model, _, _ = resolve_model(DEFAULT_REPO, filename=DEFAULT_CHECKPOINT, device=torch.device("cpu"))
+    assert time.perf_counter() - started < 10.0
+    assert sum(p.numel() for p in model.parameters()) == sum(
+        v.numel() for v in torch.load(io.BytesIO(checkpoint_bytes), weights_only=True)["model"].values())
