@@ -7,7 +7,8 @@
 * :mod:`mapstream.eval.predictions` — the ``mapstream run`` output contract;
 * :mod:`mapstream.eval.input_geometry` — ground-truth depth through the run's preprocessing;
 * :mod:`mapstream.eval.matching` — pairing run frames with ground-truth frames;
-* :mod:`mapstream.eval.runner` — :func:`evaluate`, :func:`format_table`, :func:`eval_main`.
+* :mod:`mapstream.eval.runner` — :func:`evaluate`, :func:`eval_main`;
+* :mod:`mapstream.eval.table` — :func:`format_table`, the printed table.
 
 Alignment (Umeyama SE(3) / Sim(3)) lives in :mod:`mapstream.geometry.align`. See docs/EVALUATION.md.
 """

@@ -36,11 +36,12 @@ import torch
 
 from mapstream.io.atomic import atomic_open
 from mapstream.eval.datasets import GroundTruthSequence, find_scenes, read_sequence
-from mapstream.eval.depth import DEPTH_METRIC_NAMES, depth_metrics
+from mapstream.eval.depth import depth_metrics
 from mapstream.eval.input_geometry import InputGeometry, depth_in_model_frame, read_input_geometry
 from mapstream.eval.matching import MATCH_MODES, match_frames
 from mapstream.eval.pointcloud import pointcloud_metrics
 from mapstream.eval.predictions import PREDICTIONS_FILE, Predictions, read_predictions
+from mapstream.eval.table import AGGREGATED, format_table
 from mapstream.eval.trajectory import AUC_THRESHOLDS, PoseAUCResult, aggregate_auc, ate, pose_auc, rpe
 from mapstream.geometry import unproject_depth
 from mapstream.geometry.align import ALIGN_MODES, Sim3
@@ -50,12 +51,6 @@ __all__ = ["EvalReport", "SceneReport", "evaluate", "match_frames", "format_tabl
 
 log = logging.getLogger(__name__)
 
-_AGGREGATED = {
-    "trajectory": ("ate", "ate_mean", "ate_median", "ate_max", "rpe_trans", "rpe_trans_mean", "rpe_rot_deg",
-                   "rpe_rot_deg_mean"),
-    "depth": DEPTH_METRIC_NAMES,
-    "points": ("accuracy", "completeness", "chamfer", "precision", "recall", "f1"),
-}
 _AUC_ALIGN = "none (invariant to a Sim(3) of either trajectory)"
 
 
@@ -368,7 +363,7 @@ def _evaluate_pair(name: str, run: Path | None, gt_src, pred_dir: Path, num_pair
 
 def _aggregate(scenes: list[SceneReport]) -> dict[str, dict[str, Any]]:
     agg: dict[str, dict[str, Any]] = {}
-    for group, keys in _AGGREGATED.items():
+    for group, keys in AGGREGATED.items():
         done = [s.metrics[group] for s in scenes if group in s.metrics]
         if done:
             agg[group] = {"align": done[0]["align"], "num_scenes": len(done),
@@ -377,54 +372,6 @@ def _aggregate(scenes: list[SceneReport]) -> dict[str, dict[str, Any]]:
     for mode in ("macro", "micro") if aucs else ():
         agg[f"pose_auc_{mode}"] = {**_auc_dict(aggregate_auc(aucs, mode=mode)), "num_scenes": len(aucs)}
     return agg
-
-
-# ----------------------------------------------------------------------------- presentation
-def _fmt(v: Any, pct: bool = False) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    return f"{100 * v:.2f}" if pct else f"{v:.4f}"
-
-
-def format_table(report: EvalReport) -> str:
-    """A plain-text table of the report: one section per metric group, a row per scene, then
-    (several scenes) the mean over scenes, and for pose AUC the macro ("mean") and micro rows."""
-    rows = [(s.name, s.metrics) for s in report.scenes]
-    if len(report.scenes) > 1:
-        agg = report.aggregate
-        mean = {g: agg[g] for g in _AGGREGATED if g in agg}
-        if "pose_auc_macro" in agg:
-            mean["pose_auc"] = agg["pose_auc_macro"]
-        rows.append(("mean", mean))
-        if "pose_auc_micro" in agg:
-            rows.append(("micro", {"pose_auc": agg["pose_auc_micro"]}))
-    thresholds = report.settings.get("auc_thresholds", list(AUC_THRESHOLDS))
-    sections = [
-        ("trajectory", "Trajectory", [("ATE", "ate", False), ("RPE-t", "rpe_trans", False),
-                                      ("RPE-r(deg)", "rpe_rot_deg", False)]),
-        ("pose_auc", "Pose AUC (%)", [(f"AUC@{t}", f"auc@{t}", True) for t in thresholds]),
-        ("depth", "Depth", [(k, k, False) for k in DEPTH_METRIC_NAMES]),
-        ("points", "Points", [("acc", "accuracy", False), ("comp", "completeness", False),
-                              ("chamfer", "chamfer", False), ("P(%)", "precision", True),
-                              ("R(%)", "recall", True), ("F1(%)", "f1", True)]),
-    ]
-    width = max([5] + [len(n) for n, _ in rows])
-    lines = []
-    for group, title, cols in sections:
-        present = [(n, m[group]) for n, m in rows if group in m]
-        if not present:
-            continue
-        first = present[0][1]
-        extra = f", threshold {first['threshold']:g}" if group == "points" else ""
-        lines.append(f"{title} [align: {first['align']}{extra}]")
-        lines.append(f"{'scene':<{width}}  " + "  ".join(f"{c[0]:>10}" for c in cols))
-        for name, g in present:
-            lines.append(f"{name:<{width}}  " + "  ".join(f"{_fmt(g.get(k), pct):>10}" for _, k, pct in cols))
-        lines.append("")
-    for s in report.scenes:
-        for group, msg in s.errors.items():
-            lines.append(f"{s.name}: {group} not computed: {msg}")
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def eval_main(pred: str, gt: str, out: str | None, align: str, *, emit: Callable[[str], None] | None = None,
