@@ -218,7 +218,10 @@ def _caption_lines(draw: ImageDraw.ImageDraw, caption: str, font, width: int) ->
 def _draw_caption(canvas: Image.Image, caption: str) -> int:
     """White text on a red band across the top of ``canvas``; returns the band's height."""
     draw = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default(size=max(10, canvas.height // 28))
+    try:
+        font = ImageFont.load_default(size=max(10, canvas.height // 28))
+    except TypeError:  # Pillow before 10.1: one bitmap size only
+        font = ImageFont.load_default()
     lines = _caption_lines(draw, caption, font, canvas.width - 16)
     line_h = getattr(font, "size", 11) + 4  # the bitmap fallback font (no FreeType) is 11 px
     band = 8 + line_h * len(lines)
