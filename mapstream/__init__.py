@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import logging
 
-from .config import CacheConfig, ModelConfig, get_preset, preset_names
+from .checkpoint import CheckpointError, convert_checkpoint, load_model
+from .compat import GCTStream
+from .config import ModelConfig, StreamConfig, get_preset, preset_names
 from .io.images import list_images, load_images
-from .models import GCTStream, StreamState, fill_synthetic_
-from .models.checkpoint import CheckpointError, convert_checkpoint, load_model
+from .models import GCTNetwork, StreamState, fill_synthetic_
 from .multistream import step_together
 from .session import FramePrediction, Session
-from .windowed import WindowedSession
+from .windowed import WindowedSession, windowed_inference
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
-    "CacheConfig",
     "CheckpointError",
     "WindowedSession",
     "convert_checkpoint",
@@ -32,15 +32,18 @@ __all__ = [
     "load_images",
     "load_model",
     "FramePrediction",
+    "GCTNetwork",
     "GCTStream",
     "ModelConfig",
     "Session",
     "step_together",
+    "StreamConfig",
     "StreamState",
     "build_model",
     "fill_synthetic_",
     "get_preset",
     "preset_names",
+    "windowed_inference",
     "__version__",
 ]
 
@@ -50,4 +53,4 @@ def build_model(preset: str = "lingbot-map", **overrides) -> GCTStream:
     e.g. `build_model("lingbot-map", kv_cache_sliding_window=32, enable_point=True)`.
     Weights are uninitialised placeholders (zeros); load a checkpoint or fill synthetic ones."""
     p = get_preset(preset)
-    return GCTStream(p.model, p.cache, **overrides)
+    return GCTStream(p.model, p.stream, **overrides)

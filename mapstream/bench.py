@@ -282,7 +282,7 @@ def reference_samples(cfg: BenchConfig, model) -> dict[int, tuple[torch.Tensor, 
     model.set_backend("sdpa")
     samples: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     try:
-        with plain_pytorch(), model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision) as session:
+        with plain_pytorch(), model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=False) as session:
             session.run_frames(frames[: cfg.scale_frames])
             for i in range(cfg.scale_frames, cfg.scale_frames + cfg.stream_frames):
                 (pred,) = session.step(frames[i])

@@ -1,7 +1,7 @@
-"""Typed configuration: the architecture (`ModelConfig`), the streaming cache (`CacheConfig`)
+"""Typed configuration: the architecture (`ModelConfig`), how a stream is run (`StreamConfig`)
 and named presets.
 
-The architecture fields describe what is in a checkpoint; the cache fields describe how a
+The architecture fields describe what is in a checkpoint; the stream fields describe how a
 stream is run and never change the state dict. `build_model(preset, **overrides)` accepts the
 reference constructor's argument names as overrides (`kv_cache_sliding_window`,
 `kv_cache_scale_frames`, `max_frame_num`, `camera_num_iterations`, `enable_3d_rope`,
@@ -13,11 +13,12 @@ import dataclasses
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .cache.spec import CacheSpec
 from .validation import check_count
 
 __all__ = [
     "ModelConfig",
-    "CacheConfig",
+    "StreamConfig",
     "PRESETS",
     "get_preset",
     "preset_names",
@@ -118,9 +119,17 @@ class ModelConfig:
         return 1 + self.num_register_tokens + 1
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+FAST_MODES = (False, True, "auto", "pieces", "whole")
+SHARED_FROM = ("earlier", "later")
+
+
 @dataclass(frozen=True)
-class CacheConfig:
-    """How the streaming KV cache keeps frames (runtime; not part of the checkpoint).
+class StreamConfig:
+    """How one stream is run: its scale phase, what its cache keeps, which frames it stores,
+    how it computes, and how windowed runs cut it into windows. None of it is in the
+    checkpoint. `Session`, `WindowedSession`, the inference functions, `mapstream run` and
+    its flags all read this one type; each setting has its default here and nowhere else.
 
     Per global layer a new frame attends to::
 
@@ -130,30 +139,124 @@ class CacheConfig:
         [ the frame itself                                                    ]
     """
 
-    scale_frames: int = 8
-    """Stored frames kept forever (`kv_cache_scale_frames`)."""
+    num_scale_frames: int = 8
+    """Frames that open a sequence together (attending to each other) and stay in every later
+    frame's attention as its scale anchors."""
+    cache_scale_frames: int | None = None
+    """Stored frames the cache keeps forever (the reference's `kv_cache_scale_frames`); None:
+    `num_scale_frames`. The reference lets the two differ, so they are two settings."""
     sliding_window: int = 64
-    """Most recent stored frames kept after the scale frames (`kv_cache_sliding_window`)."""
+    """Most recent stored frames kept after the scale frames (`kv_cache_sliding_window`);
+    older ones leave, oldest first."""
+    trajectory_capacity: int | None = 1024
+    """Most evicted frames whose special tokens stay visible; when full the older half is
+    thinned (every second frame dropped). None keeps all (memory grows with the stream, as in
+    the reference). Outputs equal the reference's until this many frames were evicted."""
     cross_frame_special: bool = True
-    """Keep the special tokens of frames evicted from the window (trajectory memory)."""
+    """Keep the special tokens of frames evicted from the window (the trajectory memory)."""
     include_scale_frames: bool = True
-    """Keep the scale frames' tokens once eviction starts (reference option)."""
+    """Keep the scale frames' tokens once eviction starts (reference option); False makes them
+    ordinary window members that leave first."""
     camera_only: bool = False
     """Keep only the camera token (not all special tokens) of evicted frames."""
-    trajectory_capacity: int | None = 1024
-    """Most evicted frames whose special tokens are kept. None = unbounded, as the
-    reference. When full, the older half is thinned (every second frame dropped); see
-    docs/ARCHITECTURE.md. Outputs equal the reference's until this many frames were evicted."""
+    keyframe_interval: Any = None
+    """Which frames after the scale phase are stored: an int k (every k-th, the reference's
+    rule; 0 and 1 store all), "auto" (by predicted image motion), a `KeyframePolicy`, or None:
+    every frame, except in `mapstream run` over N frames known in advance, which stores every
+    ceil(N / 320)-th as the reference's demo does."""
+    precision: str = "auto"
+    """The trunk's arithmetic: "auto" (bf16 on CUDA GPUs that have it, fp16 on older ones,
+    fp32 on the CPU), "fp32", "bf16" or "fp16". The heads stay in their weights' dtype."""
+    backend: str = "auto"
+    """Attention over the cache: "auto" (the first usable of triton, flashinfer, sdpa), or one
+    of them by name (`mapstream info` lists what this machine can run)."""
+    fast: bool | str = "auto"
+    """Single-frame steps replayed from CUDA graphs: "auto" (on CUDA devices whose weights are
+    cast to the compute dtype; eager elsewhere), True, False, "whole" (the whole step as one
+    graph) or "pieces" (graphs between eager cache attentions). The same function either way."""
+    provisional: bool = False
+    """During the scale phase, also give a provisional prediction for each buffered frame
+    right away; the final ones follow when the phase completes."""
+    window_size: int = 64
+    """Windowed runs: stored frames per window (scale frames + keyframes)."""
+    overlap: int | None = 16
+    """Windowed runs: frames two consecutive windows share, used to align them (None: the
+    scale frames)."""
+    overlap_keyframes: int | None = None
+    """Windowed runs: the overlap in keyframes instead (k x the keyframe interval frames)."""
+    shared_from: str = "later"
+    """Windowed runs: the window a frame shared by two windows is taken from: "later" (as the
+    reference's offline stitch; such a frame waits for the next window) or "earlier" (given as
+    soon as the earlier window predicts it)."""
 
     def __post_init__(self) -> None:
-        _check_counts(self, {"scale_frames": 0, "sliding_window": 1})
-        if self.trajectory_capacity is not None and (isinstance(self.trajectory_capacity, bool) or not isinstance(self.trajectory_capacity, int) or self.trajectory_capacity < 2):
-            raise ValueError(f"trajectory_capacity must be >= 2 or None (unbounded), got {self.trajectory_capacity}")
+        check_count("num_scale_frames", self.num_scale_frames)
+        if self.cache_scale_frames is not None:
+            check_count("cache_scale_frames", self.cache_scale_frames, least=0)
+        check_count("sliding_window", self.sliding_window)
+        capacity = self.trajectory_capacity
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2):
+            raise ValueError(f"trajectory_capacity must be >= 2 or None (unbounded), got {capacity!r}")
+        interval = self.keyframe_interval
+        if isinstance(interval, str) and interval != "auto" or isinstance(interval, (bool, float)):
+            raise ValueError(
+                f"keyframe_interval must be an int k >= 0, 'auto', a KeyframePolicy or None, got {interval!r}"
+            )
+        if isinstance(interval, int) and interval < 0:
+            raise ValueError(f"keyframe_interval must be >= 0, got {interval}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not isinstance(self.backend, str):
+            raise ValueError(f"backend must be a backend's name such as 'auto', got {self.backend!r}")
+        if not any(self.fast is mode or (isinstance(mode, str) and self.fast == mode) for mode in FAST_MODES):
+            raise ValueError(f"fast must be False, True, 'auto', 'pieces' or 'whole', got {self.fast!r}")
+        check_count("window_size", self.window_size)
+        if self.overlap is not None:
+            check_count("overlap", self.overlap, least=0)
+        if self.overlap_keyframes is not None:
+            check_count("overlap_keyframes", self.overlap_keyframes, least=0)
+        if self.shared_from not in SHARED_FROM:
+            raise ValueError(f"shared_from must be one of {', '.join(SHARED_FROM)}, got {self.shared_from!r}")
+
+    @property
+    def anchor_frames(self) -> int:
+        """Stored frames the cache keeps forever (`cache_scale_frames`, else the scale frames)."""
+        return self.num_scale_frames if self.cache_scale_frames is None else self.cache_scale_frames
+
+    def cache_spec(self) -> CacheSpec:
+        """What the stream's caches keep (the aggregator's and, frame for frame, the camera
+        head's)."""
+        if self.include_scale_frames:
+            anchors, window = self.anchor_frames, self.sliding_window
+        else:
+            # Scale frames are ordinary window members that age out first (see docs/ARCHITECTURE.md).
+            anchors, window = 0, self.sliding_window + self.anchor_frames
+        keep = "none" if not self.cross_frame_special else ("camera" if self.camera_only else "specials")
+        return CacheSpec(
+            anchor_frames=anchors,
+            window_frames=window,
+            trajectory_capacity=self.trajectory_capacity,
+            trajectory_keep=keep,
+        )
+
+    def with_settings(self, **settings: Any) -> "StreamConfig":
+        """A copy with `settings` (field names) changed; unknown names are refused."""
+        unknown = sorted(set(settings) - _STREAM_FIELDS)
+        if unknown:
+            raise TypeError(
+                f"unknown stream setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                f"StreamConfig has {', '.join(sorted(_STREAM_FIELDS))}"
+            )
+        return replace(self, **settings) if settings else self
+
+
+_STREAM_FIELDS = {f.name for f in fields(StreamConfig)}
 
 
 # Reference constructor arguments that map onto our configs.
-_CACHE_ALIASES = {
-    "kv_cache_scale_frames": "scale_frames",
+_STREAM_ALIASES = {
+    "kv_cache_scale_frames": "cache_scale_frames",
+    "num_frame_for_scale": "num_scale_frames",
     "kv_cache_sliding_window": "sliding_window",
     "kv_cache_cross_frame_special": "cross_frame_special",
     "kv_cache_include_scale_frames": "include_scale_frames",
@@ -164,8 +267,7 @@ _CACHE_ALIASES = {
 _INERT = {
     "use_sdpa", "sliding_window_size", "num_random_frames", "attend_to_special_tokens",
     "attend_to_scale_frames", "enable_stream_inference", "use_scale_token", "enable_track",
-    "enable_normalize", "pretrained_path", "use_gradient_checkpoint", "num_frame_for_scale",
-    "camera_rope_theta",
+    "enable_normalize", "pretrained_path", "use_gradient_checkpoint", "camera_rope_theta",
 }
 # Reference arguments that change the network away from the official one with any other value:
 # accepted at that value (inert), refused otherwise rather than silently building another model.
@@ -181,7 +283,7 @@ _OFFICIAL_ONLY = {
 class Preset:
     name: str
     model: ModelConfig
-    cache: CacheConfig
+    stream: StreamConfig
     description: str
 
 
@@ -196,7 +298,7 @@ _register(
     Preset(
         name="lingbot-map",
         model=ModelConfig(),
-        cache=CacheConfig(),
+        stream=StreamConfig(),
         description="Official LingBot-Map architecture with the settings its checkpoints are used with "
         "(3D RoPE, 8 scale frames, window 64, 4 camera iterations, no point head).",
     )
@@ -216,7 +318,7 @@ _register(
             dpt_features=32,
             dpt_out_channels=(16, 32, 64, 64),
         ),
-        cache=CacheConfig(),
+        stream=StreamConfig(),
         description="The tiny test model of the golden data (4.7 M parameters, untrained).",
     )
 )
@@ -234,23 +336,26 @@ def get_preset(name: str) -> Preset:
 
 
 def split_overrides(
-    model: ModelConfig, cache: CacheConfig, overrides: dict[str, Any]
-) -> tuple[ModelConfig, CacheConfig, list[str]]:
+    model: ModelConfig, stream: StreamConfig, overrides: dict[str, Any]
+) -> tuple[ModelConfig, StreamConfig, list[str]]:
     """Apply keyword overrides (our field names or the reference's) to both configs.
 
     Returns the new configs and the names of accepted-but-inert reference arguments.
-    Unknown names raise a ValueError listing the valid ones.
+    Unknown names raise a ValueError listing the valid ones. The reference's
+    `kv_cache_scale_frames` alone sets the scale frames of both the scale phase and the cache
+    (its `num_frame_for_scale` defaults to it); given with `num_frame_for_scale`, the cache
+    keeps its own count.
     """
     model_fields = {f.name for f in fields(ModelConfig)}
-    cache_fields = {f.name for f in fields(CacheConfig)}
     m_kw: dict[str, Any] = {}
-    c_kw: dict[str, Any] = {}
+    s_kw: dict[str, Any] = {}
     inert: list[str] = []
     for key, value in overrides.items():
-        if key in _CACHE_ALIASES:
-            c_kw[_CACHE_ALIASES[key]] = value
-        elif key in cache_fields:
-            c_kw[key] = value
+        if key in _STREAM_ALIASES:
+            if value is not None:
+                s_kw[_STREAM_ALIASES[key]] = value
+        elif key in _STREAM_FIELDS:
+            s_kw[key] = value
         elif key in model_fields:
             if isinstance(getattr(model, key), tuple):
                 value = tuple(value)
@@ -263,9 +368,11 @@ def split_overrides(
                 raise ValueError(f"{key}={value!r} is not supported, only {official!r}: {why}")
             inert.append(key)
         else:
-            valid = sorted(model_fields | cache_fields | set(_CACHE_ALIASES))
+            valid = sorted(model_fields | _STREAM_FIELDS | set(_STREAM_ALIASES))
             raise ValueError(f"Unknown model argument {key!r}. Valid arguments: {', '.join(valid)}")
-    return replace(model, **m_kw), replace(cache, **c_kw), inert
+    if "cache_scale_frames" in s_kw and "num_scale_frames" not in s_kw:
+        s_kw["num_scale_frames"] = s_kw.pop("cache_scale_frames")
+    return replace(model, **m_kw), replace(stream, **s_kw), inert
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ Each session gets exactly what `session.step(frame)` would have given it (same c
 keyframe decisions; values equal up to the rounding of batched matrix products). The
 per-frame work (ViT, frame blocks, projections, MLPs, heads) runs once for the whole batch;
 the global and camera-head attention still read each stream's own cache. Sessions still in
-their scale phase, or whose model, frame size, device or precision differ from the others',
+their scale phase, or whose model, frame size, device, precision or attention backend differ from the others',
 are stepped on their own. Batched steps run eagerly (no CUDA graphs): the gain is that one
 pass of launches serves N streams.
 """
@@ -18,6 +18,7 @@ from typing import Sequence
 
 import torch
 
+from .models.aggregator import kv_dtype
 from .session import FramePrediction, Session, _autocast
 from .validation import keyframe_flag
 
@@ -72,7 +73,8 @@ def step_together(
         if session.in_scale_phase:
             results[b] = session._step_checked(checked[b], keyframes[b], names[b])
         else:
-            key = (id(session.model), tuple(checked[b].shape[-2:]), session.device, session.precision)
+            key = (id(session.model), tuple(checked[b].shape[-2:]), session.device, session.precision,
+                   session.config.backend)
             groups.setdefault(key, []).append(b)
     for members in groups.values():
         if len(members) == 1:
@@ -93,8 +95,9 @@ def _step_batch(sessions, frames, keyframes, names) -> list[list[FramePrediction
     batch = torch.cat(frames).to(lead.device, non_blocking=True)  # [N, 1, 3, H, W]
     with _autocast(lead.device, lead.precision):
         out = lead.model.forward_streams(
-            batch, [s.state for s in sessions], keyframes=[p.store for p in plans],
-            num_frame_for_scale=[s._scale for s in sessions], validate=False,
+            batch, [s.state for s in sessions], stores=[p.store for p in plans],
+            num_frame_for_scale=[s._scale for s in sessions], backend=lead.backend_for(kv_dtype(batch)),
+            validate=False,
         )
     return [
         session._complete(plan, session._to_output({k: v[row : row + 1] for k, v in out.items()}))

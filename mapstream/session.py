@@ -22,10 +22,11 @@ from typing import Iterable
 
 import torch
 
-from .config import CacheConfig
-from .keyframes import KeyframePolicy, make_policy
+from .config import StreamConfig
+from .keyframes import make_policy
 from .models.aggregator import kv_dtype
-from .models.gct import GCTStream, StreamState
+from .models.gct import GCTNetwork
+from .models.state import StreamState
 from .progress import progress_bar
 from .validation import ValueCheck, check_images, check_scale_frames, keyframe_flag
 
@@ -87,6 +88,13 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
 
 
+# The settings that shape a stream's caches (fixed when its state is made).
+_CACHE_SETTINGS = {
+    "cache_scale_frames", "sliding_window", "trajectory_capacity", "cross_frame_special", "include_scale_frames",
+    "camera_only",
+}
+
+
 @dataclass(frozen=True)
 class _StepPlan:
     index: int
@@ -96,65 +104,68 @@ class _StepPlan:
 
 
 class Session:
-    """An online stream over a `GCTStream` (see module docstring).
+    """An online stream over a network (see module docstring).
 
     Args:
         model: the network (shared; sessions never change its weights).
-        num_scale_frames: frames processed together at the start of a sequence
-            (default: the model's scale frames, 8 for the official model).
-        keyframe_interval: which frames after the scale phase are stored: an int k (every
-            k-th, the reference's rule; 1 = all), "auto" (by predicted image motion, no
-            frame count needed) or a `KeyframePolicy`.
+        config: the stream's settings (`StreamConfig`; default: the model's `stream_config`),
+            with `settings` (its field names as keywords) changed. Those a session reads:
+            num_scale_frames, keyframe_interval (None: every frame), precision, backend,
+            provisional, fast, and the cache's retention (cache_scale_frames, sliding_window,
+            trajectory_capacity, cross_frame_special, include_scale_frames, camera_only).
+            fast: single-frame steps replayed from CUDA graphs (`mapstream.fast`; on a CPU
+            True runs the same decomposition eagerly): "whole" replays the entire step as one
+            graph (least host work; fast only with an attention backend that reads key
+            ranges on the device, such as "triton"), "pieces" replays graphs between the
+            aggregator's eager cache attentions, True takes "whole" where the backend reads
+            key ranges on the device and "pieces" elsewhere, "auto" is True on CUDA devices
+            whose aggregator weights are in the compute dtype (`cast_for_inference`).
         output_device: where predictions are put (default: the model's device).
-        precision: "auto", "fp32", "bf16" or "fp16" for the aggregator (heads are fp32).
-        provisional: during the scale phase, also return a provisional prediction for each
-            buffered frame right away (the scale frames seen so far, processed together
-            without storing); the final predictions follow when the phase completes.
-        fast: run single-frame steps from CUDA graphs (`mapstream.fast.GraphedStep`; on a
-            CPU the same code runs eagerly). Same function as the plain path. "whole": the
-            entire step as one graph (least host work; fast only with an attention backend
-            that reads key ranges on the device, such as "triton"); "pieces": graphs
-            between the aggregator's eager cache attentions; True: "whole" on CUDA where
-            the backend reads key ranges on the device (0.9-1.4 ms a frame faster than the
-            pieces on an H200, docs/BENCHMARKS.md, sessions 14-15), "pieces" elsewhere (the
-            other backends would attend over the whole cache arena, masked).
-        cache: cache policy for this session (default: the model's `cache_config`).
-        state: caches to use (default: new ones owned by this session).
+        state: caches to use, which keep what they were made to keep (default: new ones,
+            owned by this session).
     """
 
     def __init__(
         self,
-        model: GCTStream,
+        model: GCTNetwork,
+        config: StreamConfig | None = None,
         *,
-        num_scale_frames: int | None = None,
-        keyframe_interval: int | str | KeyframePolicy = 1,
         output_device: torch.device | str | None = None,
-        precision: str = "auto",
-        provisional: bool = False,
-        fast: bool | str = False,
-        cache: CacheConfig | None = None,
         state: StreamState | None = None,
+        **settings,
     ) -> None:
+        if state is not None and _CACHE_SETTINGS & set(settings):
+            raise ValueError(
+                f"pass either cache settings ({', '.join(sorted(_CACHE_SETTINGS & set(settings)))}) or a state, "
+                "not both: a state's caches keep what they were made to keep"
+            )
         self.model = model
-        scale = num_scale_frames if num_scale_frames is not None else model._default_scale_frames()
-        check_scale_frames(scale)
-        if state is not None and cache is not None:
-            raise ValueError("pass either a cache policy or a state, not both")
-        self.num_scale_frames = scale
-        self.policy = make_policy(keyframe_interval)
+        self.config = (config or model.stream_config).with_settings(**settings)
+        self.num_scale_frames = self.config.num_scale_frames
+        interval = self.config.keyframe_interval
+        self.policy = make_policy(1 if interval is None else interval)
         self.output_device = torch.device(output_device) if output_device is not None else None
         self.device = next(model.parameters()).device
-        self.precision = resolve_precision(precision, self.device)
-        self.provisional = provisional
-        if fast not in (False, True, "pieces", "whole"):
-            raise ValueError(f"fast must be False, True, 'pieces' or 'whole', got {fast!r}")
-        self.fast = fast
+        self.precision = resolve_precision(self.config.precision, self.device)
+        self.provisional = self.config.provisional
+        self.fast = self._resolve_fast(self.config.fast)
         self._graphed: dict[tuple[int, int], object] = {}  # frame size -> GraphedStep
         self._owns_state = state is None
-        self.state = state if state is not None else model.new_state(cache)
+        self.state = state if state is not None else model.new_state(self.config)
         self._closed = False
         self._told_scale_keyframes = False  # the warning that scale frames are always stored
         self._clear()
+
+    def _resolve_fast(self, fast: bool | str) -> bool | str:
+        """`fast="auto"`: graphs on a CUDA device whose aggregator weights are in the compute
+        dtype (`cast_for_inference`); weights of another dtype would be cast again in every
+        replayed step, so those run eagerly."""
+        if fast != "auto":
+            return fast
+        if self.device.type != "cuda":
+            return False
+        compute = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        return self.model.aggregator.camera_token.dtype == compute
 
     def _clear(self) -> None:
         self._buffer: list[torch.Tensor] = []
@@ -435,12 +446,21 @@ class Session:
         frames' tokens and attention, which the graphs do not hold."""
         frames = frames.to(self.device, non_blocking=True)
         with _autocast(self.device, self.precision):
-            out = self.model(
-                frames, num_frame_for_scale=scale, keyframe=store, state=self.state, validate=False, graphs=graphs
-            )
-        out.pop("images", None)
+            backend = self.backend_for(kv_dtype(frames))
+            if graphs is not None:
+                with self.state.step(store):
+                    out = graphs(frames, self.state, store=store, backend=backend)
+            else:
+                out = self.model(
+                    frames, self.state, store=store, num_frame_for_scale=scale, backend=backend, validate=False
+                )
         out.pop("pose_enc_list", None)
         return self._to_output(out)
+
+    def backend_for(self, dtype: torch.dtype):
+        """The aggregator's cache-attention backend of this session's setting for K/V of `dtype`
+        (the autocast dtype under autocast, else the weights')."""
+        return self.model.attention_backend(self.device, dtype, self.config.backend)
 
     def _to_output(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.output_device is not None:
@@ -465,7 +485,7 @@ class Session:
             # autocast dtype, or the weights' without autocast).
             with _autocast(self.device, self.precision):
                 dtype = kv_dtype(self.model.aggregator.camera_token)
-            return self.model.attention_backend(self.device, dtype).device_range
+            return self.backend_for(dtype).device_range
         return self.fast == "whole"
 
     def _graphs_for(self, frames: torch.Tensor):

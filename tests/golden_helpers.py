@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 import mapstream
-from mapstream.config import CacheConfig
 
 # Golden README section 7.
 POSE_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -18,10 +17,11 @@ OUTPUT_TOL = {
 }
 
 
-def cache_config_of(meta: dict) -> CacheConfig:
+def cache_config_of(meta: dict) -> dict:
+    """The stream settings (keywords of a session) of the golden case's cache."""
     kw = meta["constructor_kwargs"]
-    return CacheConfig(
-        scale_frames=kw["kv_cache_scale_frames"],
+    return dict(
+        cache_scale_frames=kw["kv_cache_scale_frames"],
         sliding_window=kw["kv_cache_sliding_window"],
         cross_frame_special=kw.get("kv_cache_cross_frame_special", True),
         include_scale_frames=kw.get("kv_cache_include_scale_frames", True),

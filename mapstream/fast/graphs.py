@@ -58,6 +58,7 @@ import torch
 
 from ..cache import DeviceStep, open_steps
 from ..layers import Rotary, patch_positions_2d, rope2d, rope3d_time_columns, rope3d_time_inv_freq
+from ..models.aggregator import kv_dtype
 from ..models.gct import heads_without_autocast
 from ..validation import ValueCheck
 
@@ -141,18 +142,18 @@ class GraphedStep:
         grid_h, grid_w = height // c.patch_size, width // c.patch_size
         self.grid = (grid_h, grid_w)
         self.frame = torch.zeros(1, 1, 3, height, width, device=device)
-        if capture and _kv_dtype(agg.camera_token) != agg.camera_token.dtype:
+        if capture and kv_dtype(agg.camera_token) != agg.camera_token.dtype:
             log.warning(
                 "fast path: the aggregator's weights are %s under %s autocast, so every replayed step "
                 "casts them again (several GB of memory traffic a frame); model.cast_for_inference(...) "
-                "to the autocast dtype removes that", agg.camera_token.dtype, _kv_dtype(agg.camera_token),
+                "to the autocast dtype removes that", agg.camera_token.dtype, kv_dtype(agg.camera_token),
             )
         # After the scale phase every frame takes copy 1 of the camera, register and scale tokens.
-        self.special = agg._special_tokens(1, stored=1, num_frame_for_scale=1).detach().clone()
+        self.special = agg.special_tokens(1, stored=1, num_frame_for_scale=1).detach().clone()
         self.pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, device)
         self.frame_rotary = rope2d(self.pos2d, c.head_dim, c.rope2d_frequency)
         self.tokens_per_frame = self.pos2d.shape[0]
-        self.global_rotary: Rotary | None = agg._global_rotary(0, 1, grid_h, grid_w, self.pos2d)
+        self.global_rotary: Rotary | None = agg.global_rotary(0, 1, grid_h, grid_w, self.pos2d)
         # The 3D RoPE's time frequencies, kept, and the frame's time index as a device scalar:
         # the graphs rewrite the table's time columns from it (`_rotate_to_time`).
         self._time_inv_freq = (
@@ -273,32 +274,23 @@ class GraphedStep:
 
     def _dense_heads(self, layers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """The dense heads' outputs (fp32)."""
-        c = self.config
-        heads = {}
         # No timing inside a capture: a convolution whose search missed would time its candidates
         # there (synchronising, which breaks the capture); the warm-up before it did the search.
         search = self.conv_search and self.capture and not torch.cuda.is_current_stream_capturing()
         with heads_without_autocast(self.frame.device), _conv_search(search):
-            if self.model.depth_head is not None:
-                heads["depth"], heads["depth_conf"] = self.model.depth_head(layers, self.image_hw, c.num_special_tokens)
-            if self.model.point_head is not None:
-                heads["world_points"], heads["world_points_conf"] = self.model.point_head(
-                    layers, self.image_hw, c.num_special_tokens
-                )
-        return {k: v.float() for k, v in heads.items()}
+            return self.model.dense_heads(layers, self.image_hw, self.config.num_special_tokens)
 
-    # Piece 0 returns (frame_out, seq, q, k, v); piece i >= 1 returns (leaving_{i-1}, frame_out,
-    # seq, q, k, v), where seq is global block i's input.
+    # Piece 0 returns a `LayerEntry`; piece i >= 1 a `LayerExit` (global block i-1's output,
+    # then layer i's entry); piece `depth` a 1-tuple of the last global block's output.
     def _seq(self, i: int) -> torch.Tensor:
-        return self._outputs[i][1 if i == 0 else 2]
+        return self._outputs[i].seq
 
     def _frame_out(self, i: int) -> torch.Tensor:
-        out = self._outputs[i]
-        return out[0] if i == 0 else out[1]
+        return self._outputs[i].frame_out
 
     def _qkv(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = self._outputs[i]
-        return out[-3], out[-2], out[-1]
+        return out.q, out.k, out.v
 
     # ------------------------------------------------------------------ one step
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
@@ -336,7 +328,7 @@ class GraphedStep:
         """Open the aggregator cache's step for the frame (a context manager yielding [step])."""
         layout = self.agg.cache_layout(self.tokens_per_frame, cache, self.grid)
         return open_steps(
-            [cache], [store], num_frames=1, layout=lambda _: layout, dtype=_kv_dtype(self.special),
+            [cache], [store], num_frames=1, layout=lambda _: layout, dtype=kv_dtype(self.special),
             device=self.frame.device,
         )
 
@@ -548,8 +540,3 @@ def _conv_search(on: bool):
     finally:
         torch.backends.cudnn.benchmark = previous
 
-
-def _kv_dtype(tokens: torch.Tensor) -> torch.dtype:
-    from ..models.aggregator import kv_dtype
-
-    return kv_dtype(tokens)

@@ -14,9 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import AttentionBackend, SDPABackend, select_backend
-from ..attention.fused import fused_kernels_allowed
+from ..attention import AttentionBackend
+from ..attention.choice import camera_backend
 from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
+from ..cache import reference_cache, shared_pools
+from ..config import StreamConfig
 from ..layers import Block, Mlp
 
 __all__ = ["CameraCausalHead", "activate_pose"]
@@ -37,13 +39,10 @@ class CameraCausalHead(nn.Module):
         trunk_depth: int = 4,
         num_heads: int = 16,
         num_iterations: int = 4,
-        cache_spec: CacheSpec,
-        pools: PoolRegistry | None = None,
     ) -> None:
         super().__init__()
         self.num_iterations = num_iterations
         self.num_heads = num_heads
-        self.cache_spec = cache_spec
         self.empty_pose_tokens = nn.Parameter(torch.zeros(1, 1, POSE_DIM))
         self.trunk = nn.ModuleList(
             Block(dim_in, num_heads, mlp_ratio=4.0, norm_eps=1e-5, qk_norm=False, layer_scale_init=0.01)
@@ -55,48 +54,42 @@ class CameraCausalHead(nn.Module):
         self.embed_pose = nn.Linear(POSE_DIM, dim_in)
         self.poseLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim_in, 3 * dim_in))
         self.pose_branch = Mlp(dim_in, dim_in // 2, POSE_DIM)
-        self.pools = pools if pools is not None else PoolRegistry()
-        self.kv_cache = self.new_cache()
-        self._backends: dict[tuple[str, torch.dtype, bool], AttentionBackend] = {}
 
     def attention_backend(self, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-        """The backend of the trunk's cache attention on `device` for K/V of `dtype`: one query
-        a frame over a key count that grows every frame. Our Triton rows kernel where it runs
-        (one kernel a call, fp32 arithmetic, the range read on the device); else SDPA without
-        cuDNN, which plans on the host for every new key count (see SDPABackend). Inside
-        `plain_pytorch()` (reference passes) always the latter."""
-        ours = fused_kernels_allowed()
-        key = (torch.device(device).type, dtype, ours)
-        if key not in self._backends:
-            self._backends[key] = SDPABackend(cudnn=False)
-            if ours:
-                try:
-                    self._backends[key] = select_backend("triton-rows", device, dtype)
-                except ValueError:  # it states why (no CUDA, no Triton); the fallback serves all
-                    pass
-        return self._backends[key]
+        """The backend of the trunk's cache attention (`mapstream.attention.choice.camera_backend`)."""
+        return camera_backend(device, dtype)
 
-    def new_cache(self, spec: CacheSpec | None = None) -> StreamCacheManager:
-        """An empty cache for one sequence; `spec` must match the aggregator cache's policy."""
-        return StreamCacheManager(spec or self.cache_spec, self.pools, name="camera_head")
+    def new_cache(self, spec: CacheSpec | None = None, pools: PoolRegistry | None = None) -> StreamCacheManager:
+        """An empty cache for one sequence; `spec` must be the aggregator cache's (default: the
+        default stream settings'), pages from `pools` (default: the shared pools)."""
+        spec = spec if spec is not None else StreamConfig().cache_spec()
+        return StreamCacheManager(spec, pools if pools is not None else shared_pools(), name="camera_head")
 
+    # The reference's stateful protocol: its default cache is held by `mapstream.cache`'s
+    # registry of reference caches, not by this module (`mapstream.compat`).
     def clean_kv_cache(self) -> None:
-        """Forget every frame of the default cache."""
+        """Forget every frame of the reference protocol's default cache."""
         self.kv_cache.reset()
+
+    @property
+    def kv_cache(self) -> StreamCacheManager:
+        """The reference protocol's default cache (created on first use unless a `GCTStream`
+        registered its own)."""
+        return reference_cache(self, self.new_cache)
 
     def forward(
         self,
         camera_tokens: torch.Tensor,
         *,
-        cache: StreamCacheManager | None = None,
+        cache: StreamCacheManager,
         store: bool = True,
         trace=None,
     ) -> list[torch.Tensor]:
-        """camera_tokens [B, S, 2C] (token 0 of every frame of the last aggregator output).
+        """camera_tokens [B, S, 2C] (token 0 of every frame of the last aggregator output),
+        refined with the sequence's camera cache `cache`.
 
         Returns the activated pose encoding [B, S, 9] after every iteration (last = final).
         """
-        cache = self.kv_cache if cache is None else cache
         return self._refine(camera_tokens, [cache], [store], trace)
 
     def forward_streams(

@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 from torch import nn
 
-from ..attention import AttentionBackend, KeyNormHint, SDPABackend
-from ..cache import CacheSpec, CacheStateError, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
-from ..config import CacheConfig, ModelConfig
+from ..attention import AttentionBackend, KeyNormHint
+from ..cache import (
+    CacheStateError, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps,
+    reference_cache, shared_pools,
+)
+from ..config import ModelConfig, StreamConfig
 from ..layers import Block, PatchEmbedViT, Rotary, patch_positions_2d, rope2d, rope3d, token_positions_3d
 from .key_norms import KeyNormHints
 
-__all__ = ["AggregatorStream", "aggregator_cache_spec", "kv_dtype", "Trace"]
+__all__ = ["AggregatorStream", "LayerEntry", "LayerExit", "kv_dtype", "Trace"]
 
 Trace = Callable[[str, torch.Tensor], None]
 """Optional observer of intermediate tensors (name, tensor); used by parity tests."""
@@ -33,20 +36,31 @@ _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def aggregator_cache_spec(cache: CacheConfig) -> CacheSpec:
-    """Retention policy of the global-attention cache for a `CacheConfig`."""
-    if cache.include_scale_frames:
-        anchors, window = cache.scale_frames, cache.sliding_window
-    else:
-        # Scale frames are ordinary window members that age out first (see docs/ARCHITECTURE.md).
-        anchors, window = 0, cache.sliding_window + cache.scale_frames
-    keep = "none" if not cache.cross_frame_special else ("camera" if cache.camera_only else "specials")
-    return CacheSpec(
-        anchor_frames=anchors,
-        window_frames=window,
-        trajectory_capacity=cache.trajectory_capacity,
-        trajectory_keep=keep,
-    )
+class LayerEntry(NamedTuple):
+    """What a layer hands to its global block's cache attention: frame block i's output
+    [B, S, P, C], the global block's input [B, S*P, C], and its q, k, v [B, heads, S*P, D]."""
+
+    frame_out: torch.Tensor
+    seq: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class LayerExit(NamedTuple):
+    """The work between two cache attentions: global block i-1's output [B, S*P, C], then
+    layer i's `LayerEntry` fields."""
+
+    global_out: torch.Tensor
+    frame_out: torch.Tensor
+    seq: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def entry(self) -> LayerEntry:
+        return LayerEntry(self.frame_out, self.seq, self.q, self.k, self.v)
 
 
 def _plain(block: nn.Module) -> nn.Module:
@@ -55,30 +69,31 @@ def _plain(block: nn.Module) -> nn.Module:
     return getattr(block, "_orig_mod", block)
 
 
-def _enter(frame_block, global_block, tokens, frame_rotary, global_rotary, streams: int):
-    """Frame block, then the global block's attention inputs (`Aggregator.enter_layer`)."""
+def _enter(frame_block, global_block, tokens, frame_rotary, global_rotary, streams: int) -> LayerEntry:
+    """Frame block, then the global block's attention inputs (`AggregatorStream.enter_layer`)."""
     frames = tokens.shape[0] // streams
     tokens = frame_block(tokens, frame_rotary)
     seq = tokens.view(streams, frames * tokens.shape[1], -1)
     q, k, v = global_block.attention_inputs(seq, global_rotary)
-    return tokens.view(streams, frames, tokens.shape[1], -1), seq, q, k, v
+    return LayerEntry(tokens.view(streams, frames, tokens.shape[1], -1), seq, q, k, v)
 
 
 def _between_layers(prev_global, frame_block, next_global, seq, attended, tokens_per_frame, frame_rotary,
-                    global_rotary, streams: int):
-    """`Aggregator.between_layers` on the blocks themselves (what `compile_model` compiles:
-    one graph serves every layer, the blocks' weights being its inputs)."""
+                    global_rotary, streams: int) -> LayerExit:
+    """`AggregatorStream.between_layers` on the blocks themselves (what `compile_model`
+    compiles: one graph serves every layer, the blocks' weights being its inputs)."""
     leaving = prev_global.attention_output(seq, attended)
     tokens = leaving.view(-1, tokens_per_frame, leaving.shape[-1])
-    return (leaving, *_enter(frame_block, next_global, tokens, frame_rotary, global_rotary, streams))
+    return LayerExit(leaving, *_enter(frame_block, next_global, tokens, frame_rotary, global_rotary, streams))
 
 
 class AggregatorStream(nn.Module):
-    def __init__(self, config: ModelConfig, cache: CacheConfig, pools: PoolRegistry | None = None) -> None:
+    """The trunk (weights only): a step's caches and attention backend come in as arguments."""
+
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
         self.config = c
-        self.cache_config = cache
         dim = c.embed_dim
         # Copy 0 of each special token is for the first frame (camera, registers) or the scale
         # frames (scale); copy 1 for every other frame.
@@ -102,9 +117,6 @@ class AggregatorStream(nn.Module):
         self.global_blocks = nn.ModuleList(trunk_block() for _ in range(c.depth))
         self.register_buffer("_resnet_mean", torch.tensor(_IMAGENET_MEAN).view(1, 1, 3, 1, 1), persistent=False)
         self.register_buffer("_resnet_std", torch.tensor(_IMAGENET_STD).view(1, 1, 3, 1, 1), persistent=False)
-        self.pools = pools if pools is not None else PoolRegistry()
-        self.kv_cache = self.new_cache()
-        self.backend: AttentionBackend = SDPABackend()
         self.key_norm_hints = KeyNormHints(self.global_blocks)
 
     def key_norms(self) -> tuple[KeyNormHint | None, ...]:
@@ -116,38 +128,40 @@ class AggregatorStream(nn.Module):
     def patch_start_idx(self) -> int:
         return self.config.num_special_tokens
 
-    def new_cache(self, cache: CacheConfig | None = None) -> StreamCacheManager:
-        """An empty cache for one sequence (policy: `cache` or this model's), sharing this
-        aggregator's page pools."""
-        spec = aggregator_cache_spec(cache or self.cache_config)
-        return StreamCacheManager(spec, self.pools, name="aggregator")
+    def new_cache(self, stream: StreamConfig | None = None, pools: PoolRegistry | None = None) -> StreamCacheManager:
+        """An empty cache for one sequence with the retention of `stream` (default settings
+        when None), its pages leased from `pools` (the process's shared pools when None)."""
+        spec = (stream or StreamConfig()).cache_spec()
+        return StreamCacheManager(spec, pools if pools is not None else shared_pools(), name="aggregator")
 
+    # The reference's stateful protocol: its default cache is held by `mapstream.cache`'s
+    # registry of reference caches, not by this module (`mapstream.compat`).
     def clean_kv_cache(self) -> None:
-        """Forget every frame of the default cache (used by low-level `forward` calls)."""
-        self.kv_cache.reset()
+        """Forget every frame of the reference protocol's default cache."""
+        self.kv_cache_manager.reset()
 
     @property
     def kv_cache_manager(self) -> StreamCacheManager:
-        """The default cache under the reference's attribute name (its `reset()` is what
-        `clean_kv_cache` calls)."""
-        return self.kv_cache
+        """The reference protocol's default cache (its `reset()` is what `clean_kv_cache`
+        calls); created with default settings unless a `GCTStream` registered its own."""
+        return reference_cache(self, self.new_cache)
 
     @kv_cache_manager.setter
     def kv_cache_manager(self, value: None) -> None:
         # The reference discards its manager (`= None`) to change resolution between
         # sequences; here that releases the default cache's pages, and the next sequence
-        # leases storage of its own shape (a reset alone would do: `_lease`).
+        # leases storage of its own shape (a reset alone would do).
         if value is not None:
             raise TypeError("aggregator.kv_cache_manager can only be set to None (to release the default cache)")
-        self.kv_cache.reset(release=True)
+        self.kv_cache_manager.reset(release=True)
 
     @property
     def total_frames_processed(self) -> int:
-        """Stored frames of the default cache (the 3D-RoPE time counter)."""
-        return self.kv_cache.frames_stored
+        """Stored frames of the reference protocol's default cache (the 3D-RoPE time counter)."""
+        return self.kv_cache_manager.frames_stored
 
     # ------------------------------------------------------------------ tokens
-    def _special_tokens(self, num_frames: int, stored: int, num_frame_for_scale: int) -> torch.Tensor:
+    def special_tokens(self, num_frames: int, stored: int, num_frame_for_scale: int) -> torch.Tensor:
         """Special tokens [S, 6, C] for one stream's frames with indices stored .. stored+S-1."""
         index = torch.arange(stored, stored + num_frames, device=self.camera_token.device)
         first = (index == 0).long()  # copy 0 only for the very first frame of a sequence
@@ -158,7 +172,7 @@ class AggregatorStream(nn.Module):
         scale = self.scale_token[0, scale_copy]
         return torch.cat((camera, registers, scale), dim=1)  # [S, 6, C]
 
-    def _global_rotary(self, stored: int, num_frames: int, grid_h: int, grid_w: int, pos2d: torch.Tensor) -> Rotary | None:
+    def global_rotary(self, stored: int, num_frames: int, grid_h: int, grid_w: int, pos2d: torch.Tensor) -> Rotary | None:
         c = self.config
         if c.disable_global_rope:
             return None
@@ -182,9 +196,9 @@ class AggregatorStream(nn.Module):
         images: torch.Tensor,
         *,
         num_frame_for_scale: int,
-        cache: StreamCacheManager | None = None,
+        cache: StreamCacheManager,
         store: bool = True,
-        backend: AttentionBackend | None = None,
+        backend: AttentionBackend,
         trace: Trace | None = None,
     ) -> tuple[list[torch.Tensor], int]:
         """Run one step of S frames.
@@ -192,13 +206,13 @@ class AggregatorStream(nn.Module):
         Args:
             images: [B, S, 3, H, W] in [0, 1]; B must be 1 (one stream per cache).
             num_frame_for_scale: frames of the sequence that get the scale token's copy 0.
-            cache: the sequence's cache (default: this module's `kv_cache`).
+            cache: the sequence's cache.
             store: keep these frames in the cache (keyframes) or only attend (non-keyframes).
+            backend: the cache attention's backend (`mapstream.attention.frame_backend`).
         Returns:
             ([B, S, P, 2C] for each selected layer], patch_start_idx).
         """
-        cache = self.kv_cache if cache is None else cache
-        return self._step(images, [cache], [store], [num_frame_for_scale], backend or self.backend, trace)
+        return self._step(images, [cache], [store], [num_frame_for_scale], backend, trace)
 
     def forward_streams(
         self,
@@ -207,7 +221,7 @@ class AggregatorStream(nn.Module):
         num_frame_for_scale: Sequence[int],
         caches: Sequence[StreamCacheManager],
         stores: Sequence[bool],
-        backend: AttentionBackend | None = None,
+        backend: AttentionBackend,
     ) -> tuple[list[torch.Tensor], int]:
         """One single-frame step of N independent streams in one pass.
 
@@ -224,7 +238,7 @@ class AggregatorStream(nn.Module):
             )
         if len({id(cache) for cache in caches}) != streams:
             raise ValueError("each stream needs its own cache (the same cache appears twice)")
-        return self._step(images, caches, stores, num_frame_for_scale, backend or self.backend, None)
+        return self._step(images, caches, stores, num_frame_for_scale, backend, None)
 
     def _step(
         self,
@@ -245,14 +259,14 @@ class AggregatorStream(nn.Module):
         # Each stream's special-token copies and 3D-RoPE time indices follow its own count of
         # stored frames.
         special = torch.cat([
-            self._special_tokens(num_frames, cache.frames_stored, nfs) for cache, nfs in zip(caches, scale_counts)
+            self.special_tokens(num_frames, cache.frames_stored, nfs) for cache, nfs in zip(caches, scale_counts)
         ])
         tokens = self.embed(images, special, trace)  # [B*S, P, C]
         per_frame = tokens.shape[1]
         pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
         frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
         global_rotary = stack_rotary(
-            [self._global_rotary(cache.frames_stored, num_frames, grid_h, grid_w, pos2d) for cache in caches]
+            [self.global_rotary(cache.frames_stored, num_frames, grid_h, grid_w, pos2d) for cache in caches]
         )
         selected: dict[int, torch.Tensor] = {}
         with open_steps(
@@ -300,13 +314,9 @@ class AggregatorStream(nn.Module):
 
     def enter_layer(
         self, i: int, tokens: torch.Tensor, frame_rotary: Rotary, global_rotary: Rotary | None, *, streams: int = 1
-    ):
+    ) -> LayerEntry:
         """Frame block i on tokens [B*S, P, C] (B streams of S frames), then global block i's
-        attention inputs.
-
-        Returns (frame output [B, S, P, C], the global block's input [B, S*P, C], q, k, v)
-        with q, k, v [B, heads, S*P, head_dim].
-        """
+        attention inputs."""
         return _enter(self.frame_blocks[i], self.global_blocks[i], tokens, frame_rotary, global_rotary, streams)
 
     def leave_layer(self, i: int, seq: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
@@ -316,12 +326,11 @@ class AggregatorStream(nn.Module):
     def between_layers(
         self, i: int, seq: torch.Tensor, attended: torch.Tensor, tokens_per_frame: int,
         frame_rotary: Rotary, global_rotary: Rotary | None, *, streams: int = 1,
-    ):
+    ) -> LayerExit:
         """`leave_layer(i - 1)`, then `enter_layer(i)` on its output: all the work between two
         cache attentions, as one function, so that a compiled model (`compile_model`) fuses
-        across the blocks' boundaries — a block's last residual add with the next block's
-        first norm, one kernel where there were two. Returns (global block i-1's output
-        [B, S*P, C], *enter_layer(i)'s results)."""
+        across the blocks' boundaries (a block's last residual add with the next block's
+        first norm, one kernel where there were two)."""
         return self._between(
             _plain(self.global_blocks[i - 1]), _plain(self.frame_blocks[i]), _plain(self.global_blocks[i]),
             seq, attended, tokens_per_frame, frame_rotary, global_rotary, streams,
@@ -330,25 +339,25 @@ class AggregatorStream(nn.Module):
     _between = staticmethod(_between_layers)  # compile_model puts a compiled one on the instance
 
     def run_layers(
-        self, entered: tuple, attend: Callable, tokens_per_frame: int, frame_rotary: Rotary,
+        self, entered: LayerEntry, attend: Callable, tokens_per_frame: int, frame_rotary: Rotary,
         global_rotary: Rotary | None, *, streams: int = 1,
     ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """The trunk from `enter_layer(0)`'s results `entered`, layer i's cache attention being
+        """The trunk from `enter_layer(0)`'s result, layer i's cache attention being
         `attend(i, q, k, v)` (eager cache steps in `forward`, a graph-safe `DeviceStep` in the
         whole-step graph). Yields (i, frame block i's output [B, S, P, C], global block i's
         output [B, S*P, C]) as each layer finishes."""
-        frame_out, seq, q, k, v = entered
+        layer = entered
         depth = self.config.depth
         for i in range(depth):
-            attended = attend(i, q, k, v)
+            attended = attend(i, layer.q, layer.k, layer.v)
             if i + 1 == depth:
-                yield i, frame_out, self.leave_layer(i, seq, attended)
+                yield i, layer.frame_out, self.leave_layer(i, layer.seq, attended)
                 return
-            out, next_frame_out, seq, q, k, v = self.between_layers(
-                i + 1, seq, attended, tokens_per_frame, frame_rotary, global_rotary, streams=streams
+            leaving = self.between_layers(
+                i + 1, layer.seq, attended, tokens_per_frame, frame_rotary, global_rotary, streams=streams
             )
-            yield i, frame_out, out
-            frame_out = next_frame_out
+            yield i, layer.frame_out, leaving.global_out
+            layer = leaving.entry
 
     def cache_layout(
         self, tokens_per_frame: int, cache: StreamCacheManager, patch_grid: tuple[int, int]

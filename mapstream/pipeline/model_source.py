@@ -55,7 +55,7 @@ def resolve_model(
     checkpoint is used only if it is already cached; otherwise the tiny preset (loudly).
     `overrides`: runtime settings of the model's configuration (e.g. camera_num_iterations).
     """
-    from ..models.checkpoint import load_model
+    from ..checkpoint import load_model
 
     if spec == "tiny":
         return _tiny(device, backend, overrides)

@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import CacheConfig
+from ..config import StreamConfig
 from ..device import resolve_device
 from ..export import ALL_FORMATS, CloudOptions, check_formats, export_all, runtime_versions, write_run_json
 from ..geometry import invert_se3
 from ..keyframes import make_policy
 from ..progress import progress_bar
-from ..session import FramePrediction
+from ..session import FramePrediction, Session
 from ..validation import check_scale_frames
 from ..windowed import WindowedSession, pairwise_alignment
 from ..windowed.online import check_window_options, predictions_as_window, warp_prediction
@@ -116,7 +116,7 @@ def check_options(opts: RunOptions) -> None:
         sample_interval(None, opts.fps)  # its own error for a rate that keeps no frame
     if opts.num_scale_frames is not None:
         check_scale_frames(opts.num_scale_frames)
-    _cache_config(CacheConfig(), opts)  # its own errors for a bad window or capacity
+    _cache_config(StreamConfig(), opts)  # its own errors for a bad window or capacity
     if opts.camera_iterations < 1:
         raise ValueError(f"camera_iterations must be >= 1, got {opts.camera_iterations}")
     if opts.keyframe_interval is not None:
@@ -128,7 +128,8 @@ def check_options(opts: RunOptions) -> None:
     if opts.mode not in ("streaming", "windowed"):
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
     if opts.mode == "windowed":
-        check_window_options(opts.window_size, opts.overlap, opts.shared_from)
+        check_window_options(StreamConfig(window_size=opts.window_size, overlap=opts.overlap,
+                                          shared_from=opts.shared_from))
         if opts.overlap_keyframes is not None and opts.overlap_keyframes < 1:
             raise ValueError(f"overlap_keyframes must be >= 1 (or unset), got {opts.overlap_keyframes}")
         if opts.keyframe_interval is not None:
@@ -163,12 +164,12 @@ def _unused_options(opts: RunOptions) -> list[str]:
     return unused
 
 
-def _cache_config(base: CacheConfig, opts: RunOptions) -> CacheConfig:
+def _cache_config(base: StreamConfig, opts: RunOptions) -> StreamConfig:
     """The run's cache policy. The scale frames of the cache are the run's scale frames, as
     in the reference demo (its --num_scale_frames sets kv_cache_scale_frames too)."""
-    scale = base.scale_frames if opts.num_scale_frames is None else opts.num_scale_frames
-    return replace(
-        base, scale_frames=scale, sliding_window=opts.sliding_window,
+    scale = base.num_scale_frames if opts.num_scale_frames is None else opts.num_scale_frames
+    return base.with_settings(
+        num_scale_frames=scale, cache_scale_frames=None, sliding_window=opts.sliding_window,
         trajectory_capacity=opts.trajectory_capacity,
     )
 
@@ -360,7 +361,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.backend,
         camera_num_iterations=opts.camera_iterations,
     )
-    cache = _cache_config(model.cache_config, opts)
+    cache = _cache_config(model.stream_config, opts)
     from ..session import resolve_precision
 
     precision = resolve_precision(opts.precision, device)
@@ -379,7 +380,7 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
         "window_size": opts.window_size, "overlap": opts.overlap, "overlap_keyframes": opts.overlap_keyframes,
         "shared_from": opts.shared_from if opts.mode == "windowed" else None,
         "precision": precision,
-        "cache_scale_frames": cache.scale_frames, "sliding_window": cache.sliding_window,
+        "cache_scale_frames": cache.anchor_frames, "sliding_window": cache.sliding_window,
         "trajectory_capacity": cache.trajectory_capacity,
         "camera_iterations": opts.camera_iterations,
         "heads_precision": str(model.head_dtype).removeprefix("torch."),
@@ -392,15 +393,17 @@ def _run_into(out: Path, opts: RunOptions, source, device, started: float, progr
 
     if opts.mode == "windowed":
         session = WindowedSession(
-            model, window_size=opts.window_size, overlap_size=opts.overlap, overlap_keyframes=opts.overlap_keyframes,
-            num_scale_frames=opts.num_scale_frames,
-            keyframe_interval=interval, output_device="cpu", precision=precision,
-            cache=cache, fast=opts.fast and device.type == "cuda", shared_from=opts.shared_from,
+            model, cache.with_settings(
+                window_size=opts.window_size, overlap=opts.overlap, overlap_keyframes=opts.overlap_keyframes,
+                keyframe_interval=interval, precision=precision, fast=opts.fast and device.type == "cuda",
+                shared_from=opts.shared_from,
+            ), output_device="cpu",
         )
     else:  # "streaming" (`check_options` took no other mode)
-        session = model.session(
-            num_scale_frames=opts.num_scale_frames, keyframe_interval=interval, output_device="cpu", precision=precision,
-            cache=cache, fast=opts.fast and device.type == "cuda",
+        session = Session(
+            model, cache.with_settings(
+                keyframe_interval=interval, precision=precision, fast=opts.fast and device.type == "cuda",
+            ), output_device="cpu",
         )
 
     resume_at = store.finished

@@ -6,13 +6,15 @@ import logging
 
 import torch
 
-from ..models.gct import each_sequence
+from ..config import StreamConfig
 from ..progress import progress_bar
+from ..sequences import each_sequence
+from ..session import Session
 from ..validation import check_images
 from .align import Sim3, pairwise_alignment, stitch_windows, warp_predictions
 from .plan import WindowPlan, plan_windows, warn_if_windows_evict
 
-__all__ = ["inference_windowed", "run_window", "FRAME_SCALE", "FRAME_KEYFRAME", "FRAME_OTHER"]
+__all__ = ["windowed_inference", "run_window", "FRAME_SCALE", "FRAME_KEYFRAME", "FRAME_OTHER"]
 
 log = logging.getLogger(__name__)
 
@@ -36,70 +38,50 @@ def run_window(session, images: torch.Tensor) -> dict:
 
 
 @torch.no_grad()
-def inference_windowed(
+def windowed_inference(
     model,
     images: torch.Tensor,
-    window_size: int = 16,
-    overlap_size: int | None = None,
-    overlap_keyframes: int | None = None,
-    num_scale_frames: int | None = None,
-    scale_mode: str = "median",
-    output_device: torch.device | str | None = None,
-    keyframe_interval: int = 1,
-    flow_threshold: float = 0.0,
-    max_non_keyframe_gap: int = 30,
+    config: StreamConfig | None = None,
     *,
-    precision: str = "auto",
+    output_device: torch.device | str | None = None,
     return_windows: bool = False,
     progress: bool | None = None,
 ) -> dict:
-    """Windowed inference with the reference's semantics (see docs/WINDOWED.md; the spec is shared/spec/WINDOWED.md).
+    """Windowed inference over whole sequences: overlapping windows, each on a clean cache,
+    aligned to the first by Sim(3) and stitched (docs/WINDOWED.md).
 
-    Returns the stitched pose_enc, depth, depth_conf (+ world points), frame_type,
-    is_keyframe, and with two or more windows chunk_scales [B, n] and chunk_transforms
-    [B, n, 4, 4]; alignment_mode = "scaled"; images; with `return_windows` also "windows",
-    the raw per-window predictions before alignment; `progress`: a bar over the windows
-    (None: when stderr is a terminal). `flow_threshold` and `max_non_keyframe_gap` complete the
-    reference's signature: only flow_threshold=0 (fixed-interval windows) runs. A batch
-    [B, S, 3, H, W] is B independent sequences, run in turn and stacked (the reference pairs
-    keyframes from batch element 0 only, LIMITS.md 14).
+    `config` (default: the model's `stream_config`) gives the windows (window_size, overlap,
+    overlap_keyframes, a fixed keyframe_interval) and how each runs (num_scale_frames,
+    precision, backend, the cache's retention). Returns the stitched pose_enc, depth,
+    depth_conf (+ world points), frame_type, is_keyframe, and with two or more windows
+    chunk_scales [B, n] and chunk_transforms [B, n, 4, 4]; alignment_mode = "scaled"; images;
+    with `return_windows` also "windows", the raw per-window predictions before alignment;
+    `progress`: a bar over the windows (None: when stderr is a terminal). A batch
+    [B, S, 3, H, W] is B independent sequences, run in turn and stacked.
     """
-    if scale_mode != "median":
-        raise ValueError(f"scale_mode must be 'median' (the only estimator), got {scale_mode!r}")
-    if flow_threshold > 0:
-        raise ValueError(
-            f"flow_threshold={flow_threshold}: windows are planned from a fixed keyframe interval; motion-based "
-            "keyframes run in streaming (inference_streaming(..., flow_threshold=...), or keyframe_interval='auto' "
-            "in a session); give flow_threshold=0 and a keyframe_interval here"
-        )
+    config = config or model.stream_config
     images = check_images(images, model.config.patch_size)
-    scale = num_scale_frames if num_scale_frames is not None else model._default_scale_frames()
     return each_sequence(images, lambda sequence: _windowed_sequence(
-        model, sequence, window_size, overlap_size, overlap_keyframes, scale, output_device, keyframe_interval,
-        precision, return_windows, progress,
+        model, sequence, config, output_device, return_windows, progress,
     ))
 
 
-def _windowed_sequence(
-    model, images, window_size, overlap_size, overlap_keyframes, scale, output_device, keyframe_interval,
-    precision, return_windows, progress,
-) -> dict:
-    """`inference_windowed` of one sequence [1, S, 3, H, W], already checked."""
+def _windowed_sequence(model, images, config: StreamConfig, output_device, return_windows, progress) -> dict:
+    """`windowed_inference` of one sequence [1, S, 3, H, W], already checked."""
     num_frames = images.shape[1]
+    keyframe_interval = 1 if config.keyframe_interval is None else config.keyframe_interval
     plan: WindowPlan = plan_windows(
         num_frames,
-        window_size=window_size,
-        scale_frames=scale,
-        overlap_size=overlap_size,
-        overlap_keyframes=overlap_keyframes,
+        window_size=config.window_size,
+        scale_frames=config.num_scale_frames,
+        overlap_size=config.overlap,
+        overlap_keyframes=config.overlap_keyframes,
         keyframe_interval=keyframe_interval,
     )
     log.info("windowed inference: %d frames in %d windows (overlap %d)", num_frames, len(plan.windows), plan.overlap)
-    session = model.session(
-        num_scale_frames=plan.scale_frames,
-        keyframe_interval=keyframe_interval,
+    session = Session(
+        model, config.with_settings(num_scale_frames=plan.scale_frames, keyframe_interval=keyframe_interval),
         output_device=output_device,
-        precision=precision,
     )
     longest = max(end - start for start, end in plan.windows)
     keyframes = -(-max(longest - plan.scale_frames, 0) // max(keyframe_interval, 1))

@@ -4,16 +4,15 @@ Each window runs on a clean cache (so memory is per-window, for streams of any l
 starts with the last `overlap` frames of the previous window, re-fed from a small input
 buffer. Once the new window has predicted those shared frames, it is aligned to the
 previous window's (already aligned) predictions of them with the same Sim(3) estimate as
-the offline `inference_windowed`, and every later frame is emitted in window 0's frame.
+the offline `windowed_inference`, and every later frame is emitted in window 0's frame.
 Poses are re-encoded with unit quaternions (w >= 0) in every window, the first included.
 
-A frame shared by two windows is emitted once. By default (`shared_from="earlier"`) that is
-as soon as the earlier window predicts it, while the offline stitch takes it from the later
-window; other frames are identical to the offline result. With `shared_from="later"` the
+A frame shared by two windows is emitted once. By default (`shared_from="later"`) the
 session emits what the offline stitch returns (for two windows or more: a single offline
-window keeps its raw quaternions): a window's last `overlap` frames wait
-until the next window has predicted them (or the stream ends, when the last window gives
-them), so each of them is emitted a few frames later.
+window keeps its raw quaternions): a window's last `overlap` frames wait until the next
+window has predicted them (or the stream ends, when the last window gives them), so each of
+them is emitted a few frames later. With `shared_from="earlier"` such a frame is emitted as
+soon as the earlier window predicts it; other frames are identical to the offline result.
 """
 from __future__ import annotations
 
@@ -24,15 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from ..geometry import invert_se3, pose_encoding_to_extri_intri
+from ..config import SHARED_FROM, StreamConfig
 from ..session import FramePrediction, Session
-from ..validation import check_count
 from .align import Sim3, pairwise_alignment, warp_predictions
-from .plan import check_keyframe_interval, check_window_size, effective_overlap, warn_if_windows_evict, warn_overlap_cut
+from .plan import check_keyframe_interval, effective_overlap, warn_if_windows_evict, warn_overlap_cut
 
 __all__ = ["SHARED_FROM", "WindowedSession", "check_window_options", "warp_prediction", "predictions_as_window"]
-
-SHARED_FROM = ("earlier", "later")
-"""Which window a frame shared by two windows is emitted from (`WindowedSession(shared_from=)`)."""
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +42,16 @@ class _Pending:
     held: list[FramePrediction]
 
 
-def check_window_options(window_size: int, overlap_size: int | None, shared_from: str = "earlier") -> None:
-    """A clear error for window options no online windowed session can run with."""
-    if shared_from not in SHARED_FROM:
-        raise ValueError(f"shared_from must be one of {', '.join(SHARED_FROM)}, got {shared_from!r}")
-    check_window_size(window_size)
-    if overlap_size is not None:
-        check_count("overlap_size", overlap_size, least=0)
-    if overlap_size is not None and overlap_size < 1:
+def check_window_options(config: StreamConfig) -> None:
+    """A clear error for window settings no online windowed session can run with."""
+    check_keyframe_interval(1 if config.keyframe_interval is None else config.keyframe_interval)
+    if config.overlap is not None and config.overlap < 1:
         raise ValueError(
-            f"an overlap of {overlap_size} frames leaves consecutive windows no frame to align them on; "
-            "the online windowed session needs overlap_size >= 1 (by default it is the scale frames)"
+            f"an overlap of {config.overlap} frames leaves consecutive windows no frame to align them on; "
+            "the online windowed session needs overlap >= 1 (None: the scale frames)"
         )
+    if config.overlap_keyframes is not None and config.overlap_keyframes < 1:
+        raise ValueError(f"overlap_keyframes must be >= 1 (or None), got {config.overlap_keyframes}")
 
 
 class WindowedSession:
@@ -65,55 +59,35 @@ class WindowedSession:
 
     Args:
         model: the network.
-        window_size: cache slots per window (scale frames + keyframes), as in
-            `inference_windowed`; a window spans scale + (window_size - scale) * interval frames.
-        overlap_size / overlap_keyframes: frames shared by consecutive windows (default 16,
-            as `mapstream run --overlap`; None: the scale frames, `inference_windowed`'s
-            default; keyframes x interval when overlap_keyframes is given).
-        num_scale_frames, keyframe_interval, output_device, precision, cache, fast: as `Session`.
-        shared_from: "earlier" (default) emits a frame shared by two windows as soon as the
-            earlier window predicts it; "later" emits it from the later window, as the offline
-            `inference_windowed` stitches (see module docstring).
+        config: the stream's settings (default: the model's `stream_config`) with `settings`
+            changed, as for `Session`. Besides a session's, it reads window_size (cache slots
+            per window: scale frames + keyframes; a window spans scale + (window_size - scale)
+            x interval frames), overlap / overlap_keyframes (frames shared by consecutive
+            windows; keyframes x interval when overlap_keyframes is given) and shared_from
+            ("later" emits a frame shared by two windows from the later window, as the
+            offline `windowed_inference` stitches; "earlier" as soon as the earlier window
+            predicts it). The keyframe interval must be fixed.
+        output_device: where predictions are put (default: the model's device).
     """
 
     def __init__(
-        self,
-        model,
-        *,
-        window_size: int = 64,
-        overlap_size: int | None = 16,
-        overlap_keyframes: int | None = None,
-        num_scale_frames: int | None = None,
-        keyframe_interval: int = 1,
-        output_device=None,
-        precision: str = "auto",
-        cache=None,
-        fast: bool = False,
-        shared_from: str = "earlier",
+        self, model, config: StreamConfig | None = None, *, output_device=None, **settings,
     ) -> None:
-        check_keyframe_interval(keyframe_interval)
-        check_window_options(window_size, overlap_size, shared_from)  # before the session takes any memory
-        if overlap_keyframes is not None:
-            check_count("overlap_keyframes", overlap_keyframes, least=0)
-        self.shared_from = shared_from
-        self._session = Session(
-            model,
-            num_scale_frames=num_scale_frames,
-            keyframe_interval=keyframe_interval,
-            output_device=output_device,
-            precision=precision,
-            cache=cache,
-            fast=fast,
-        )
+        config = (config or model.stream_config).with_settings(**settings)
+        check_window_options(config)  # before the session takes any memory
+        self.config = config
+        self.shared_from = config.shared_from
+        self._session = Session(model, config, output_device=output_device)
         scale = self._session.num_scale_frames
+        window_size = config.window_size
         warn_if_windows_evict(max(window_size, scale), self._session.state.aggregator.spec)
-        interval = max(keyframe_interval, 1)
-        self.span = scale + max(window_size - scale, 0) * interval
+        keyframe_interval = 1 if config.keyframe_interval is None else config.keyframe_interval
+        self.span = scale + max(window_size - scale, 0) * max(keyframe_interval, 1)
         overlap = effective_overlap(
             10**9,
             scale_frames=scale,
-            overlap_size=overlap_size,
-            overlap_keyframes=overlap_keyframes,
+            overlap_size=config.overlap,
+            overlap_keyframes=config.overlap_keyframes,
             keyframe_interval=keyframe_interval,
         )
         self.overlap = min(overlap, self.span - 1)

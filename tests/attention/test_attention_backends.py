@@ -207,11 +207,12 @@ def test_plain_pytorch_turns_the_fused_kernels_off_inside_only():
 def test_camera_head_attention_is_sdpa_inside_plain_pytorch(monkeypatch):
     """The camera head picks our rows kernel where it runs, but never for a reference pass;
     the choice is kept per setting, so leaving the context gives the kernel back."""
-    import mapstream.heads.camera as camera
+    import mapstream.attention.choice as choice
     from mapstream.attention.fused import plain_pytorch
 
     rows = object()
-    monkeypatch.setattr(camera, "select_backend", lambda name, device, dtype: rows)
+    monkeypatch.setattr(choice, "select_backend", lambda name, device, dtype: rows)
+    monkeypatch.setattr(choice, "_chosen", {})
     head = mapstream.build_model("tiny").camera_head
     assert head.attention_backend(torch.device("cpu"), torch.float32) is rows
     with plain_pytorch():

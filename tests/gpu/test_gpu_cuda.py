@@ -548,11 +548,11 @@ def test_gpu_memory_is_flat_on_a_long_stream(full_fp32, precision, fast, backend
     as the whole-step graph that `fast=True` takes with the Triton backend, captured again
     whenever the trajectory memory's growth or thinning moves the cache's storage."""
     images = _photos(16).cuda()
-    cache = mapstream.CacheConfig(scale_frames=4, sliding_window=8, trajectory_capacity=64)
+    cache = dict(cache_scale_frames=4, sliding_window=8, trajectory_capacity=64)
     full_fp32.set_backend(backend)
     torch.cuda.synchronize()
     try:
-        with full_fp32.session(num_scale_frames=4, precision=precision, cache=cache, fast=fast) as s:
+        with full_fp32.session(num_scale_frames=4, precision=precision, **cache, fast=fast) as s:
             assert s.whole_step == (backend == "triton" and bool(fast))
             marks = {}
             for i in range(400):
@@ -577,12 +577,12 @@ def test_whole_step_graph_serves_every_cache_state(kf):
         pytest.skip("triton backend unavailable")
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval().cast_for_inference("bf16")
     model.set_backend("triton")
-    cache = mapstream.CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
+    cache = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=4)
     g = torch.Generator().manual_seed(5)
     frames = torch.rand(18, 3, 28, 42, generator=g).cuda()
 
     def run(fast):
-        with model.session(num_scale_frames=2, keyframe_interval=kf, precision="bf16", cache=cache, fast=fast) as s:
+        with model.session(num_scale_frames=2, keyframe_interval=kf, precision="bf16", **cache, fast=fast) as s:
             first = s.run_frames(frames)
             key = [graphed._whole.key for graphed in s._graphed.values()]
             s.reset()
@@ -614,13 +614,13 @@ def test_graphs_of_fp32_weights_under_bf16_autocast_read_live_casts(fast):
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
     assert all(p.dtype == torch.float32 and p.requires_grad for p in model.parameters())  # autocast caches these
     model.set_backend("triton" if fast == "whole" else "sdpa")
-    cache = mapstream.CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
+    cache = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=4)
     frames = torch.rand(14, 3, 28, 42, generator=torch.Generator().manual_seed(8)).cuda()
 
     def run(fast_mode):
         poison: list[torch.Tensor] = []
         outputs = []
-        with model.session(num_scale_frames=2, precision="bf16", cache=cache, fast=fast_mode) as s:
+        with model.session(num_scale_frames=2, precision="bf16", **cache, fast=fast_mode) as s:
             for frame in frames:
                 outputs += s.step(frame)
                 poison.clear()
@@ -645,11 +645,11 @@ def test_fp16_sessions_agree_with_fp32(fast):
     reference = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
     half = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval().cast_for_inference("fp16")
     half.set_backend("triton" if fast == "whole" else "sdpa")
-    cache = mapstream.CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
+    cache = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=4)
     frames = torch.rand(12, 3, 56, 70, generator=torch.Generator().manual_seed(9)).cuda()
-    with reference.session(num_scale_frames=2, precision="fp32", cache=cache) as s:
+    with reference.session(num_scale_frames=2, precision="fp32", fast=False, **cache) as s:
         want = s.run_frames(frames)
-    with half.session(num_scale_frames=2, precision="fp16", cache=cache, fast=fast) as s:
+    with half.session(num_scale_frames=2, precision="fp16", **cache, fast=fast) as s:
         got = s.run_frames(frames)
         assert s.whole_step == (fast == "whole")
     for a, b in zip(got, want):
@@ -759,7 +759,7 @@ def test_a_graph_keeps_the_dense_heads_position_tables_when_their_cache_drops_th
     with model.session(num_scale_frames=1, precision="bf16", fast=fast) as s:
         first = s.run_frames(frames)
         tables = {id(t) for t in model.depth_head.position_tables()}
-        with model.session(num_scale_frames=1, precision="bf16") as other:
+        with model.session(num_scale_frames=1, precision="bf16", fast=False) as other:
             for width in (28, 42, 70, 84, 98, 112):
                 other.reset()
                 other.run_frames(torch.rand(2, 3, 28, width, generator=g).cuda())
@@ -1028,11 +1028,11 @@ def test_the_step_copies_beside_graph_0_wait_for_a_growing_trajectory_memory(mon
     monkeypatch.setattr(StreamCacheManager, "_grow_trajectory", slow_grow)
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval().cast_for_inference("bf16")
     model.set_backend("triton")
-    cache = mapstream.CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=None)
+    cache = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=None)
     frames = torch.rand(80, 3, 28, 42, generator=torch.Generator().manual_seed(5)).cuda()
 
     def run(fast):
-        with model.session(num_scale_frames=2, precision="bf16", cache=cache, fast=fast) as s:
+        with model.session(num_scale_frames=2, precision="bf16", **cache, fast=fast) as s:
             return s.run_frames(frames)
 
     eager = run(False)

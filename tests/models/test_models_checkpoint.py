@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 import mapstream
 from mapstream import hub
 from mapstream.models import fill_synthetic_
-from mapstream.models.checkpoint import (
+from mapstream.checkpoint import (
     CheckpointError,
     checkpoint_filter_fn,
     convert_checkpoint,
@@ -162,7 +162,7 @@ def test_convert_without_a_destination_writes_where_the_source_is(tmp_path, pt_f
     import shutil
 
     from mapstream.cli.main import main
-    from mapstream.models.checkpoint import DEFAULT_FILENAME, default_converted_path
+    from mapstream.checkpoint import DEFAULT_FILENAME, default_converted_path
 
     folder = tmp_path / "weights"
     folder.mkdir()

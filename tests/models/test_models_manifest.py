@@ -79,7 +79,7 @@ def test_reference_constructor_arguments_port_unchanged():
         model = mapstream.GCTStream(**kwargs)
     assert [(k, list(v.shape)) for k, v in model.state_dict().items()] == _manifest("manifest_gctstream.json")
     assert model.backend_name == "sdpa"  # use_sdpa=True
-    assert model.cache_config.sliding_window == kwargs["kv_cache_sliding_window"]
+    assert model.stream_config.sliding_window == kwargs["kv_cache_sliding_window"]
     with pytest.raises(ValueError, match="Unknown model argument 'kv_cache_sliding_windw'"):
         mapstream.GCTStream(kv_cache_sliding_windw=3)
 

@@ -24,7 +24,7 @@ def full_model():
 
 
 def stream(model, images, keyframe_interval=1, cache=None, trace=None):
-    with model.session(num_scale_frames=2, keyframe_interval=keyframe_interval, cache=cache, precision="fp32") as s:
+    with model.session(num_scale_frames=2, keyframe_interval=keyframe_interval, precision="fp32", **(cache or {})) as s:
         return s.run(images)
 
 

@@ -20,7 +20,7 @@ from mapstream.layers import patch_positions_2d, rope3d, rope3d_angles, rope3d_t
 def tiny_model(weights, meta) -> mapstream.GCTStream:
     cache = cache_config_of(meta)
     model = mapstream.build_model(
-        "tiny", kv_cache_scale_frames=cache.scale_frames, kv_cache_sliding_window=cache.sliding_window
+        "tiny", kv_cache_scale_frames=cache["cache_scale_frames"], kv_cache_sliding_window=cache["sliding_window"]
     ).eval()
     model.load_state_dict(weights)
     return model
@@ -140,7 +140,7 @@ def test_intermediates_match_golden(tiny_weights):
             recorded[f"s{step}.vit.blocks.{i}"] = h
         h, w = frames.shape[-2] // 14, frames.shape[-1] // 14
         recorded[f"s{step}.agg.pos2d"] = patch_positions_2d(h, w, 6, frames.device).expand(frames.shape[1], -1, -1)
-        stored_before = model.aggregator.kv_cache.frames_stored - frames.shape[1]
+        stored_before = model.aggregator.kv_cache_manager.frames_stored - frames.shape[1]
         pos3d = token_positions_3d(torch.arange(stored_before, stored_before + frames.shape[1]), h, w, 6)
         angles = rope3d_angles(pos3d, (20, 22, 22))
         recorded[f"s{step}.agg.pos3d_real"] = angles.cos()[None, None]

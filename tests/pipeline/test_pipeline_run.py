@@ -220,7 +220,6 @@ def test_cache_and_camera_options_are_the_sessions(tmp_path):
     import torch
 
     import mapstream
-    from mapstream.config import CacheConfig
 
     src = photos(tmp_path, 9)
     out = tmp_path / "out"
@@ -229,13 +228,13 @@ def test_cache_and_camera_options_are_the_sessions(tmp_path):
     got = np.load(out / "predictions.npz")
     frames = mapstream.load_images(sorted(src.glob("*.png")), image_size=140)
 
-    def session_outputs(cache: CacheConfig, iterations: int) -> tuple[np.ndarray, np.ndarray]:
+    def session_outputs(cache: dict, iterations: int) -> tuple[np.ndarray, np.ndarray]:
         model = mapstream.fill_synthetic_(mapstream.build_model("tiny", camera_num_iterations=iterations)).eval()
-        with model.session(num_scale_frames=2, keyframe_interval=1, cache=cache) as session:
+        with model.session(num_scale_frames=2, keyframe_interval=1, **cache) as session:
             preds = session.run_frames(frames)
         return torch.stack([p.pose_enc for p in preds]).numpy(), torch.stack([p.depth for p in preds]).numpy()
 
-    chosen = CacheConfig(scale_frames=2, sliding_window=2, trajectory_capacity=2)
+    chosen = dict(cache_scale_frames=2, sliding_window=2, trajectory_capacity=2)
     pose, depth = session_outputs(chosen, 1)
     np.testing.assert_allclose(got["pose_enc"], pose, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["depth"], depth.reshape(got["depth"].shape), rtol=1e-5, atol=1e-6)
@@ -243,9 +242,9 @@ def test_cache_and_camera_options_are_the_sessions(tmp_path):
     assert (config["cache_scale_frames"], config["sliding_window"], config["trajectory_capacity"]) == (2, 2, 2)
     assert config["camera_iterations"] == 1
     for other, iterations in [
-        (CacheConfig(scale_frames=8, sliding_window=2, trajectory_capacity=2), 1),
-        (CacheConfig(scale_frames=2, sliding_window=64, trajectory_capacity=2), 1),
-        (CacheConfig(scale_frames=2, sliding_window=2, trajectory_capacity=None), 1),
+        (dict(cache_scale_frames=8, sliding_window=2, trajectory_capacity=2), 1),
+        (dict(cache_scale_frames=2, sliding_window=64, trajectory_capacity=2), 1),
+        (dict(cache_scale_frames=2, sliding_window=2, trajectory_capacity=None), 1),
         (chosen, 4),
     ]:
         assert not np.allclose(session_outputs(other, iterations)[0], pose, rtol=1e-5, atol=1e-6), (other, iterations)

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import mapstream
-from mapstream.config import CacheConfig
 from mapstream.keyframes import FlowKeyframes
 
-CACHE = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
+CACHE = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=4)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +32,7 @@ def assert_same(got, want):
 
 def solo(model, frames, policy, keyframes=None, cuts=()):
     preds = []
-    with model.session(num_scale_frames=2, keyframe_interval=policy, cache=CACHE) as s:
+    with model.session(num_scale_frames=2, keyframe_interval=policy, **CACHE) as s:
         for i, frame in enumerate(frames):
             if i in cuts:
                 s.reset()
@@ -50,7 +49,7 @@ def test_streams_stepped_together_equal_their_solo_runs(model):
     cuts = [(), (), (), (6,)]
     want = [solo(model, streams[b], policies[b], overrides[b], cuts[b]) for b in range(4)]
 
-    sessions = [model.session(num_scale_frames=2, keyframe_interval=p, cache=CACHE) for p in policies]
+    sessions = [model.session(num_scale_frames=2, keyframe_interval=p, **CACHE) for p in policies]
     got: list[list] = [[] for _ in range(4)]
     for i in range(n):
         for b in range(4):
@@ -71,8 +70,8 @@ def test_streams_stepped_together_equal_their_solo_runs(model):
 
 def test_cache_contents_match_solo_runs_after_every_step(model):
     frames = [frames_of(9, seed=10 + b) for b in range(3)]
-    together = [model.session(num_scale_frames=2, keyframe_interval=2, cache=CACHE) for _ in range(3)]
-    alone = [model.session(num_scale_frames=2, keyframe_interval=2, cache=CACHE) for _ in range(3)]
+    together = [model.session(num_scale_frames=2, keyframe_interval=2, **CACHE) for _ in range(3)]
+    alone = [model.session(num_scale_frames=2, keyframe_interval=2, **CACHE) for _ in range(3)]
     for i in range(9):
         mapstream.step_together(together, [f[i] for f in frames])
         for b in range(3):
@@ -91,7 +90,7 @@ def test_cache_contents_match_solo_runs_after_every_step(model):
 def test_mixed_phases_and_sizes_are_grouped(model):
     big, small = frames_of(6, seed=20), frames_of(6, h=14, w=28, seed=21)
     late = frames_of(6, seed=22)
-    sessions = [model.session(num_scale_frames=2, cache=CACHE) for _ in range(3)]
+    sessions = [model.session(num_scale_frames=2, **CACHE) for _ in range(3)]
     want = [solo(model, big, 1)[0], solo(model, small, 1)[0], solo(model, late[:3], 1)[0]]
     got = [[], [], []]
     for i in range(6):
@@ -107,7 +106,7 @@ def test_mixed_phases_and_sizes_are_grouped(model):
 
 
 def test_misuse_is_refused_before_any_session_moves(model):
-    a, b = model.session(num_scale_frames=1, cache=CACHE), model.session(num_scale_frames=1, cache=CACHE)
+    a, b = model.session(num_scale_frames=1, **CACHE), model.session(num_scale_frames=1, **CACHE)
     x = frames_of(2, seed=30)
     mapstream.step_together([a, b], [x[0], x[1]])
     with pytest.raises(ValueError, match="a session appears twice"):
@@ -129,9 +128,9 @@ def test_misuse_is_refused_before_any_session_moves(model):
 
 
 def test_forward_streams_refuses_a_shared_cache(model):
-    state = model.new_state(CACHE)
+    state = model.new_state(model.stream_config.with_settings(**CACHE))
     with pytest.raises(ValueError, match="each stream needs its own cache"):
-        model.forward_streams(frames_of(2, seed=1), [state, state], keyframes=[True, True], num_frame_for_scale=[1, 1])
+        model.forward_streams(frames_of(2, seed=1), [state, state], stores=[True, True], num_frame_for_scale=[1, 1])
 
 
 @pytest.mark.parametrize("overrides", [dict(enable_point=True), dict(enable_3d_rope=False), dict(camera_num_iterations=2)])
@@ -140,7 +139,7 @@ def test_other_architectures_batch_the_same(overrides):
     streams = [frames_of(6, seed=40 + b) for b in range(3)]
     want = [solo(model, s, 2)[0] for s in streams]
     assert (want[0][-1][0].world_points is not None) == bool(overrides.get("enable_point"))
-    sessions = [model.session(num_scale_frames=2, keyframe_interval=2, cache=CACHE) for _ in range(3)]
+    sessions = [model.session(num_scale_frames=2, keyframe_interval=2, **CACHE) for _ in range(3)]
     for i in range(6):
         got = mapstream.step_together(sessions, [s[i] for s in streams], names=[f"f{i}"] * 3)
         for b in range(3):

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 import mapstream
+from mapstream.cache import shared_pools
 from conftest import GOLDEN, golden_case, golden_images
 from golden_helpers import assert_outputs_close, cache_config_of
-from mapstream.config import CacheConfig
 from mapstream.keyframes import FixedInterval, FlowKeyframes
 from mapstream.session import SessionClosedError
 
@@ -44,7 +44,7 @@ def frames_of(n, h=28, w=42, seed=0):
 def test_step_by_step_matches_golden(model, case):
     ref, meta = golden_case(case)
     kf = 2 if "kf" in case else 1
-    with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache_config_of(meta), precision="fp32") as s:
+    with model.session(num_scale_frames=2, keyframe_interval=kf, **cache_config_of(meta), precision="fp32") as s:
         preds = []
         for i, frame in enumerate(golden_images(ref)):
             got = s.step(frame, name=f"f{i}")
@@ -239,17 +239,17 @@ def test_interleaved_sessions_give_their_solo_outputs(model):
 
 
 def test_memory_is_flat_over_3000_frames(model):
-    cache = CacheConfig(scale_frames=2, sliding_window=4, trajectory_capacity=32)
+    cache = dict(cache_scale_frames=2, sliding_window=4, trajectory_capacity=32)
     frames = frames_of(16, h=14, w=14, seed=5)
-    with model.session(num_scale_frames=2, cache=cache) as s:
+    with model.session(num_scale_frames=2, **cache) as s:
         held = None
         for i in range(3000):
             s.step(frames[i % 16])
             if i == 100:
-                held = (s.stats()["aggregator"].bytes_held, s.stats()["camera"].bytes_held, model.pools.pools()[0].stats().bytes_total)
+                held = (s.stats()["aggregator"].bytes_held, s.stats()["camera"].bytes_held, shared_pools().pools()[0].stats().bytes_total)
             if i > 100 and i % 250 == 0:
                 st = s.stats()
-                assert (st["aggregator"].bytes_held, st["camera"].bytes_held, model.pools.pools()[0].stats().bytes_total) == held
+                assert (st["aggregator"].bytes_held, st["camera"].bytes_held, shared_pools().pools()[0].stats().bytes_total) == held
                 assert st["aggregator"].trajectory_frames <= 32 and st["camera"].trajectory_frames <= 32
         assert s.stats()["aggregator"].frames_stored == 3000
 
@@ -261,7 +261,7 @@ def test_fifty_sequences_hold_no_more_memory_than_one(model):
         for seq in range(50):
             s.reset()
             s.run_frames(frames[: 3 + seq % 9])
-            sizes.add(tuple(p.stats().bytes_total for p in model.pools.pools()))
+            sizes.add(tuple(p.stats().bytes_total for p in shared_pools().pools()))
     assert len(sizes) == 1
     model.free_kv_cache()
 
@@ -270,7 +270,7 @@ def test_close_returns_pages_and_further_steps_fail(model):
     model.free_kv_cache()
     s = model.session(num_scale_frames=1)
     s.step(frames_of(1)[0])
-    pools = model.pools.pools()
+    pools = shared_pools().pools()
     assert sum(p.stats().pages_in_use for p in pools) > 0
     s.close()
     assert sum(p.stats().pages_in_use for p in pools) == 0
@@ -285,7 +285,7 @@ def test_a_session_dropped_without_close_gives_its_pages_back(model):
     import gc
 
     model.free_kv_cache()
-    pools = model.pools.pools
+    pools = shared_pools().pools
     for seed in range(5):
         s = model.session(num_scale_frames=1)
         s.step(frames_of(1, seed=seed)[0])
@@ -327,7 +327,7 @@ def test_misuse_is_a_clear_error(model):
     with pytest.raises(ValueError, match="batch 2"):
         model.session().run(torch.rand(2, 3, 3, 14, 28))
     with pytest.raises(ValueError, match="either"):
-        model.session(cache=CacheConfig(), state=model.new_state())
+        model.session(sliding_window=8, state=model.new_state())
 
 
 def test_after_a_reset_a_frame_of_the_last_sequences_size_is_refused_cleanly(model):
@@ -506,11 +506,11 @@ def test_fast_path_computes_the_same_function(model, kf, whole):
     The whole-step mode reads write offsets and key ranges from device tensors (masked SDPA
     here)."""
     x = frames_of(16, seed=13)
-    cache = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=4)
-    with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache) as plain:
+    cache = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=4)
+    with model.session(num_scale_frames=2, keyframe_interval=kf, **cache) as plain:
         want = plain.run_frames(x)
         want_stats = plain.state.aggregator.stats(), plain.state.camera.stats()
-    with model.session(num_scale_frames=2, keyframe_interval=kf, cache=cache, fast="whole" if whole else True) as fast:
+    with model.session(num_scale_frames=2, keyframe_interval=kf, **cache, fast="whole" if whole else True) as fast:
         got = fast.run_frames(x)
         (graphed,) = fast._graphed.values()  # the decomposition was used
         assert graphed.whole == whole
@@ -531,10 +531,10 @@ def test_a_scale_phase_of_one_frame_never_takes_the_graphs(model, fast, scale, f
     plain forward, not the graphs built for the frames after it (which once produced another
     first prediction and a wrongly stored first frame). `step`, `run_frames` and `run` alike."""
     x = frames_of(frames, seed=19)
-    cache = CacheConfig(scale_frames=scale, sliding_window=2, trajectory_capacity=2)
-    with model.session(num_scale_frames=scale, cache=cache) as plain:
+    cache = dict(cache_scale_frames=scale, sliding_window=2, trajectory_capacity=2)
+    with model.session(num_scale_frames=scale, **cache) as plain:
         want = plain.run_frames(x)
-    with model.session(num_scale_frames=scale, cache=cache, fast=fast) as s:
+    with model.session(num_scale_frames=scale, **cache, fast=fast) as s:
         got = s.run_frames(x)
         s.reset()
         stacked = s.run(x)
@@ -766,12 +766,12 @@ def test_whole_step_follows_the_cache_when_its_storage_moves(model):
     """An uncapped trajectory memory moves to a larger arena when full; the whole-step path
     must notice (a captured graph would hold the old addresses) and keep computing the
     model's function."""
-    cache = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=None)
+    cache = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=None)
     x = frames_of(74, h=14, w=28, seed=31)
-    with model.session(num_scale_frames=2, cache=cache) as plain:
+    with model.session(num_scale_frames=2, **cache) as plain:
         want = plain.run_frames(x)
     keys = []
-    with model.session(num_scale_frames=2, cache=cache, fast="whole") as fast:
+    with model.session(num_scale_frames=2, **cache, fast="whole") as fast:
         got = []
         for frame in x:
             got += fast.step(frame)
@@ -791,7 +791,7 @@ def test_the_step_copies_go_beside_graph_0_only_when_planning_queued_nothing(mod
     other step takes the second stream. Here: which steps took it, against the cache moves."""
     from mapstream.fast import graphs
 
-    cache = CacheConfig(scale_frames=2, sliding_window=3, trajectory_capacity=None)
+    cache = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=None)
     beside, entered = [], graphs.GraphedStep._beside_first_graph
 
     def spy(self):
@@ -800,7 +800,7 @@ def test_the_step_copies_go_beside_graph_0_only_when_planning_queued_nothing(mod
 
     monkeypatch.setattr(graphs.GraphedStep, "_beside_first_graph", spy)
     storages = []
-    with model.session(num_scale_frames=2, cache=cache, fast="whole") as fast:
+    with model.session(num_scale_frames=2, **cache, fast="whole") as fast:
         for frame in frames_of(74, h=14, w=28, seed=31):
             beside.append(False)
             fast.step(frame)
@@ -883,20 +883,17 @@ def test_a_key_norm_hint_that_needed_repairs_is_withdrawn_with_a_warning(model, 
 
 
 def test_a_deep_copied_model_computes_the_same_and_shares_nothing(model):
-    """copy.deepcopy of a model that has run (its page pools hold storage, its key-norm hints
-    have counters): the copy predicts the same, leases from its own pools and keeps its own
-    hints."""
+    """copy.deepcopy of a model that has run (its key-norm hints have counters): the copy
+    predicts the same, has a reference-protocol state of its own and keeps its own hints."""
     import copy
 
     frames = frames_of(5, seed=31)
     with model.session(num_scale_frames=2) as s:
         want = s.run_frames(frames)
     twin = copy.deepcopy(model)
-    assert twin.aggregator.pools is not model.aggregator.pools
-    before = [pool.stats() for pool in model.aggregator.pools.pools()]
+    assert twin.aggregator.kv_cache_manager is not model.aggregator.kv_cache_manager
     with twin.session(num_scale_frames=2) as s:
         got = s.run_frames(frames)
-        assert [pool.stats() for pool in model.aggregator.pools.pools()] == before
     for a, b in zip(got, want):
         assert torch.equal(a.pose_enc, b.pose_enc) and torch.equal(a.depth, b.depth)
     twin.aggregator.key_norms()[0].repairs.add_(1)
@@ -923,8 +920,8 @@ def test_the_reference_retention_options_hold_on_every_backend(model, option, an
     """Eight frames with 2 scale frames and a window of 2: what each of the reference's
     kv_cache_* options keeps (docs/ARCHITECTURE.md), in both caches; the trajectory's frames
     leave `tokens` tokens each (all 6 special tokens, the camera token, or none)."""
-    cache = CacheConfig(scale_frames=2, sliding_window=2, **option)
-    with model.session(num_scale_frames=2, cache=cache) as session:
+    cache = dict(cache_scale_frames=2, sliding_window=2, **option)
+    with model.session(num_scale_frames=2, **cache) as session:
         session.run_frames(frames_of(8, seed=5))
         for part in (session.state.aggregator, session.state.camera):
             assert part.visible_frames() == {"anchors": anchors, "window": window, "trajectory": trajectory}

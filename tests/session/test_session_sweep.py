@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import mapstream
-from mapstream.config import CacheConfig
 
 
 def _settings(seed: int) -> dict:
@@ -43,8 +42,8 @@ def test_fast_sessions_equal_plain_ones_across_settings(model, settings):
     `run`; a reset replays the sequence bit for bit."""
     s = settings
     x = torch.rand(s["frames"], 3, *s["hw"], generator=torch.Generator().manual_seed(len(str(s))))
-    cache = CacheConfig(scale_frames=s["scale"], sliding_window=s["window"], trajectory_capacity=s["capacity"])
-    options = dict(num_scale_frames=s["scale"], keyframe_interval=s["keyframes"], cache=cache)
+    options = dict(num_scale_frames=s["scale"], keyframe_interval=s["keyframes"], cache_scale_frames=s["scale"],
+                   sliding_window=s["window"], trajectory_capacity=s["capacity"])
     with model.session(**options) as plain:
         want = plain.run_frames(x)
     with model.session(**options, fast=s["fast"]) as fast:

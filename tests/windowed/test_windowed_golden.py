@@ -6,9 +6,7 @@ import torch
 import mapstream
 from conftest import golden_case, golden_images
 from golden_helpers import assert_outputs_close
-from mapstream.models.gct_stream_window import GCTStreamWindow
-from mapstream.models.gct_stream_window_v2 import GCTStream as GCTStreamV2Alias
-from mapstream.models.gct_stream_window_v2 import GCTStreamWindowV2
+from mapstream.compat import GCTStreamWindow, GCTStreamWindowV2
 from mapstream.windowed import Sim3, pairwise_alignment, stitch_windows, warp_predictions
 
 TRANSFORM_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -16,7 +14,7 @@ TRANSFORM_TOL = dict(rtol=1e-4, atol=1e-4)
 
 def _tiny(cls, weights=None):
     preset = mapstream.get_preset("tiny")
-    model = cls(preset.model, preset.cache)
+    model = cls(preset.model, preset.stream)
     if weights is None:
         mapstream.fill_synthetic_(model)
     else:
@@ -49,7 +47,6 @@ def test_windowed_matches_golden(tiny_weights):
 
 def test_windowed_v2_builds_the_point_head_and_matches_golden():
     ref, _ = golden_case("tiny_windowed_v2")
-    assert GCTStreamV2Alias is GCTStreamWindowV2
     model = _tiny(GCTStreamWindowV2)
     assert model.point_head is not None
     out = model.inference_windowed(

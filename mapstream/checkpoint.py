@@ -36,9 +36,10 @@ from typing import Any, Literal
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..config import get_preset, preset_names, split_overrides
-from ..hub import CHECKPOINT_SUFFIXES, DEFAULT_FILENAME, download_checkpoint, looks_like_repo_id
-from .gct import GCTStream
+from .compat import GCTStream
+from .config import get_preset, preset_names, split_overrides
+from .hub import CHECKPOINT_SUFFIXES, DEFAULT_FILENAME, download_checkpoint, looks_like_repo_id
+
 
 __all__ = [
     "CheckpointError",
@@ -456,9 +457,9 @@ class _StorageFreeParameters(TorchFunctionMode):
 def _build(preset: str, overrides: dict[str, Any], *, storage: bool) -> GCTStream:
     p = get_preset(preset)
     if storage:
-        return GCTStream(p.model, p.cache, **overrides)
+        return GCTStream(p.model, p.stream, **overrides)
     with _StorageFreeParameters():
-        return GCTStream(p.model, p.cache, **overrides)
+        return GCTStream(p.model, p.stream, **overrides)
 
 
 def _match(state_dict: Mapping[str, torch.Tensor], preset: str, enable_point: bool) -> LoadReport:
@@ -599,7 +600,7 @@ def load_model(
     The match of checkpoint and model is attached as `model.load_report` (a LoadReport).
     """
     p = get_preset(_OFFICIAL if preset == "auto" else preset)  # fail on typos before any download
-    split_overrides(p.model, p.cache, {k: v for k, v in overrides.items() if k not in _MODEL_KWARGS})
+    split_overrides(p.model, p.stream, {k: v for k, v in overrides.items() if k not in _MODEL_KWARGS})
     if enable_point not in (True, False, "auto"):
         raise ValueError(f"enable_point must be True, False or 'auto', got {enable_point!r}")
 
@@ -641,9 +642,9 @@ def convert_checkpoint(
     """
     from safetensors.torch import save_file
 
-    from ..io.atomic import atomic_path
+    from .io.atomic import atomic_path
 
-    from .. import __version__
+    from ._version import __version__
 
     path = resolve_checkpoint(src, filename=filename, revision=revision, cache_dir=cache_dir)
     state_dict = {k: v.contiguous() for k, v in read_state_dict(path, trust_pickle=trust_pickle).items()}
