@@ -8,13 +8,11 @@ memory-mapped arrays (bounded RAM however long the run) for the exporters.
 """
 from __future__ import annotations
 
-import contextlib
 import json
+import re
 import logging
-import os
 import shutil
 import time
-import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +20,7 @@ import numpy as np
 
 from ..export.reconstruction import Reconstruction
 from ..io.atomic import atomic_path, atomic_write_text, prepare_dir, remove_stale_temp_files
+from .folder_lock import lock_run_folder  # noqa: F401  (`mapstream export` takes the lock from here)
 
 __all__ = ["FrameStore", "FrameRecord"]
 
@@ -57,14 +56,46 @@ def _read_progress(path: Path) -> dict[str, Any] | None:
     return progress
 
 
-def _readable(shard: Path) -> bool:
-    """Whether a shard can be opened (a file cut short by an interruption cannot)."""
+_SHAPES = {  # each array's shape after the frame axis ("H", "W": the frame's size) and dtype kinds
+    "image": (("H", "W", 3), "u"), "depth": (("H", "W"), "f"), "depth_conf": (("H", "W"), "f"),
+    "T_world_cam": ((3, 4), "f"), "K": ((3, 3), "f"), "pose_enc": ((9,), "f"), "keyframe": ((), "b"),
+    "index": ((), "iu"), "time": ((), "f"),
+}
+_FINITE = ("T_world_cam", "K", "pose_enc")  # a camera with NaN in it cannot be exported
+
+
+class _Unreadable(Exception):
+    """A shard that cannot be read back as the frames progress.json says it holds."""
+
+
+def _check_shard(shard: Path, frames: int, frame_hw: tuple[int, int] | None) -> tuple[int, int]:
+    """Read ``shard`` whole and check that it holds ``frames`` frames of size ``frame_hw``
+    (None: any size, as the first shard sets it); returns the frames' size. Every array is
+    read, so that the zip's checksums are checked: one flipped byte would otherwise pass here
+    and fail the export. Raises _Unreadable saying what is wrong."""
     try:
         with np.load(shard) as data:
-            return "index" in data.files
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        log.warning("finished-frames file %s is damaged (%s); its frames are computed again", shard, exc)
-        return False
+            for key, (tail, kinds) in _SHAPES.items():
+                if key == "time" and key not in data.files:
+                    continue  # written before frames had times
+                if key not in data.files:
+                    raise _Unreadable(f"it has no {key!r} array")
+                array = data[key]
+                if frame_hw is None and key == "image" and array.ndim == 4:
+                    frame_hw = tuple(array.shape[1:3])
+                sizes = {"H": frame_hw[0], "W": frame_hw[1]} if frame_hw is not None else {}
+                expected = (frames, *(sizes.get(d, d) for d in tail))
+                if array.shape != expected or array.dtype.kind not in kinds:
+                    raise _Unreadable(f"its {key!r} is {array.dtype} {list(array.shape)}, expected {list(expected)}")
+                if key in _FINITE and not np.isfinite(array).all():
+                    raise _Unreadable(f"its {key!r} holds NaN or infinity")
+    except _Unreadable:
+        raise
+    # Any failure to read a file damaged on disk or cut short (a bad checksum, a zip without
+    # its directory, a header that does not parse...) means the same: compute it again.
+    except Exception as exc:  # noqa: BLE001
+        raise _Unreadable(f"{type(exc).__name__}: {exc}") from exc
+    return frame_hw
 
 
 class FrameStore:
@@ -105,14 +136,23 @@ class FrameStore:
         if self.same_as_now({**self.recorded_later, **progress.get("config", {})}) != self.config:
             log.warning("existing outputs in %s come from another configuration; starting over", self.out)
             return False
+        frame_hw = None  # the finished frames' size, as the first shard holds them
         for entry in progress.get("shards", []):
             try:
                 path, frames, names = self.dir / entry["file"], int(entry["frames"]), list(entry["names"])
+                if not re.fullmatch(r"shard_\d{6}\.npz", entry["file"]):  # only the store's own files
+                    raise ValueError(entry["file"])
             except (TypeError, KeyError, ValueError):
                 log.warning("progress.json in %s lists a shard it does not describe; resuming before it", self.out)
                 break
-            if not _readable(path) or len(names) != frames:
-                break  # lost or damaged with the interruption: its frames are computed again
+            try:
+                if len(names) != frames:
+                    raise _Unreadable(f"progress.json gives it {frames} frames and {len(names)} names")
+                frame_hw = _check_shard(path, frames, frame_hw)
+            except _Unreadable as fault:  # lost or damaged: its frames, and those after, are computed again
+                log.warning("finished-frames file %s cannot be read back (%s); its frames and those after it "
+                            "are computed again", path, fault)
+                break
             self._shards.append((path, frames))
             self._names.extend(names)
         self.finished = sum(n for _, n in self._shards)
@@ -228,37 +268,3 @@ def _timestamps(times: np.ndarray) -> np.ndarray | None:
     the reconstruction then numbers them by the sampling rate."""
     times = np.asarray(times, dtype=np.float64)
     return times.copy() if times.size and np.isfinite(times).all() else None
-
-
-@contextlib.contextmanager
-def lock_run_folder(out: Path):
-    """Hold ``out`` for one run: a second run into it (another process, or the same one) is
-    refused while this one works there, since both would write the same finished-frame files.
-    An advisory lock on ``out/.lock``, released when the run ends, even by a crash."""
-    try:
-        import fcntl
-    except ImportError:  # no POSIX locks (Windows): runs are not guarded
-        yield
-        return
-    with open(out / ".lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise RuntimeError(
-                f"another mapstream run ({holder}) is writing to {out}; "
-                "wait for it to end or give another output folder"
-            ) from None
-        except OSError as err:  # a file system without locks (some network mounts): not guarded
-            log.debug("cannot lock %s (%s); runs into it are not guarded against each other", out, err)
-            yield
-            return
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -2,7 +2,10 @@
 written before frames had times still resumes and assembles."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+import pytest
 
 from mapstream.pipeline.frame_store import FrameStore
 
@@ -103,3 +106,44 @@ def test_a_run_with_other_settings_keeps_the_earlier_runs_frames_until_it_has_it
     assert FrameStore(tmp_path, {"c": 1}).finished == 0  # the old configuration starts over
     resumed = FrameStore(tmp_path, {"c": 2})
     assert resumed.finished == 2 and resumed.assemble().names == ["f10", "f11"]
+
+
+def _flip_a_byte(shard):
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+def _rewrite(shard, change):
+    with np.load(shard) as data:
+        arrays = {key: data[key] for key in data.files}
+    change(arrays)
+    with open(shard, "wb") as f:
+        np.savez(f, **arrays)
+
+
+SHARD_DAMAGE = {
+    "a flipped byte": _flip_a_byte,
+    "a NaN pose": lambda shard: _rewrite(shard, lambda a: a["T_world_cam"].__setitem__((0, 0, 0), np.nan)),
+    "a frame fewer": lambda shard: _rewrite(shard, lambda a: a.update({k: v[:1] for k, v in a.items()})),
+    "frames of another size": lambda shard: _rewrite(shard, lambda a: a.update(image=a["image"][:, :3])),
+    "no index": lambda shard: _rewrite(shard, lambda a: a.pop("index")),
+}
+
+
+@pytest.mark.parametrize("damage", SHARD_DAMAGE)
+def test_a_shard_that_does_not_read_back_whole_ends_the_resume_before_it(tmp_path, caplog, damage):
+    """Every array of every shard is read and checked on resume (the zip's checksums, the
+    arrays, their lengths and frame size, finite cameras): a damaged middle shard is named,
+    and the resume keeps the shards before it; the frames from it on are computed again,
+    and the store assembles."""
+    shards = _three_shards(tmp_path)
+    SHARD_DAMAGE[damage](shards[1])
+    with caplog.at_level(logging.WARNING):
+        resumed = FrameStore(tmp_path, {"c": 1})
+    assert f"finished-frames file {shards[1]} cannot be read back" in caplog.text
+    assert resumed.finished == 2
+    for i in range(2, 4):
+        resumed.add(record(i, float(i)))
+    recon = resumed.assemble()
+    assert recon.names == ["f0", "f1", "f2", "f3"] and recon.images.shape == (4, 4, 6, 3)
