@@ -1,27 +1,39 @@
-"""What a run leaves in its output folder, and how the next run replaces it.
+"""What a run may write in its output folder, and the only files a run may delete there.
 
-A run writes its formats' files into a folder that may hold an earlier run's (another input,
-fewer frames, other formats) and the user's own files. The rules: nothing of another run
-passes for this one's (the earlier run's files this run does not write again are removed, and
-a run stopped while exporting leaves a mark that says so); nothing that may be the user's is
-touched (only names mapstream writes, only regular files, never through a link, never an
-input); and a killed write leaves no temp file behind. run.json is the record all of this
-reads.
+The output folder may hold an earlier run's files and the user's own. What mapstream deletes
+is named here and nowhere else: the entries of `FORMAT_OUTPUTS` (what each export format
+writes) and, in its per-frame folders, ``<stem>.png`` for the frame names of the input at
+hand (a run's input; for `mapstream export`, the run it exports). A name read from a record
+or a folder listing never becomes a path to delete, so a crafted or hand-edited run.json
+cannot point a run at the user's files. Removal touches only regular files below the folder,
+reached without a link, and never an input file.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import time
+import zipfile
+from collections.abc import Iterable
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..export import write_run_json
 
-__all__ = ["FORMAT_OUTPUTS", "FRAME_FOLDERS", "RUN_FILES", "EarlierRun", "record_export", "remove_interrupted_writes"]
+__all__ = [
+    "FORMAT_OUTPUTS", "FRAME_FOLDERS", "RUN_FILES", "below_without_links", "entry_paths", "format_paths", "record_export",
+    "remove_files", "remove_folders_left_empty", "remove_interrupted_writes", "tell_foreign_files", "written_paths",
+]
 
 log = logging.getLogger(__name__)
 
+FORMAT_OUTPUTS = {
+    "npz": ("predictions.npz",), "tum": ("trajectory_tum.txt",), "ply": ("points.ply",), "glb": ("scene.glb",),
+    "depth": ("depth", "depth_preview"), "images": ("images",), "colmap": ("images", "sparse/0"),
+    "nerfstudio": ("images", "transforms.json", "masks"), "summary": ("summary.png",),
+}
+"""What each export format may write in the output folder (files, or folders of per-frame
+files), as `export.export_all` names them."""
 _PERFRAME_FOLDERS = ("images", "depth", "depth_preview", "masks")
 """Output folders holding one ``<stem>.png`` a frame (`Reconstruction.file_stems`)."""
 FRAME_FOLDERS = (*_PERFRAME_FOLDERS, "sparse")
@@ -29,123 +41,45 @@ FRAME_FOLDERS = (*_PERFRAME_FOLDERS, "sparse")
 which names every frame's image)."""
 _COLMAP_FILES = ("cameras.txt", "images.txt", "points3D.txt")
 """What `write_colmap` writes in ``sparse/0``."""
+RUN_FILES = (*(p for paths in FORMAT_OUTPUTS.values() for p in paths if Path(p).suffix), "run.json", "progress.json")
+"""The files a run writes directly in its output folder: its formats' files (the entries of
+`FORMAT_OUTPUTS` with a suffix; the others are folders), run.json and the frame store's
+progress.json."""
 
 
-_BEING_REPLACED = (
-    "a run into this folder was writing its outputs and did not finish: the folder may hold part of them beside an "
-    "earlier run's files; run it again (its settings are under replaced_by) to complete it"
-)
-FORMAT_OUTPUTS = {
-    "npz": ("predictions.npz",), "tum": ("trajectory_tum.txt",), "ply": ("points.ply",), "glb": ("scene.glb",),
-    "depth": ("depth", "depth_preview"), "images": ("images",), "colmap": ("images", "sparse/0"),
-    "nerfstudio": ("images", "transforms.json", "masks"), "summary": ("summary.png",),
-}
-"""What each export format may write in the output folder (files, or folders of per-frame
-files), as `export.export_all` names them; read for a run that stopped while exporting."""
+def format_paths(out: Path, formats: Iterable[str], stems: Iterable[str]) -> tuple[list[Path], list[Path]]:
+    """(files, folders) that ``formats`` write in ``out`` for frames of file stems ``stems``
+    (`entry_paths` of their table entries). Unknown format names name nothing."""
+    return entry_paths(out, (e for name in formats for e in FORMAT_OUTPUTS.get(name, ())), stems)
 
 
-def _mark_being_replaced(out: Path, earlier: dict, settings: dict, formats, stems: list[str]) -> None:
-    """Before this run's exports write, run.json says that the folder is being rewritten
-    (``state``) and records what this run is about to write (``replaced_by``: its settings,
-    formats, frame names and the time, after the entries of runs stopped the same way before),
-    keeping what a later run's cleanup reads of the earlier run. A run killed while exporting
-    thus leaves no run.json that vouches for the folder as one finished run, and the next run
-    removes the files it wrote (`_replacing_outputs`). This run's own run.json, written last,
-    replaces it."""
-    entry = {"settings": settings, "formats": list(formats), "frame_stems": stems, "since": time.time()}
-    write_run_json({**earlier, "state": _BEING_REPLACED, "replaced_by": [*_replacing_runs(earlier), entry]},
-                   out / "run.json")
+def written_paths(out: Path, written: dict[str, Path], stems: Iterable[str]) -> tuple[list[Path], list[Path]]:
+    """(files, folders) that an export which returned ``written`` (`export_all`) wrote in
+    ``out`` for frames of file stems ``stems``."""
+    entries = [os.path.relpath(os.path.abspath(path), os.path.abspath(out)).replace(os.sep, "/")
+               for path in written.values()]
+    return entry_paths(out, [e for e in entries if not e.startswith("..")], stems)
 
 
-def _replacing_runs(info: dict) -> list[dict]:
-    """The runs that stopped while replacing the run of run.json ``info`` (`_mark_being_replaced`)."""
-    entries = info.get("replaced_by", [])
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
-
-
-def _replacing_outputs(out: Path, info: dict) -> tuple[list[Path], list[Path]]:
-    """(files, folders) that runs stopped while replacing the run of ``info`` wrote: the
-    outputs of their formats (`FORMAT_OUTPUTS`) and the per-frame files of their own frame
-    names, the files among them changed since the run marked the folder (older ones, a user's
-    own `points.ply` say, were not written by it); the folders for the cleanup to remove
-    once empty."""
+def entry_paths(out: Path, entries: Iterable[str], stems: Iterable[str]) -> tuple[list[Path], list[Path]]:
+    """(files, folders) of table ``entries`` in ``out``: a file entry itself; for a per-frame
+    folder ``<stem>.png`` a stem of ``stems``, for sparse/0 COLMAP's files, and the folder."""
+    stems = list(stems)
     files: list[Path] = []
     folders: list[Path] = []
-    for entry in _replacing_runs(info):
-        formats, since = entry.get("formats"), entry.get("since")
-        if not isinstance(formats, list) or not isinstance(since, (int, float)):
-            continue
-        outputs = [out / p for name in formats if isinstance(name, str) for p in FORMAT_OUTPUTS.get(name, ())]
-        for path in [*outputs, *_known_files(out, outputs, _previous_stems(entry))]:
-            try:
-                if path.is_dir() and not path.is_symlink():
-                    folders.append(path)
-                elif path.stat().st_mtime >= since:
-                    files.append(path)
-            except OSError:  # not there: never written
-                continue
+    for entry in dict.fromkeys(entries):
+        if entry in _PERFRAME_FOLDERS:
+            files += [out / entry / f"{stem}.png" for stem in stems]
+            folders.append(out / entry)
+        elif entry == "sparse/0":
+            files += [out / entry / name for name in _COLMAP_FILES]
+            folders.append(out / entry)
+        else:
+            files.append(out / entry)
     return files, folders
 
 
-def _earlier_run(out: Path) -> dict:
-    """The run.json an earlier run left in ``out``, read once for what the cleanup needs of it
-    (empty when there is none or it is unreadable)."""
-    try:
-        info = json.loads((out / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
-def _previous_outputs(out: Path, info: dict) -> list[Path]:
-    """The outputs an earlier run in ``out`` listed in its run.json ``info``, as paths under
-    ``out`` (none if unreadable). run.json records them as that run was given ``out``, relative
-    to its working directory when ``out`` was relative; they are re-rooted here."""
-    try:
-        listed = info.get("outputs", {})
-        old_out = Path(info["config"]["options"]["out"])
-    except (KeyError, AttributeError, TypeError):
-        return []
-    paths = []
-    for value in listed.values() if isinstance(listed, dict) else []:
-        if not isinstance(value, str):  # a damaged or hand-edited run.json
-            continue
-        path = Path(value)
-        try:
-            paths.append(out / path.relative_to(old_out))
-        except ValueError:  # not under the out it was given: trusted only if absolute
-            if path.is_absolute():
-                paths.append(path)
-    return paths
-
-
-def _known_files(out: Path, outputs: dict[str, Path] | list[Path], stems: list[str]) -> list[Path]:
-    """The files inside the output folders among ``outputs`` (format name -> path, or paths)
-    whose names mapstream writes: ``<stem>.png`` for each stem in each per-frame folder
-    directly in ``out``, and COLMAP's three text files in ``out/sparse/0``."""
-    paths = outputs.values() if isinstance(outputs, dict) else outputs
-    root = Path(os.path.abspath(out))
-    files = []
-    for folder in (Path(os.path.abspath(p)) for p in paths):
-        if folder.parent == root and folder.name in _PERFRAME_FOLDERS:
-            files += [folder / f"{stem}.png" for stem in stems]
-        elif folder == root / "sparse" / "0":
-            files += [folder / name for name in _COLMAP_FILES]
-    return files
-
-
-def _previous_stems(info: dict) -> list[str]:
-    """The frame stems an earlier run recorded in its run.json ``info`` (none before they were
-    recorded); only plain names that fit a file name with ".png", so that a damaged or
-    hand-edited run.json cannot point outside its folders."""
-    stems = info.get("frame_stems", [])
-    if not isinstance(stems, list):
-        return []
-    return [s for s in stems if isinstance(s, str) and 0 < len(s.encode()) <= 251 and s not in (".", "..")
-            and Path(s).name == s and "\\" not in s and "\0" not in s]
-
-
-def _below_without_links(out: Path, path: Path) -> Path | None:
+def below_without_links(out: Path, path: Path) -> Path | None:
     """``path`` resolved, when it lies below ``out`` with no link on the way down from ``out``
     (``out`` itself may be one); else None. What a removal may touch: a link, or anything
     reached through one, may be the user's."""
@@ -153,8 +87,7 @@ def _below_without_links(out: Path, path: Path) -> Path | None:
         rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(out))
     except ValueError:
         return None
-    root = Path(os.path.realpath(out))  # where the names below out lie, out's own links followed
-    step = root
+    step = Path(os.path.realpath(out))  # where the names below out lie, out's own links followed
     for part in rel.parts:
         step = step / part
         if step.is_symlink():
@@ -162,61 +95,66 @@ def _below_without_links(out: Path, path: Path) -> Path | None:
     return step if rel.parts else None
 
 
-def _remove_stale_outputs(out: Path, previous: list[Path], written: dict[str, Path], inputs: set[Path],
-                          previous_known: list[Path] = (), known_written: list[Path] = ()) -> None:
-    """Remove the files an earlier run in ``out`` wrote and this one did not write again (another
-    input, fewer frames, fewer formats), so that no file of another run passes for this one's:
-    its listed files (``previous``) and the files of its listed folders that carry names
-    mapstream writes (``previous_known``: per-frame PNGs by the stems its run.json recorded,
-    COLMAP's files). Only regular files below ``out``, reached without a link, and none of the
-    input's files (``inputs``, `_input_files`). A folder of outputs (depth/, images/,
-    sparse/0...) goes only once empty: it may hold the user's own files, and is then named in
-    a warning. A file that cannot be removed is told: this run's outputs are written by now."""
-    keep = {p for p in (_below_without_links(out, q) for q in (*written.values(), *known_written)) if p is not None}
+def remove_files(out: Path, files: Iterable[Path], *, keep: Iterable[Path] = (), inputs: set[Path] = frozenset(),
+                 what: str = "an earlier run's output") -> int:
+    """Remove each of ``files`` that is a regular file below ``out`` reached without a link,
+    is not among ``keep`` (this run's own outputs) and is not an input file; a file that
+    cannot go is told. Returns how many went."""
+    kept = {p for p in (below_without_links(out, q) for q in keep) if p is not None}
     removed = 0
-    for given in [*previous_known, *previous]:  # files first: their folders may empty
+    for given in files:
         try:
-            path = _below_without_links(out, given)
-            if path is None or path in keep or path in inputs or not path.exists():
+            path = below_without_links(out, given)
+            if path is None or path in kept or path in inputs or not path.is_file():
                 continue
-            if path.is_file():
-                path.unlink()
-                removed += 1
-                log.debug("removed %s, an earlier run's output this run does not write", path)
-            elif path.is_dir():
-                _remove_if_empty(path, out.resolve())
-        except (OSError, ValueError, RuntimeError) as exc:
-            log.warning("could not remove %s, an earlier run's output: %s", given, exc)
-    if removed:
-        log.info("removed %d files of an earlier run in %s that this run does not write", removed, out)
+            path.unlink()
+            removed += 1
+            log.debug("removed %s, %s this run does not write", path, what)
+        except OSError as exc:
+            log.warning("could not remove %s, %s: %s", given, what, exc)
+    return removed
 
 
-def _remove_if_empty(folder: Path, root: Path) -> None:
-    """Remove ``folder``, and then its parents below ``root``, while they are empty; warn
-    about the first that is not."""
-    if any(folder.iterdir()):
-        log.warning("%s holds files this run did not write (an earlier run's, or yours); "
-                    "left as it was (delete it if it is not needed)", folder)
-        return
-    while folder != root and root in folder.parents and not any(folder.iterdir()):
-        folder.rmdir()
-        log.info("removed %s, an earlier run's output folder this run does not write", folder)
-        folder = folder.parent
+def remove_folders_left_empty(out: Path, folders: Iterable[Path]) -> None:
+    """Remove each of ``folders`` (output folders of the table, below ``out`` without a link)
+    once it is empty, then its parents below ``out`` while they are empty; one that still
+    holds files is left, and told (they are an earlier run's frames of another input, or
+    the user's)."""
+    root = Path(os.path.realpath(out))
+    for given in sorted(set(folders), key=lambda f: -len(f.parts)):  # sparse/0 before sparse
+        folder = below_without_links(out, given)
+        if folder is None or not folder.is_dir():
+            continue
+        try:
+            if any(folder.iterdir()):
+                tell_foreign_files(folder, set())
+                continue
+            while folder != root and root in folder.parents and not any(folder.iterdir()):
+                folder.rmdir()
+                log.info("removed %s, an earlier run's output folder this run does not write", folder)
+                folder = folder.parent
+        except OSError as exc:
+            log.warning("could not remove %s, an earlier run's output folder: %s", folder, exc)
 
 
-RUN_FILES = (*(p for paths in FORMAT_OUTPUTS.values() for p in paths if Path(p).suffix), "run.json", "progress.json")
-"""The files a run writes directly in its output folder: its formats' files (the entries of
-`FORMAT_OUTPUTS` with a suffix; the others are folders), run.json and the frame store's
-progress.json."""
+def tell_foreign_files(folder: Path, own: set[str]) -> None:
+    """Warn when ``folder`` holds files other than ``own`` (names): they may pass for this
+    run's, and mapstream cannot tell an earlier run's from the user's, so it leaves them."""
+    foreign = sorted(p.name for p in folder.iterdir() if p.name not in own)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        log.warning("%s holds %d files this run did not write (%s): an earlier run's of other frames, or yours; "
+                    "left as they are (delete them, or write to a new folder, if they should not pass for this "
+                    "run's)", folder, len(foreign), shown)
 
 
 def remove_interrupted_writes(out: Path) -> None:
     """Delete the temp files of atomic writes that a killed run left behind
     (`io.atomic`: ``.<name>.tmp-<8 hex><suffix>``), and only a run's own: in the output folder
     those of the files it writes there, in its per-frame folders those of PNGs, in sparse/0
-    those of COLMAP's files. Nothing below a link is touched (as the rerun cleanup), and no
-    other file: another tool may be writing its own temp files here (`mapstream render`'s
-    video, the viewer's screenshots), which the run's lock does not keep out."""
+    those of COLMAP's files. Nothing below a link is touched, and no other file: another tool
+    may be writing its own temp files here (`mapstream render`'s video, the viewer's
+    screenshots), which the run's lock does not keep out."""
     from ..io.atomic import remove_stale_temp_files
 
     removed = remove_stale_temp_files(out, recursive=False, targets=lambda name: name in RUN_FILES)
@@ -229,55 +167,47 @@ def remove_interrupted_writes(out: Path) -> None:
         log.info("removed %d temp files of an interrupted write in %s", len(removed), out)
 
 
-
-
-class EarlierRun:
-    """The run recorded in an output folder's run.json, read before this run's replaces it,
-    and what this run does about its files: `mark_being_replaced` before exporting,
-    `remove_what_is_not_rewritten` after."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.info = _earlier_run(out)
-        stopped_files, stopped_folders = _replacing_outputs(out, self.info)
-        listed = _previous_outputs(out, self.info)
-        # Its listed outputs and the folders of runs stopped while replacing it; the files in
-        # those folders with names mapstream writes, and what the stopped runs wrote.
-        self.outputs = list(dict.fromkeys([*listed, *stopped_folders]))
-        self.known_files = list(dict.fromkeys([*_known_files(out, listed, _previous_stems(self.info)), *stopped_files]))
-
-    def mark_being_replaced(self, settings: dict, formats, stems: list[str]) -> None:
-        """See `_mark_being_replaced`."""
-        _mark_being_replaced(self.out, self.info, settings, formats, stems)
-
-    def remove_what_is_not_rewritten(self, written: dict[str, Path], stems: list[str], inputs: set[Path]) -> None:
-        """Remove this earlier run's files that this run, having written ``written`` with per-frame
-        names ``stems``, did not write again; never one of ``inputs`` (`_remove_stale_outputs`)."""
-        _remove_stale_outputs(self.out, self.outputs, written, inputs, self.known_files,
-                              _known_files(self.out, written, stems))
-
-
-def record_export(out: Path, written: dict[str, Path], stems: list[str]) -> None:
+def record_export(out: Path, written: dict[str, Path], stems: list[str], *,
+                  input_stems: list[str] | None = None) -> None:
     """After `mapstream export` wrote ``written`` (format name -> path) for frames ``stems``
-    into ``out``: when ``out`` holds a run (its run.json), the per-frame files of that run's
-    other frames in the folders just written go (they would pass for part of this export),
-    and run.json lists the export's outputs and frame names beside the run's, so that the next
-    run in ``out`` removes what it does not write again. A folder without a run.json is left
-    unrecorded: it is the user's export folder, not a run's."""
-    earlier = _earlier_run(out)
-    if not earlier:
+    into ``out``: when ``out`` holds a run (its run.json), run.json lists the export's outputs
+    beside the run's, so that the next run there removes them when it does not write them,
+    and the files of the run's other frames go from the folders just written (they would
+    pass for part of this export). The run's frames are ``input_stems``, by default those of
+    the predictions.npz in ``out`` (the export's input when it writes in place). A folder
+    without a run.json is the user's export folder: left unrecorded."""
+    try:
+        earlier = json.loads((out / "run.json").read_text())
+    except (OSError, ValueError):
         return
-    old_stems = _previous_stems(earlier)
-    stale = set(_known_files(out, written, old_stems)) - set(_known_files(out, written, stems))
-    _remove_stale_outputs(out, [], written, set(), sorted(stale))
+    if not isinstance(earlier, dict):
+        return
+    if input_stems is None:
+        input_stems = _stems_of_run(out) or []
+    if input_stems:
+        exported = set(stems)
+        left_out, _ = written_paths(out, written, [s for s in input_stems if s not in exported])
+        keep, _ = written_paths(out, written, stems)
+        remove_files(out, left_out, keep=keep, what="a frame this export leaves out")
     listed = earlier.get("outputs")
     outputs = dict(listed) if isinstance(listed, dict) else {}
-    try:  # as the run recorded its own: under the output folder it was given
-        old_out = Path(earlier["config"]["options"]["out"])
-    except (KeyError, TypeError):
-        old_out = None
-    for name, path in written.items():
-        relative = Path(os.path.relpath(path, out))
-        outputs[name] = str(old_out / relative if old_out is not None else Path(os.path.abspath(path)))
+    outputs.update({name: str(path) for name, path in written.items()})
+    listed_stems = earlier.get("frame_stems")
+    old_stems = [s for s in listed_stems if isinstance(s, str)] if isinstance(listed_stems, list) else []
     write_run_json({**earlier, "outputs": outputs, "frame_stems": list(dict.fromkeys([*old_stems, *stems]))},
                    out / "run.json")
+
+
+def _stems_of_run(out: Path) -> list[str] | None:
+    """The per-frame file stems of the run saved in ``out`` (the names in its
+    predictions.npz, as `Reconstruction.file_stems` derives them); None without one."""
+    import numpy as np
+
+    from ..export.reconstruction import Reconstruction
+
+    try:
+        with np.load(out / "predictions.npz") as data:
+            names = [str(name) for name in data["names"]]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    return Reconstruction.file_stems(SimpleNamespace(names=names))  # it reads nothing but the names

@@ -164,13 +164,18 @@ def test_a_rerun_stopped_while_exporting_leaves_no_run_json_vouching_for_the_fol
     assert replacing["frame_stems"] == [f"{i:06d}" for i in range(6)]
     assert replacing["settings"]["input"] and "conf_threshold" in replacing["settings"]["options"]
     assert (out / "points.ply").is_file() and len(list((out / "images").iterdir())) == 6
-    # A third run, of yet other settings, removes what both earlier runs wrote and it does not.
+    # A third run, of yet other settings, removes what both earlier runs wrote and it does not:
+    # their formats' files, and their per-frame files of this run's frames (a frame name read
+    # off disk decides no deletion: the other frames' files stay, and are told).
     monkeypatch.setattr(run_module, "export_all", real_export)
     assert run_cli(str(frames), "--out", str(out), "--formats", "npz", "--first-k", "3") == 0
     last = json.loads((out / "run.json").read_text())
     assert "state" not in last and "replaced_by" not in last and last["frames"] == 3
     assert sorted(p.name for p in out.iterdir()) == [
-        ".frames", ".lock", "predictions.npz", "progress.json", "run.json", "scene.glb"]
+        ".frames", ".lock", "depth", "depth_preview", "images", "predictions.npz", "progress.json", "run.json",
+        "scene.glb"]
+    assert sorted(p.name for p in (out / "images").iterdir()) == ["000003.png", "000004.png", "000005.png"]
+    assert [p.name for p in (out / "depth").iterdir()] == ["000003.png"]
     assert (out / "scene.glb").read_bytes() == b"the user's own"  # older than the stopped run: not its
 
 
@@ -330,7 +335,7 @@ def test_a_bad_option_fails_before_the_model_loads_or_any_frame_is_read(tmp_path
     import importlib
 
     pipeline = importlib.import_module("mapstream.pipeline.run")
-    monkeypatch.setattr(pipeline, "_source", lambda opts: pytest.fail("frames were read"))
+    monkeypatch.setattr(pipeline, "open_input", lambda opts: pytest.fail("frames were read"))
     monkeypatch.setattr(pipeline, "resolve_model", lambda *a, **k: pytest.fail("the model was loaded"))
     args = ["run", str(photos(tmp_path, 3)), "--out", str(tmp_path / "o"), "--model", "tiny", "--quiet", *option]
     assert main(args) != 0
@@ -662,13 +667,15 @@ def test_time_in_the_frame_callback_is_not_the_runs(tmp_path):
     assert summary.fps == pytest.approx(4 / timings["inference"], rel=1e-6)
 
 
-def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monkeypatch, capsys):
-    """A run into a folder holding another run's outputs removes the files it does not write
-    again (formats it was not asked for, frames it no longer has), also with a relative --out:
-    the earlier run's per-frame files by the names its run.json recorded. It never deletes a
-    folder that still holds other files (the user's), nor the input, nor what no run wrote; a
-    per-frame folder left empty goes. The usual dataset layout, the input in OUT/images, keeps
-    every photo."""
+def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monkeypatch, capsys, caplog):
+    """A run into a folder holding another run's outputs removes the files of the formats it
+    does not write again, also with a relative --out: the table's files, and per-frame files
+    by the frame names of its own input (a frame no longer in the input keeps its files, and
+    they are told). It never deletes a folder that still holds other files (the user's), nor
+    the input, nor what no run wrote; a per-frame folder left empty goes. The usual dataset
+    layout, the input in OUT/images, keeps every photo."""
+    import logging
+
     monkeypatch.chdir(tmp_path)
     out = Path("runs") / "a"
     src = photos(tmp_path, 4)
@@ -687,16 +694,19 @@ def test_a_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path, monk
     assert sorted(info["outputs"]) == ["depth", "depth_preview", "npz"]
     assert info["frame_stems"] == ["000000", "000001", "000002", "000003"]
 
-    # Fewer frames: the depth maps of the frames gone are removed, the others rewritten.
+    # Fewer frames: the depth maps of this input's frames are rewritten; that of the frame gone
+    # is no name of this input, so it stays (the folder's other files are told).
     (src / "000003.png").unlink()
     (out / "depth" / "mine.png").write_bytes(b"not ours either")
-    assert run_cli(str(src), "--out", str(out), "--formats", "npz", "depth", "--no-resume") == 0
-    assert sorted(p.name for p in (out / "depth").iterdir()) == ["000000.png", "000001.png", "000002.png", "mine.png"]
-    assert sorted(p.name for p in (out / "depth_preview").iterdir()) == ["000000.png", "000001.png", "000002.png"]
-    # No depth this time: the earlier run's depth files go, and depth_preview/, left empty, too.
+    with caplog.at_level(logging.WARNING):
+        assert run_cli(str(src), "--out", str(out), "--formats", "npz", "depth", "--no-resume") == 0
+    assert f"{out / 'depth'} holds 2 files this run did not write (000003.png, mine.png)" in caplog.text
+    assert sorted(p.name for p in (out / "depth").iterdir()) == [
+        "000000.png", "000001.png", "000002.png", "000003.png", "mine.png"]
+    # No depth this time: the earlier run's depth files of this input's frames go.
     assert run_cli(str(src), "--out", str(out), "--formats", "npz", "--no-resume") == 0
-    assert sorted(p.name for p in (out / "depth").iterdir()) == ["mine.png"]
-    assert not (out / "depth_preview").exists()
+    assert sorted(p.name for p in (out / "depth").iterdir()) == ["000003.png", "mine.png"]
+    assert sorted(p.name for p in (out / "depth_preview").iterdir()) == ["000003.png"]
 
     # The usual dataset layout, photos in DATASET/images: refused as an output folder (its
     # exports would write DATASET/images), every photo untouched.
@@ -738,13 +748,12 @@ def test_a_glob_input_stays_apart_from_the_outputs_and_their_cleanup(tmp_path, m
 
 def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file_that_cannot_go(
         tmp_path, monkeypatch, caplog):
-    """An earlier run's per-frame name that is now a link (to the user's photo, inside the output
-    folder or not) is left, link and target, and so is what a per-frame folder that is a link
-    holds; a run.json stem that names another folder, or is absurdly long, is ignored; a file
-    whose removal fails is told and the rest still go."""
+    """A per-frame name of the format table that is now a link (to the user's photo, inside
+    the output folder or not) is left, link and target, and so is what a per-frame folder
+    that is a link holds; a file whose removal fails is told and the rest still go."""
     import logging
 
-    from mapstream.pipeline.outputs import _earlier_run, _known_files, _previous_stems, _remove_stale_outputs
+    from mapstream.pipeline.outputs import format_paths, remove_files
 
     out = tmp_path / "out"
     (out / "images").mkdir(parents=True)
@@ -760,11 +769,7 @@ def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file
     (out / "raw").mkdir()
     (out / "raw" / "c.png").write_bytes(b"user photo")
     (out / "masks").symlink_to(out / "raw")  # a per-frame folder that is a link: never entered
-    (out / "run.json").write_text(json.dumps(
-        {"frame_stems": ["a", "b", "c", "d", "e", "../photos/a", "..", 7, "x" * 300]}))
-    stems = _previous_stems(_earlier_run(out))
-    assert stems == ["a", "b", "c", "d", "e"]
-    previous = [out / "images", out / "depth", out / "masks"]
+    files, _ = format_paths(out, ["images", "depth", "nerfstudio"], ["a", "b", "c", "d", "e"])
     real_unlink = Path.unlink
 
     def unlink(path, *args, **kwargs):
@@ -774,7 +779,7 @@ def test_removing_an_earlier_runs_files_never_follows_a_link_and_survives_a_file
 
     monkeypatch.setattr(Path, "unlink", unlink)
     with caplog.at_level(logging.WARNING, logger="mapstream.pipeline.outputs"):
-        _remove_stale_outputs(out, previous, {}, set(), _known_files(out, previous, stems), [])
+        assert remove_files(out, files) == 2
     assert (out / "photos" / "a.png").read_bytes() == b"user photo" and outside.read_bytes() == b"user file"
     assert (out / "images" / "a.png").is_symlink() and (out / "images" / "b.png").is_symlink()
     assert (out / "raw" / "c.png").read_bytes() == b"user photo" and (out / "masks").is_symlink()

@@ -40,11 +40,12 @@ def test_a_run_leaves_no_copy_of_its_frames_beside_the_shards(tmp_path):
     assert any((out / ".frames").glob("*.npz"))  # the shards
 
 
-def test_an_export_into_a_run_folder_is_recorded_so_the_next_run_removes_it(tmp_path):
+def test_an_export_into_a_run_folder_is_recorded_so_the_next_run_removes_it(tmp_path, caplog):
     """Formats and frames written by `mapstream export` into a run's folder are listed in its
-    run.json: a later run of another input removes them instead of leaving them to pass for
-    its own. An export of fewer frames removes the other frames' files from the folders it
-    writes."""
+    run.json: a later run of another input removes its formats' files instead of leaving them
+    to pass for its own; per-frame files it removes only by the names of its own frames (a
+    name read off disk never decides a deletion), and the others are told. An export of fewer
+    frames removes the run's other frames' files from the folders it writes."""
     frames = photos(tmp_path, 6)
     out = tmp_path / "out"
     assert run_cli(str(frames), "--out", str(out), "--formats", "npz") == 0
@@ -59,9 +60,11 @@ def test_an_export_into_a_run_folder_is_recorded_so_the_next_run_removes_it(tmp_
     other.mkdir()
     for p in sorted(frames.iterdir())[:3]:
         p.rename(other / f"x{p.name}")
-    assert run_cli(str(other), "--out", str(out), "--formats", "npz") == 0
+    with caplog.at_level(logging.WARNING):
+        assert run_cli(str(other), "--out", str(out), "--formats", "npz") == 0
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
-        "predictions.npz", "progress.json", "run.json"]
+        "depth", "depth_preview", "predictions.npz", "progress.json", "run.json"]
+    assert f"{out / 'depth'} holds 2 files this run did not write (000000.png, 000001.png)" in caplog.text
 
 
 def test_an_export_into_a_folder_without_a_run_records_nothing(tmp_path):
