@@ -57,11 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     precision = "bf16" if device.type == "cuda" else "fp32"
     cfg = BenchConfig(preset=args.preset, width=width, height=height, scale_frames=args.scale_frames,
                       window=args.window, backend=args.backend, device=args.device, precision=precision)
-    model = build_bench_model(cfg, device)
-    if args.compile:
-        from mapstream.models.compile import compile_model
-
-        compile_model(model)
+    model = build_bench_model(cfg, device, compile=args.compile)
     g = torch.Generator(device=device).manual_seed(0)
     pool = torch.rand(POOL_FRAMES, 3, height, width, device=device, generator=g)
     marks: list[dict] = []

@@ -86,11 +86,10 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = BenchConfig(preset=args.preset, width=width, height=height, scale_frames=args.scale_frames,
                       backend=args.backend, device=args.device, precision=precision,
                       heads_precision="bf16" if args.bf16_heads else "fp32")
-    model = build_bench_model(cfg, device)
-    if args.compile:
-        from mapstream.models.compile import compile_model
+    from mapstream.models.compile import CompileOptions
 
-        compile_model(model, heads=args.compile_heads, mode=args.compile_mode)
+    options = CompileOptions(heads=args.compile_heads, mode=args.compile_mode) if args.compile else None
+    model = build_bench_model(cfg, device, compile=options)
     frames = torch.rand(args.frames, 3, height, width, device=device)
     session = mapstream.Session(model, num_scale_frames=args.scale_frames, precision=precision,
                                 fast=_fast_option(args))

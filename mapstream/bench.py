@@ -143,7 +143,9 @@ def windowed_means(per_frame: list[float], half_width: int = 30) -> dict[str, fl
     return out
 
 
-def build_bench_model(cfg: BenchConfig, device: torch.device):
+def build_bench_model(cfg: BenchConfig, device: torch.device, *, compile=False):
+    """The protocol's model with rule weights (`compile`: True or a `CompileOptions` to build
+    it with its static parts compiled)."""
     import mapstream
 
     model = mapstream.build_model(
@@ -152,6 +154,7 @@ def build_bench_model(cfg: BenchConfig, device: torch.device):
         kv_cache_scale_frames=cfg.scale_frames,
         camera_num_iterations=cfg.camera_iterations,
         backend=cfg.backend,
+        compile=compile,
     )
     mapstream.fill_synthetic_(model)
     model = model.to(device).eval()

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 # Keys under these top-level entries of a training checkpoint are the model's weights.
 _WRAPPER_KEYS = ("model", "state_dict")
 # Keyword arguments of GCTStream itself (not configuration overrides).
-_MODEL_KWARGS = ("backend", "num_frame_for_scale")
+_MODEL_KWARGS = ("backend", "num_frame_for_scale", "compile")
 _LIST_LIMIT = 8  # keys listed one by one before they are grouped by prefix
 
 

@@ -23,7 +23,7 @@ from .models.gct import GCTNetwork
 from .models.state import StreamState
 from .sequences import each_sequence
 from .session import Session
-from .validation import check_images, keyframe_flag
+from .validation import check_count, check_images, keyframe_flag
 from .windowed import WindowedSession, windowed_inference
 
 __all__ = ["FlashInferKVCacheManager", "GCTStream", "GCTStreamWindow", "GCTStreamWindowV2"]
@@ -229,6 +229,10 @@ class GCTStream(GCTNetwork):
                 "keyframes run in streaming (inference_streaming(..., flow_threshold=...), or keyframe_interval='auto' "
                 "in a session); give flow_threshold=0 and a keyframe_interval here"
             )
+        for name, value, least in (("window_size", window_size, 1), ("overlap_size", overlap_size, 0),
+                                   ("overlap_keyframes", overlap_keyframes, 0)):
+            if value is not None:
+                check_count(name, value, least)  # named as the caller gave it
         config = self._reference_stream(num_scale_frames).with_settings(
             window_size=window_size, overlap=overlap_size, overlap_keyframes=overlap_keyframes,
             keyframe_interval=keyframe_interval,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from .cache.spec import CacheSpec
 from .validation import check_count
@@ -159,18 +159,19 @@ class StreamConfig:
     ordinary window members that leave first."""
     camera_only: bool = False
     """Keep only the camera token (not all special tokens) of evicted frames."""
-    keyframe_interval: Any = None
+    keyframe_interval: int | Literal["auto"] | None = None
     """Which frames after the scale phase are stored: an int k (every k-th, the reference's
-    rule; 0 and 1 store all), "auto" (by predicted image motion), a `KeyframePolicy`, or None:
+    rule; 0 and 1 store all), "auto" (by predicted image motion), from Python also a
+    `mapstream.keyframes.KeyframePolicy`, or None:
     every frame, except in `mapstream run` over N frames known in advance, which stores every
     ceil(N / 320)-th as the reference's demo does."""
-    precision: str = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """The trunk's arithmetic: "auto" (bf16 on CUDA GPUs that have it, fp16 on older ones,
     fp32 on the CPU), "fp32", "bf16" or "fp16". The heads stay in their weights' dtype."""
     backend: str = "auto"
     """Attention over the cache: "auto" (the first usable of triton, flashinfer, sdpa), or one
     of them by name (`mapstream info` lists what this machine can run)."""
-    fast: bool | str = "auto"
+    fast: bool | Literal["auto", "pieces", "whole"] = "auto"
     """Single-frame steps replayed from CUDA graphs: "auto" (on CUDA devices whose weights are
     cast to the compute dtype; eager elsewhere), True, False, "whole" (the whole step as one
     graph) or "pieces" (graphs between eager cache attentions). The same function either way."""
@@ -184,7 +185,7 @@ class StreamConfig:
     scale frames)."""
     overlap_keyframes: int | None = None
     """Windowed runs: the overlap in keyframes instead (k x the keyframe interval frames)."""
-    shared_from: str = "later"
+    shared_from: Literal["earlier", "later"] = "later"
     """Windowed runs: the window a frame shared by two windows is taken from: "later" (as the
     reference's offline stitch; such a frame waits for the next window) or "earlier" (given as
     soon as the earlier window predicts it)."""

@@ -23,6 +23,7 @@ from typing import Iterable
 import torch
 
 from .config import StreamConfig
+from .fast import GraphedStep, graphed_step
 from .keyframes import make_policy
 from .models.aggregator import kv_dtype
 from .models.gct import GCTNetwork
@@ -149,7 +150,7 @@ class Session:
         self.precision = resolve_precision(self.config.precision, self.device)
         self.provisional = self.config.provisional
         self.fast = self._resolve_fast(self.config.fast)
-        self._graphed: dict[tuple[int, int], object] = {}  # frame size -> GraphedStep
+        self._graphed: dict[tuple[int, int], GraphedStep] = {}  # frame size -> its graphed step
         self._owns_state = state is None
         self.state = state if state is not None else model.new_state(self.config)
         self._closed = False
@@ -488,13 +489,11 @@ class Session:
             return self.backend_for(dtype).device_range
         return self.fast == "whole"
 
-    def _graphs_for(self, frames: torch.Tensor):
-        from .fast import GraphedStep
-
+    def _graphs_for(self, frames: torch.Tensor) -> GraphedStep:
         size = tuple(frames.shape[-2:])
         if size not in self._graphed:
             with _autocast(self.device, self.precision):
-                self._graphed[size] = GraphedStep(
+                self._graphed[size] = graphed_step(
                     self.model, size, capture=self.device.type == "cuda", whole=self.whole_step
                 )
         return self._graphed[size]

@@ -104,18 +104,17 @@ class Bench:
                     for size in self.resolutions:
                         w, h = (int(v) for v in size.lower().split("x"))
                         references[size] = reference_samples(replace(cfg, width=w, height=h), model)
-            if cfg.heads_precision != "fp32" and model.head_dtype == torch.float32:
-                # A model of its own, cast before compiling (casting a compiled model in
+            compiled = variant not in ("eager", "fast")
+            if (cfg.heads_precision != "fp32" and model.head_dtype == torch.float32) or (
+                compiled and model.compile_options is None
+            ):
+                # A model of its own, built compiled and cast (casting a compiled model in
                 # place leaves its compiled pieces to recompile); same rule weights.
                 del model
                 torch._dynamo.reset()  # compiled pieces of the old model hold it (and its memory)
                 gc.collect()
                 torch.cuda.empty_cache()
-                model = build_bench_model(cfg, torch.device("cuda"))
-            if variant not in ("eager", "fast"):
-                from ..models.compile import compile_model
-
-                compile_model(model)
+                model = build_bench_model(cfg, torch.device("cuda"), compile=compiled)
             model.set_backend(backend)
             result = run_benchmark(cfg, model)
             samples = result.pop("_samples")

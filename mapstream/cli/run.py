@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal, Optional
+from typing import Annotated, ClassVar, Literal, Optional
 
 import tyro
 
+from ..config import StreamConfig
 from ..export import ALL_FORMATS
 from ._cloud import CloudFlags, PointCloudFlags
 from ._flags import as_flags
@@ -47,35 +48,18 @@ class Run:
     """Keep every n-th frame (after --fps sampling for videos)."""
     first_k: Optional[int] = None
     """Keep at most this many frames (counted after --stride)."""
-    num_scale_frames: int = 8
-    """Frames that open a sequence together and stay in every later frame's attention (the scale anchors)."""
-    keyframe_interval: Optional[str] = None
-    """Store every k-th frame (k), by image motion ("auto"), or unset: ceil(N/320) for N frames, "auto" when live."""
-    sliding_window: int = 64
-    """Stored frames the cache keeps after the scale frames, oldest leaving first (kv_cache_sliding_window)."""
-    trajectory_capacity: Optional[int] = 1024
-    """Evicted frames whose special tokens stay visible; thinned when full; None keeps all (memory grows)."""
+    stream: Annotated[StreamConfig, tyro.conf.OmitArgPrefixes] = field(default_factory=StreamConfig)
+    """The stream's settings (mapstream.StreamConfig): scale frames, what the cache keeps, keyframes,
+    precision, attention backend, CUDA graphs, windows. Unset --keyframe-interval stores every
+    ceil(N/320)-th of N frames known in advance (every frame of a live input)."""
     camera_iterations: int = 4
     """Refinement passes of the camera head (1 is faster and keeps a 4x smaller camera cache)."""
-    window_size: int = 64
-    """Windowed mode: stored frames per window (scale frames + keyframes)."""
-    overlap: int = 16
-    """Windowed mode: frames two windows share, used to align them."""
-    overlap_keyframes: Optional[int] = None
-    """Windowed mode: the overlap in keyframes instead, k x interval frames (at least the scale frames)."""
-    shared_from: Literal["earlier", "later"] = "later"
-    """Windowed mode: the window a frame shared by two windows comes from; later: as the reference's
-    inference_windowed (each waits for the next window); earlier: emitted as soon as predicted."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (the first CUDA GPU when there is one, else the CPU)."""
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    """Trunk precision; auto: bf16 on GPUs that have it, fp16 on older ones, fp32 on the CPU (heads stay fp32)."""
-    backend: Literal["auto", "sdpa", "flashinfer", "triton"] = "auto"
-    """Attention over the cache; auto: the first usable of triton, flashinfer, sdpa (see `mapstream info`)."""
     compile: bool = False
-    """torch.compile the per-frame static parts (slow start, faster frames on GPUs)."""
+    """Build the model with torch.compile'd per-frame static parts (slow start, faster frames on GPUs)."""
     low_precision_heads: bool = False
-    """Heads in --precision too, not fp32 as the reference: ~0.5-1 ms a frame faster on an H200."""
+    """Heads in --precision too, not fp32 as the reference: faster on GPUs, within that precision's rounding."""
     formats: tuple[str, ...] = ALL_FORMATS
     """Outputs to write (default: all of them)."""
     cloud: CloudFlags = field(default_factory=PointCloudFlags)
@@ -99,22 +83,11 @@ class Run:
     def main(self) -> int:
         from ..pipeline import RunOptions, check_input, check_options, run
 
-        interval = self.keyframe_interval
-        if interval is not None and interval != "auto":
-            try:
-                interval = int(interval)
-            except ValueError:
-                raise ValueError(
-                    f"--keyframe-interval takes an integer k (every k-th frame stored) or 'auto', got {interval!r}"
-                ) from None
         opts = RunOptions(
             input=self.input, out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
             image_size=self.image_size, preprocess=self.preprocess, rotate=self.rotate, fps=self.fps,
-            stride=self.stride, first_k=self.first_k, num_scale_frames=self.num_scale_frames,
-            keyframe_interval=interval, sliding_window=self.sliding_window,
-            trajectory_capacity=self.trajectory_capacity, camera_iterations=self.camera_iterations,
-            window_size=self.window_size, overlap=self.overlap, overlap_keyframes=self.overlap_keyframes,
-            shared_from=self.shared_from, device=self.device, precision=self.precision, backend=self.backend, formats=self.formats,
+            stride=self.stride, first_k=self.first_k, stream=self.stream, camera_iterations=self.camera_iterations,
+            device=self.device, formats=self.formats,
             conf_threshold=self.cloud.conf_threshold, conf_percentile=self.cloud.conf_percentile,
             voxel_size=self.cloud.voxel_size, drop_black_background=self.cloud.drop_black_background,
             drop_white_background=self.cloud.drop_white_background, max_points=self.cloud.max_points,

@@ -1,4 +1,17 @@
-"""Fast paths for CUDA streaming (each checked against the plain path)."""
-from .graphs import GraphedStep
+"""Fast paths for CUDA streaming: single-frame steps replayed from CUDA graphs, each form
+checked against the plain path."""
+from __future__ import annotations
 
-__all__ = ["GraphedStep"]
+from .graphs import GraphedStep, StartedStep
+from .pieces import PiecewiseGraphs
+from .whole import WholeStepGraphs
+
+__all__ = ["GraphedStep", "PiecewiseGraphs", "StartedStep", "WholeStepGraphs", "graphed_step"]
+
+
+def graphed_step(model, image_hw: tuple[int, int], *, whole: bool, capture: bool = True,
+                 conv_search: bool = True) -> GraphedStep:
+    """The graphed step of one stream at frame size `image_hw`: the whole step after its
+    first graph as one graph (`whole`), or in pieces between eager cache attentions."""
+    form = WholeStepGraphs if whole else PiecewiseGraphs
+    return form(model, image_hw, capture=capture, conv_search=conv_search)

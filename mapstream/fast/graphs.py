@@ -1,26 +1,21 @@
 """Single-frame streaming steps replayed from CUDA graphs.
 
 An eager step launches thousands of small kernels from Python and leaves the GPU idle most
-of the time (docs/BENCHMARKS.md). Two ways to replay a step:
+of the time. A graphed step replays them instead, in one of two forms (`graphed_step` picks):
 
-**Whole step** (`whole=True`; fast with backends that have `device_range`, e.g. our Triton
-kernel; others fall back to masked attention over the whole arena): the step is two graphs.
-The first is the pieces mode's graph 0 below (embedding, frame block 0, global block 0's
-q/k/v: no cache read), launched as soon as the frame is loaded; the second is everything
-else — the 24 cache writes and attentions, the other 47 blocks, the heads, the camera head
-with its own cache. What changes from frame to frame lives in device tensors
-(`mapstream.cache.DeviceStep`: write offsets and visible key ranges; the RoPE angles);
-the cache copies that do not involve the frame (trajectory bookkeeping) run eagerly
-before the second replay. A new capture of the second graph happens only when a cache's
-storage moves (new lease). The host's work per frame is a few small copies and two
-replays, and the GPU embeds the frame while the host checks it and plans the cache step.
-`Session(fast=True)` takes it wherever the attention backend reads key ranges on the device
-(our Triton kernel): on an H200 it measured 0.86 ms a frame faster than the pieces in
-session 14 (both variants one after the other in one process) and 1.4 ms in session 15
-(frames interleaved between the two, docs/BENCHMARKS.md), where sessions 9 and 10 had found
-it ≈ 0.4 ms slower and session 11 level, with the kernels of then.
+**Whole step** (`WholeStepGraphs`; fast with backends that have `device_range`, such as our
+Triton kernel; others fall back to masked attention over the whole arena): the step is two
+graphs. The first is embedding, frame block 0 and global block 0's q/k/v (no cache read),
+launched as soon as the frame is loaded; the second is everything else: the cache writes and
+attentions, the other blocks, the heads, the camera head with its own cache. What changes
+from frame to frame lives in device tensors (`mapstream.cache.DeviceStep`: write offsets and
+visible key ranges; the RoPE angles); the cache copies that do not involve the frame
+(trajectory bookkeeping) run eagerly before the second replay. The second graph is captured
+again only when a cache's storage moves (new lease). The host's work per frame is a few small
+copies and two replays, and the GPU embeds the frame while the host checks it and plans the
+cache step.
 
-**Pieces** (`fast="pieces"`, and the choice for other backends): the aggregator's cache
+**Pieces** (`PiecewiseGraphs`, the form for other backends): the aggregator's cache
 attentions run eagerly (exact key ranges, any backend's kernel); the rest, whose shapes are
 fixed by the frame size, is captured in pieces between them, and the camera head (its own
 cache read through a `DeviceStep`, as in the whole step) is one more graph: eager, its ~200
@@ -45,12 +40,13 @@ launches it before the rest: a session starts it before it waits for the frame's
 and plans the cache step, and the GPU embeds the frame while the host works.
 
 `capture=False` runs the same code eagerly (no CUDA needed): the CPU tests use it to show
-both decompositions compute the model's function.
+both decompositions compute the network's function.
 """
 from __future__ import annotations
 
+from __future__ import annotations
+
 import contextlib
-import functools
 import logging
 from typing import Callable
 
@@ -61,77 +57,32 @@ from ..layers import Rotary, patch_positions_2d, rope2d, rope3d_time_columns, ro
 from ..models.aggregator import kv_dtype
 from ..models.gct import heads_without_autocast
 from ..validation import ValueCheck
+from .piece import Piece, conv_search
 
 __all__ = ["GraphedStep", "StartedStep"]
 
 log = logging.getLogger(__name__)
 
 
-class _Piece:
-    """A function of static tensors, run eagerly or replayed from a captured graph."""
-
-    def __init__(self, fn: Callable[[], tuple], capture: bool, pool, reads: Callable[[], list] | None = None) -> None:
-        self.fn, self.capture, self.pool = fn, capture, pool
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.outputs: tuple = ()
-        # Tensors the graph reads that others own and may drop (`reads()` after capture):
-        # held for as long as the graph, so that their memory is never reused under it.
-        self.reads, self.held = reads, []
-
-    def __call__(self) -> tuple:
-        if not self.capture:
-            self.outputs = self.fn()
-        elif self.graph is None:
-            # Warm up on a side stream (cuBLAS/cuDNN handles, autotuning), then capture.
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self.fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=self.pool):
-                self.outputs = self.fn()
-            self.held = self.reads() if self.reads is not None else []
-            self.graph.replay()
-        else:
-            self.graph.replay()
-        return self.outputs
-
-
-class _KeyedPiece:
-    """A `_Piece` captured for one key — what its graph holds fixed, such as cache storage
-    addresses — and captured again when the key changes."""
-
-    def __init__(self, fn: Callable[[], tuple], capture: bool, pool, what: str,
-                 reads: Callable[[], list] | None = None) -> None:
-        self.fn, self.capture, self.pool, self.what, self.reads = fn, capture, pool, what, reads
-        self.piece: _Piece | None = None
-        self.key = None
-
-    def for_key(self, key) -> _Piece:
-        if self.piece is None or key != self.key:
-            if self.piece is not None:
-                log.debug("%s: what its graph holds changed (cache storage, hints), capturing again", self.what)
-            self.piece = _Piece(self.fn, self.capture, self.pool, self.reads)
-            self.key = key
-        return self.piece
-
-
 class GraphedStep:
-    """The single-frame step of one stream at one frame size (see module docstring).
+    """The single-frame step of one stream at one frame size, replayed from graphs (see
+    module docstring); `WholeStepGraphs` and `PiecewiseGraphs` are its two forms.
 
     Valid after the scale phase (every frame gets the special tokens' second copy). Build one
-    per session and frame size; `__call__` replaces `GCTStream.forward` for one frame.
+    per session and frame size (`graphed_step`); a call replaces the network's forward for
+    one frame.
     """
 
+    whole: bool = False
+    """Whether the step after the first graph is one graph (`WholeStepGraphs`)."""
+
     def __init__(
-        self, model, image_hw: tuple[int, int], *, capture: bool = True, whole: bool = False,
-        conv_search: bool = True,
+        self, model, image_hw: tuple[int, int], *, capture: bool = True, conv_search: bool = True,
     ) -> None:
-        """whole: replay the whole step as one graph (True) or in pieces around the eager
-        cache attentions of the aggregator (False). conv_search: let
-        cuDNN time its convolution algorithms for the dense heads once per shape (its
-        benchmark mode) instead of taking its heuristics' first choice (`_conv_search`)."""
+        """capture: capture and replay CUDA graphs (False: run the same decomposition eagerly,
+        on any device). conv_search: let cuDNN time its convolution algorithms for the dense
+        heads once per shape (its benchmark mode) instead of taking its heuristics' first
+        choice (`piece.conv_search`)."""
         agg = model.aggregator
         c = model.config
         self.model, self.agg, self.config = model, agg, c
@@ -163,7 +114,6 @@ class GraphedStep:
         self._time = torch.zeros((), dtype=torch.float64, device=device)
         self._time_value = 0  # what `_time` holds (host mirror)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
-        self.whole = whole
         self.camera_device_step = DeviceStep(1, device)
         # The second stream: the camera head beside the dense heads, and the session's value
         # check of the frame beside graph 0 (None without capture: everything runs in order).
@@ -171,27 +121,7 @@ class GraphedStep:
         self.conv_search = conv_search
         self._frame_loaded = torch.cuda.Event() if capture else None  # the frame's copy done
         # Graph 0 reads no cache: both modes launch it first (`start`).
-        self._first_piece = _Piece(self._first, capture, self.pool)
-        if whole:
-            self.agg_device_step = DeviceStep(self.tokens_per_frame, device)
-            self._whole = _KeyedPiece(self._whole_step, capture, self.pool, "whole step", self._head_tables)
-            self._backend = None
-            self._key_norms: tuple = ()
-        else:
-            self.attended: list[torch.Tensor | None] = [None] * c.depth
-            self.pieces = [self._first_piece]
-            self.pieces += [_Piece(self._make_middle(i), capture, self.pool) for i in range(1, c.depth)]
-            self.pieces.append(_Piece(self._last, capture, self.pool))
-            self._dense_piece = _Piece(self._dense, capture, self.pool, self._head_tables)
-            # The camera head runs beside the dense heads on a second stream, so it needs
-            # its own pool: graphs of one pool may reuse each other's temporaries, which is
-            # only safe when they run one after the other.
-            camera_pool = torch.cuda.graph_pool_handle() if capture else None
-            self._camera = _KeyedPiece(
-                lambda: self._camera_poses(self._camera_token(*self._layer_outputs())), capture, camera_pool,
-                "camera head",
-            )
-            self._outputs: list[tuple] = []
+        self._first_piece = Piece(self._first, capture, self.pool)
 
     def _head_tables(self) -> list:
         """The dense heads' position tables, which their graphs read (`DPTHead.position_tables`)."""
@@ -221,40 +151,19 @@ class GraphedStep:
     def _rotate_to_time(self) -> None:
         """Point the global blocks' rotation table at the time in `_time`, in place (the
         captured graphs read these very buffers); runs inside the first graph. Only the 3D
-        RoPE's time columns depend on the frame: rebuilding the whole table cost ~35 small
-        host-side ops a step, rewriting the columns from the host half a dozen, during which
-        the GPU waited."""
+        RoPE's time columns depend on the frame, and computing them on the device spares the
+        host the small ops of rebuilding the table while the GPU waits."""
         if self._time_inv_freq is None:
             return  # no global RoPE, or a 2D one: the table is the same for every frame
         cos, sin = rope3d_time_columns(self._time, self._time_inv_freq)
         self.global_rotary.cos[:, : cos.numel()].copy_(cos)
         self.global_rotary.sin[:, : sin.numel()].copy_(sin)
 
-    # ------------------------------------------------------------------ the pieces
+    # ------------------------------------------------------------------ the first graph
     def _first(self) -> tuple:
         self._rotate_to_time()
         tokens = self.agg.embed(self.frame, self.special)
         return self.agg.enter_layer(0, tokens, self.frame_rotary, self.global_rotary)
-
-    def _make_middle(self, i: int) -> Callable[[], tuple]:
-        def middle() -> tuple:
-            return self.agg.between_layers(
-                i, self._seq(i - 1), self.attended[i - 1], self.tokens_per_frame, self.frame_rotary, self.global_rotary
-            )
-
-        return middle
-
-    def _last(self) -> tuple:
-        depth = self.config.depth
-        return (self.agg.leave_layer(depth - 1, self._seq(depth - 1), self.attended[depth - 1]),)
-
-    def _layer_outputs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Every layer's frame and global block outputs, from the pieces' static outputs."""
-        depth = self.config.depth
-        return [self._frame_out(i) for i in range(depth)], [self._outputs[i + 1][0] for i in range(depth)]
-
-    def _dense(self) -> tuple:
-        return (self._dense_heads(self._selected_layers(*self._layer_outputs())),)
 
     def _camera_token(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> torch.Tensor:
         """The camera head's input [1, 1, 2C]: the camera token of the last selected layer,
@@ -277,20 +186,37 @@ class GraphedStep:
         # No timing inside a capture: a convolution whose search missed would time its candidates
         # there (synchronising, which breaks the capture); the warm-up before it did the search.
         search = self.conv_search and self.capture and not torch.cuda.is_current_stream_capturing()
-        with heads_without_autocast(self.frame.device), _conv_search(search):
+        with heads_without_autocast(self.frame.device), conv_search(search):
             return self.model.dense_heads(layers, self.image_hw, self.config.num_special_tokens)
 
-    # Piece 0 returns a `LayerEntry`; piece i >= 1 a `LayerExit` (global block i-1's output,
-    # then layer i's entry); piece `depth` a 1-tuple of the last global block's output.
-    def _seq(self, i: int) -> torch.Tensor:
-        return self._outputs[i].seq
+    def _camera_poses(self, token: torch.Tensor) -> list[torch.Tensor] | None:
+        """The camera head on the camera token [1, 1, 2C] (`_camera_token`), its cache attention
+        read through the camera DeviceStep (graph-safe). Per-iteration poses, fp32."""
+        head = self.model.camera_head
+        if head is None:
+            return None
+        backend = head.attention_backend(self.frame.device, self.model.head_dtype)
+        with heads_without_autocast(self.frame.device):
+            poses = head.refine(
+                token,
+                lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, backend),
+            )
+        return [p.float() for p in poses]
 
-    def _frame_out(self, i: int) -> torch.Tensor:
-        return self._outputs[i].frame_out
+    def _camera_steps(self, state, store: bool):
+        """Open the camera cache's step for this frame (none without a camera head); a
+        context manager yielding the list of steps."""
+        head = self.model.camera_head
+        caches = [state.camera] if head is not None else []
+        return open_steps(
+            caches, [store] * len(caches), num_frames=1,
+            layout=lambda _: head.cache_layout(2 * self.config.embed_dim), dtype=self.model.head_dtype,
+            device=self.frame.device,
+        )
 
-    def _qkv(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = self._outputs[i]
-        return out.q, out.k, out.v
+    def _open_camera_steps(self, state, store: bool):
+        """`_camera_steps`, each loaded into the camera DeviceStep (write slots, key range)."""
+        return _prepared(self._camera_steps(state, store), self.camera_device_step)
 
     # ------------------------------------------------------------------ one step
     def __call__(self, frame: torch.Tensor, state, *, store: bool, backend) -> dict[str, torch.Tensor]:
@@ -332,135 +258,10 @@ class GraphedStep:
             device=self.frame.device,
         )
 
-    # ------------------------------------------------------------------ whole-step mode
-    def _whole_step(self) -> tuple:
-        """Everything after graph 0, whose static outputs it starts from."""
-        backend, key_norms = self._backend, self._key_norms  # captured as kernel arguments
-        layers = self.agg.run_layers(
-            self._first_piece.outputs,
-            lambda i, q, k, v: self.agg_device_step.attend(i, q, k, v, backend, key_norm=key_norms[i]),
-            self.tokens_per_frame, self.frame_rotary, self.global_rotary,
-        )
-        frames, globals_ = [], []
-        for _, frame_out, leaving in layers:
-            frames.append(frame_out)
-            globals_.append(leaving)
-        # The heads side by side as in pieces mode, the camera head on a forked stream that
-        # the capture joins (its branch becomes a parallel path of the graph).
-        poses, heads = self._side_by_side(
-            lambda: self._camera_poses(self._camera_token(frames, globals_)),
-            lambda: self._dense_heads(self._selected_layers(frames, globals_)),
-        )
-        return heads, poses
-
-    def _camera_poses(self, token: torch.Tensor) -> list[torch.Tensor] | None:
-        """The camera head on the camera token [1, 1, 2C] (`_camera_token`), its cache attention
-        read through the camera DeviceStep (graph-safe). Per-iteration poses, fp32."""
-        head = self.model.camera_head
-        if head is None:
-            return None
-        backend = head.attention_backend(self.frame.device, self.model.head_dtype)
-        with heads_without_autocast(self.frame.device):
-            poses = head.refine(
-                token,
-                lambda layer, q, k, v: self.camera_device_step.attend(layer, q, k, v, backend),
-            )
-        return [p.float() for p in poses]
-
-    def _camera_steps(self, state, store: bool):
-        """Open the camera cache's step for this frame (none without a camera head); a
-        context manager yielding the list of steps."""
-        head = self.model.camera_head
-        caches = [state.camera] if head is not None else []
-        return open_steps(
-            caches, [store] * len(caches), num_frames=1,
-            layout=lambda _: head.cache_layout(2 * self.config.embed_dim), dtype=self.model.head_dtype,
-            device=self.frame.device,
-        )
-
-    def _open_camera_steps(self, state, store: bool):
-        """`_camera_steps`, each loaded into the camera DeviceStep (write slots, key range)."""
-        return _prepared(self._camera_steps(state, store), self.camera_device_step)
-
-    def _call_whole(self, state, store: bool, backend) -> dict[str, torch.Tensor]:
-        with contextlib.ExitStack() as steps:
-            (agg_step,) = steps.enter_context(self._open_step(state.aggregator, store))
-            camera_steps = steps.enter_context(self._camera_steps(state, store))
-            # Planning queues GPU work only when a cache's storage changed (a new lease is
-            # zero-filled, a grown trajectory memory is copied over), on the current stream
-            # behind graph 0; the step's copies must follow it there. Otherwise they run
-            # beside graph 0. (The graph is captured again for new storage anyway.)
-            moved = agg_step.storage is not self.agg_device_step.storage or any(
-                step.storage is not self.camera_device_step.storage for step in camera_steps
-            )
-            with contextlib.nullcontext() if moved else self._beside_first_graph():
-                self.agg_device_step.prepare(agg_step)
-                for step in camera_steps:
-                    self.camera_device_step.prepare(step)
-            # A graph holds the storage addresses, the backend and the key-norm hints (bounds
-            # and counters) it was captured with.
-            self._backend, self._key_norms = backend, self.agg.key_norms()
-            hints = tuple(None if h is None else (h.bound, h.repairs.data_ptr()) for h in self._key_norms)
-            key = (self.agg_device_step.storage_ptr, self.camera_device_step.storage_ptr, type(backend), hints)
-            heads, poses = self._whole.for_key(key)()
-        out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
-        if poses is not None:
-            poses = [p.clone() for p in poses]
-            out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
-        return out
-
-    @contextlib.contextmanager
-    def _beside_first_graph(self):
-        """Queue the enclosed work on the second stream, after the frame's load (and so after
-        the previous step) but beside graph 0, and make the current stream wait for it. For
-        `DeviceStep.prepare`'s small kernels (trajectory moves, write offsets, key ranges): graph
-        0 reads no cache, and on the current stream they ran after it, ≈ 45 µs a step on an H200
-        (docs/BENCHMARKS.md, session 19). Only for work that needs nothing queued on the
-        current stream after the frame's load. The temporaries it allocates belong to the
-        second stream, whose work alone uses them."""
-        if self.side_stream is None:
-            yield
-            return
-        current = torch.cuda.current_stream()
-        self.side_stream.wait_event(self._frame_loaded)
-        try:
-            with torch.cuda.stream(self.side_stream):
-                yield
-        finally:
-            current.wait_stream(self.side_stream)
-
-    # ------------------------------------------------------------------ pieces mode
-    def _call_pieces(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
-        # Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache: launched
-        # by `start`, the GPU works on it while the host plans the cache step below, whose
-        # copies queue behind it and still precede the first attention.
-        with self._open_step(state.aggregator, store) as (step,):
-            # The copies that do not involve this frame (window eviction into the trajectory
-            # memory), for all layers at once: one kernel instead of one between every layer.
-            step.apply_moves()
-            self._outputs = [first]
-            key_norms = self.agg.key_norms()
-            for i in range(self.config.depth):
-                q, k, v = self._qkv(i)
-                hint = key_norms[i]
-                if self.attended[i] is None or not self.capture:
-                    result = step.attend(i, q, k, v, functools.partial(backend.attend, key_norm=hint), moves_done=True)
-                    self.attended[i] = result if not self.capture else result.clone()
-                else:  # straight into the static input of the graph that reads it
-                    into = self.attended[i]
-                    step.attend(i, q, k, v, lambda q, k, v: backend.attend_into(q, k, v, into, key_norm=hint),
-                                moves_done=True)
-                self._outputs.append(self.pieces[i + 1]())
-        if self.model.camera_head is None:
-            (heads,) = self._dense_piece()
-            return {k: v.clone() for k, v in heads.items()}
-        with self._open_camera_steps(state, store):
-            camera = self._camera.for_key(self.camera_device_step.storage_ptr)
-            poses, (heads,) = self._side_by_side(camera, self._dense_piece)
-            out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
-            poses = [p.clone() for p in poses]
-        out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
-        return out
+    def finish(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
+        """The step after the first graph (whose outputs are `first`): the cache attentions
+        and the rest of the network, on `state`'s caches with the aggregator's `backend`."""
+        raise NotImplementedError
 
     def _side_by_side(self, side: Callable[[], object], main: Callable[[], object]) -> tuple:
         """(side(), main()): `side` on the second stream while `main` runs on the current one,
@@ -498,10 +299,7 @@ class StartedStep:
         self._done = True
         g = self._graphed
         with g._on_device():
-            if g.whole:  # graph 0's outputs are the static tensors the second graph reads
-                out = g._call_whole(state, store, backend)
-            else:
-                out = g._call_pieces(self._first, state, store, backend)
+            out = g.finish(self._first, state, store, backend)
             # Queued behind this step's work, off the next step's start (graph 0 of this
             # step has read `_time` already: same stream).
             g._set_time(state.aggregator.frames_stored)
@@ -515,28 +313,3 @@ def _prepared(steps, device_step: DeviceStep):
         for step in opened:
             device_step.prepare(step)
         yield opened
-
-
-@contextlib.contextmanager
-def _conv_search(on: bool):
-    """cuDNN's benchmark mode while the dense heads are warmed up and captured.
-
-    Without it cuDNN runs its heuristics' first choice for each convolution. With it, the
-    first call of each shape times the candidates and keeps the fastest for the process;
-    the warm-up before every capture makes that first call, so the graph holds the chosen
-    kernels. The DPT head alone at 504x378 (fp32, TF32 convolutions) took 1.34 ms a frame
-    against 1.49 with the heuristics' kernels on an H200, and the whole step 21.82 ms against
-    21.95 (docs/BENCHMARKS.md, session 16).
-    The choice depends on timings, so two processes may pick different kernels, whose
-    results differ by TF32 rounding; a user who asked for deterministic algorithms keeps
-    the heuristics."""
-    if not on or torch.backends.cudnn.deterministic or torch.are_deterministic_algorithms_enabled():
-        yield
-        return
-    previous = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = previous
-

@@ -151,7 +151,15 @@ class CameraCausalHead(nn.Module):
                 trace(f"cam.pose_enc.it{it}", pose)
         return poses
 
-    # The steps around the trunk, each a function of its own so that `compile_model` can fuse
+    def compile_parts(self, compile) -> None:
+        """Use compiled forms of the trunk blocks' halves and of the steps around the trunk
+        (called once, when the network is built to be compiled)."""
+        for block in self.trunk:
+            block.compile_parts(compile, whole=False)
+        for name in ("normalize", "modulate", "update_pose"):
+            setattr(self, name, compile(getattr(self, name)))
+
+    # The steps around the trunk, each a function of its own so that a compiled network fuses
     # each one's small kernels (on the camera head's chain they are ~20 launches a pass).
     def normalize(self, camera_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the normalized tokens, those again through the adaLN norm)."""

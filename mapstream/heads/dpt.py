@@ -174,6 +174,11 @@ class DPTHead(nn.Module):
         conf = torch.cat(confs).unflatten(0, (batch, num_frames))
         return value, conf
 
+    def compile_parts(self, compile) -> None:
+        """Use a compiled form of the per-chunk work (called once, when the network is built
+        to be compiled with its heads)."""
+        self._forward_frames = compile(self._forward_frames)
+
     def _forward_frames(self, layers, image_hw, patch_start_idx, trace):
         height, width = image_hw
         grid_h, grid_w = height // self.patch_size, width // self.patch_size

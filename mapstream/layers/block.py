@@ -11,6 +11,8 @@ row (the camera head's token) is one kernel and otherwise exactly the compositio
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -127,6 +129,15 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
         x = x + self.ls1(self.attn(self.norm1(x), rotary))
         return self.feed_forward(x)
+
+    def compile_parts(self, compile: Callable[[Callable], Callable], *, whole: bool) -> None:
+        """Use compiled forms of the halves around an attention run by the caller and, with
+        `whole`, of the block itself (a block whose attention it runs itself). Called once,
+        by the network that owns the block, when it is built to be compiled."""
+        self.attention_inputs = compile(self.attention_inputs)
+        self.attention_output = compile(self.attention_output)
+        if whole:
+            self.forward = compile(self.forward)
 
     def attention_inputs(
         self, x: torch.Tensor, rotary: Rotary | None = None

@@ -117,8 +117,13 @@ class PatchEmbedViT(nn.Module):
             return self.norm(tokens)[:, 1 + self.num_registers :], hidden
         return self.run_blocks(tokens)[:, 1 + self.num_registers :]
 
+    def compile_parts(self, compile) -> None:
+        """Use a compiled form of `run_blocks` (called once, when the network is built to be
+        compiled)."""
+        self.run_blocks = compile(self.run_blocks)
+
     def run_blocks(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The blocks and the final norm, as one function: compiled whole (`compile_model`),
+        """The blocks and the final norm, as one function: compiled whole (`compile_parts`),
         each block's last residual add fuses with the next block's first norm."""
         for block in self.blocks:
             tokens = block(tokens)

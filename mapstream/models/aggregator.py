@@ -63,12 +63,6 @@ class LayerExit(NamedTuple):
         return LayerEntry(self.frame_out, self.seq, self.q, self.k, self.v)
 
 
-def _plain(block: nn.Module) -> nn.Module:
-    """The module itself, under a `torch.compile` wrapper if it has one (a compiled caller
-    traces through it, rather than calling a compiled callee)."""
-    return getattr(block, "_orig_mod", block)
-
-
 def _enter(frame_block, global_block, tokens, frame_rotary, global_rotary, streams: int) -> LayerEntry:
     """Frame block, then the global block's attention inputs (`AggregatorStream.enter_layer`)."""
     frames = tokens.shape[0] // streams
@@ -332,11 +326,24 @@ class AggregatorStream(nn.Module):
         across the blocks' boundaries (a block's last residual add with the next block's
         first norm, one kernel where there were two)."""
         return self._between(
-            _plain(self.global_blocks[i - 1]), _plain(self.frame_blocks[i]), _plain(self.global_blocks[i]),
+            self.global_blocks[i - 1], self.frame_blocks[i], self.global_blocks[i],
             seq, attended, tokens_per_frame, frame_rotary, global_rotary, streams,
         )
 
-    _between = staticmethod(_between_layers)  # compile_model puts a compiled one on the instance
+    _between = staticmethod(_between_layers)  # a compiled network uses a compiled one (`compile_parts`)
+
+    def compile_parts(self, compile) -> None:
+        """Use compiled forms of the per-frame parts whose shapes are static within a phase:
+        the ViT's blocks, the work between two cache attentions (one graph serves every
+        layer: the blocks' weights are its inputs, and a block's last residual add fuses
+        with the next block's first norm), and the blocks' halves for the callers that run
+        a layer alone. Called once, when the network is built to be compiled."""
+        self.patch_embed.compile_parts(compile)
+        self._between = compile(_between_layers)
+        for block in self.frame_blocks:
+            block.compile_parts(compile, whole=True)
+        for block in self.global_blocks:
+            block.compile_parts(compile, whole=False)
 
     def run_layers(
         self, entered: LayerEntry, attend: Callable, tokens_per_frame: int, frame_rotary: Rotary,

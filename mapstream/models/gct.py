@@ -27,6 +27,7 @@ from ..geometry import camera_matrices
 from ..heads import CameraCausalHead, DPTHead
 from ..validation import check_images
 from .aggregator import AggregatorStream, Trace, kv_dtype
+from .compile import CompileOptions, compiler
 from .state import StreamState
 
 __all__ = ["GCTNetwork", "heads_without_autocast"]
@@ -44,11 +45,20 @@ class GCTNetwork(nn.Module):
         config: architecture (default: the official `lingbot-map` preset's).
         stream: the stream settings this network's sessions start from (default: the
             preset's); configuration, not state.
+        compile: build with torch.compile'd static parts (`CompileOptions`; True: the
+            defaults). Compiling is slow at the first frame of each size, faster after on GPUs.
         **overrides: reference constructor arguments (`kv_cache_sliding_window`,
             `enable_3d_rope`, `enable_point`, ...) or `ModelConfig`/`StreamConfig` fields.
     """
 
-    def __init__(self, config: ModelConfig | None = None, stream: StreamConfig | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        config: ModelConfig | None = None,
+        stream: StreamConfig | None = None,
+        *,
+        compile: CompileOptions | bool | None = None,
+        **overrides: Any,
+    ) -> None:
         super().__init__()
         preset = get_preset("lingbot-map")
         config, stream, inert = split_overrides(config or preset.model, stream or preset.stream, overrides)
@@ -84,6 +94,19 @@ class GCTNetwork(nn.Module):
         # Registration order fixes the state-dict order: camera, point, depth.
         self.point_head = dpt(4, "inv_log") if config.enable_point else None
         self.depth_head = dpt(2, "exp") if config.enable_depth else None
+        self.compile_options = CompileOptions() if compile is True else (compile or None)
+        if self.compile_options is not None:
+            self._compile_parts(self.compile_options)
+
+    def _compile_parts(self, options: CompileOptions) -> None:
+        compile = compiler(options)
+        self.aggregator.compile_parts(compile)
+        if self.camera_head is not None:
+            self.camera_head.compile_parts(compile)
+        self.camera_matrices = compile(camera_matrices)
+        for head in (self.depth_head, self.point_head) if options.heads else ():
+            if head is not None:
+                head.compile_parts(compile)
 
     # (T_world_cam, T_cam_world, K) of pose encodings, for predictions.
     camera_matrices = staticmethod(camera_matrices)

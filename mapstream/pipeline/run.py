@@ -24,12 +24,9 @@ from ..config import StreamConfig
 from ..device import resolve_device
 from ..export import ALL_FORMATS, CloudOptions, check_formats, export_all, runtime_versions
 from ..export.reconstruction import Reconstruction
-from ..keyframes import make_policy
-from ..session import FramePrediction, Session
-from ..validation import check_scale_frames
+from ..session import FramePrediction, Session, resolve_precision
 from ..windowed import WindowedSession
 from ..windowed.online import check_window_options
-from ..windowed.plan import check_keyframe_interval
 from .frame_store import FrameStore
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 from .run_folder import RunFolder
@@ -61,18 +58,9 @@ class RunOptions:
     fps: float | None = 10.0
     stride: int = 1
     first_k: int | None = None
-    num_scale_frames: int = 8
-    keyframe_interval: int | str | None = None
-    sliding_window: int = 64  # stored frames the streaming cache keeps after the scale frames
-    trajectory_capacity: int | None = 1024  # evicted frames whose special tokens are kept (None: all)
+    stream: StreamConfig = field(default_factory=StreamConfig)  # the stream's settings (scale, cache, windows...)
     camera_iterations: int = 4  # the camera head's refinement passes
-    window_size: int = 64
-    overlap: int = 16
-    overlap_keyframes: int | None = None  # windowed: overlap in keyframes (overrides overlap)
-    shared_from: str = "later"  # windowed: the window a shared frame comes from (the offline stitch's)
     device: str = "auto"
-    precision: str = "auto"
-    backend: str = "auto"
     formats: tuple[str, ...] = ALL_FORMATS
     conf_threshold: float = 1.5
     conf_percentile: float | None = None  # also keep only pixels above this percentile of confidence
@@ -85,9 +73,8 @@ class RunOptions:
     demo_frames: int = 24
     sky_mask: bool = False
     sky_model: str | None = None
-    compile: bool = False
-    low_precision_heads: bool = False  # heads in `precision` too (default: fp32, as the reference)
-    fast: bool = True  # CUDA-graph steps on CUDA devices (no effect on the CPU)
+    compile: bool = False  # build the model with torch.compile'd static parts
+    low_precision_heads: bool = False  # heads in the stream's precision too (default: fp32, as the reference)
 
 
 @dataclass
@@ -113,13 +100,10 @@ def check_options(opts: RunOptions) -> None:
         from ..io.video import sample_interval
 
         sample_interval(None, opts.fps)  # its own error for a rate that keeps no frame
-    if opts.num_scale_frames is not None:
-        check_scale_frames(opts.num_scale_frames)
-    _cache_config(StreamConfig(), opts)  # its own errors for a bad window or capacity
+    if not isinstance(opts.stream, StreamConfig):
+        raise TypeError(f"RunOptions.stream must be a StreamConfig, got {type(opts.stream).__name__}")
     if opts.camera_iterations < 1:
         raise ValueError(f"camera_iterations must be >= 1, got {opts.camera_iterations}")
-    if opts.keyframe_interval is not None:
-        make_policy(opts.keyframe_interval)  # its own error for a bad interval
     if opts.demo and opts.input is not None:
         raise ValueError(f"--demo renders its own frames and reads no input: give the input {opts.input} or --demo, "
                          "not both")
@@ -127,12 +111,7 @@ def check_options(opts: RunOptions) -> None:
     if opts.mode not in ("streaming", "windowed"):
         raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
     if opts.mode == "windowed":
-        check_window_options(StreamConfig(window_size=opts.window_size, overlap=opts.overlap,
-                                          shared_from=opts.shared_from))
-        if opts.overlap_keyframes is not None and opts.overlap_keyframes < 1:
-            raise ValueError(f"overlap_keyframes must be >= 1 (or unset), got {opts.overlap_keyframes}")
-        if opts.keyframe_interval is not None:
-            check_keyframe_interval(opts.keyframe_interval)
+        check_window_options(opts.stream)
 
 
 def check_input(opts: RunOptions) -> None:
@@ -154,28 +133,24 @@ _ONLY_WHEN = {
 def _unused_options(opts: RunOptions) -> list[str]:
     """Options given another value than their default that this run does not read: told,
     since a user who sets one expects an effect."""
-    defaults = RunOptions(input=None, out=Path())
+    defaults, stream_defaults = RunOptions(input=None, out=Path()), StreamConfig()
     unused = []
     for name, (needs, what) in _ONLY_WHEN.items():
         read = {"windowed": opts.mode == "windowed", "sky_mask": opts.sky_mask, "input": not opts.demo}[needs]
-        if not read and getattr(opts, name) != getattr(defaults, name):
-            unused.append(f"{name}={getattr(opts, name)!r} has no effect without {what}")
+        given, default = (
+            (getattr(opts.stream, name), getattr(stream_defaults, name)) if hasattr(stream_defaults, name)
+            else (getattr(opts, name), getattr(defaults, name))
+        )
+        if not read and given != default:
+            unused.append(f"{name}={given!r} has no effect without {what}")
+    if opts.stream.provisional:
+        unused.append("provisional=True has no effect in a run (its outputs are the final predictions)")
     return unused
 
 
-def _cache_config(base: StreamConfig, opts: RunOptions) -> StreamConfig:
-    """The run's cache policy. The scale frames of the cache are the run's scale frames, as
-    in the reference demo (its --num_scale_frames sets kv_cache_scale_frames too)."""
-    scale = base.num_scale_frames if opts.num_scale_frames is None else opts.num_scale_frames
-    return base.with_settings(
-        num_scale_frames=scale, cache_scale_frames=None, sliding_window=opts.sliding_window,
-        trajectory_capacity=opts.trajectory_capacity,
-    )
-
-
 def _keyframe_interval(opts: RunOptions, length: int | None):
-    if opts.keyframe_interval is not None:
-        return opts.keyframe_interval
+    if opts.stream.keyframe_interval is not None:
+        return opts.stream.keyframe_interval
     if length is None:
         return "auto" if opts.mode == "streaming" else 1
     # Keep the stored frames within the views the model was trained on (reference rule).
@@ -213,7 +188,8 @@ def run(
         job = _prepare(opts, folder, source, device)
         loaded = time.perf_counter()
         streamed = stream_frames(
-            job.session, source, job.store, scale_frames=opts.num_scale_frames, out=folder.path, progress=progress,
+            job.session, source, job.store, scale_frames=opts.stream.num_scale_frames, out=folder.path,
+            progress=progress,
             on_frame=on_frame,
         )
         inferred = time.perf_counter()
@@ -240,49 +216,33 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device) 
     """Load the model as the options ask, open the run's session and its frame store (with
     the frames an earlier run of the same settings finished)."""
     model, model_desc, warnings = resolve_model(
-        opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.backend,
-        camera_num_iterations=opts.camera_iterations,
+        opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.stream.backend,
+        camera_num_iterations=opts.camera_iterations, compile=opts.compile,
     )
-    cache = _cache_config(model.stream_config, opts)
-    from ..session import resolve_precision
-
-    precision = resolve_precision(opts.precision, device)
+    precision = resolve_precision(opts.stream.precision, device)
     if precision in ("bf16", "fp16"):
         model.cast_for_inference(precision, heads=opts.low_precision_heads)
-    if opts.compile:
-        from ..models.compile import compile_model
-
-        compile_model(model)
     interval = _keyframe_interval(opts, source.expected_length)
+    stream = opts.stream.with_settings(keyframe_interval=interval, precision=precision)
     config = {
         "input": input_key(opts.input) if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
         "image_size": DEMO_HW[1] if opts.demo else opts.image_size, "preprocess": opts.preprocess,
         "rotate": opts.rotate, "fps": opts.fps, "stride": opts.stride,
-        "first_k": opts.first_k, "num_scale_frames": opts.num_scale_frames, "keyframe_interval": interval,
-        "window_size": opts.window_size, "overlap": opts.overlap, "overlap_keyframes": opts.overlap_keyframes,
-        "shared_from": opts.shared_from if opts.mode == "windowed" else None,
+        "first_k": opts.first_k, "num_scale_frames": stream.num_scale_frames, "keyframe_interval": interval,
+        "window_size": stream.window_size, "overlap": stream.overlap, "overlap_keyframes": stream.overlap_keyframes,
+        "shared_from": stream.shared_from if opts.mode == "windowed" else None,
         "precision": precision,
-        "cache_scale_frames": cache.anchor_frames, "sliding_window": cache.sliding_window,
-        "trajectory_capacity": cache.trajectory_capacity,
+        "cache_scale_frames": stream.anchor_frames, "sliding_window": stream.sliding_window,
+        "trajectory_capacity": stream.trajectory_capacity,
         "camera_iterations": opts.camera_iterations,
         "heads_precision": str(model.head_dtype).removeprefix("torch."),
     }
     store = folder.frame_store(config, resume=opts.resume, recorded_later=_RECORDED_LATER,
                                same_as_now=_as_recorded_today)
     if opts.mode == "windowed":
-        session = WindowedSession(
-            model, cache.with_settings(
-                window_size=opts.window_size, overlap=opts.overlap, overlap_keyframes=opts.overlap_keyframes,
-                keyframe_interval=interval, precision=precision, fast=opts.fast and device.type == "cuda",
-                shared_from=opts.shared_from,
-            ), output_device="cpu",
-        )
+        session = WindowedSession(model, stream, output_device="cpu")
     else:  # "streaming" (`check_options` took no other mode)
-        session = Session(
-            model, cache.with_settings(
-                keyframe_interval=interval, precision=precision, fast=opts.fast and device.type == "cuda",
-            ), output_device="cpu",
-        )
+        session = Session(model, stream, output_device="cpu")
     return _Job(folder, device, model_desc, warnings, config, store, session)
 
 
@@ -291,7 +251,9 @@ def _export(opts: RunOptions, job: _Job, progress: bool | None) -> tuple[Reconst
     meanwhile. Returns the reconstruction, what was written and the run's settings."""
     recon = job.store.assemble(fps=opts.fps)
     try:
-        settings = {**job.config, "options": {k: str(v) for k, v in asdict(opts).items()}}  # run.json's "config"
+        options = {**asdict(opts), **asdict(opts.stream)}
+        options.pop("stream")
+        settings = {**job.config, "options": {k: str(v) for k, v in options.items()}}  # run.json's "config"
         job.folder.begin_export(settings, opts.formats, recon.file_stems())
         if opts.sky_mask:
             recon = _with_sky_masks(recon, job.folder.path, opts.sky_model, job.warnings, progress)

@@ -133,10 +133,10 @@ def test_bf16_fast_paths_agree_with_fp32_on_real_photos(full_fp32):
         assert errs["depth"] < 5e-2 and errs["pose_enc"] < 1e-1, (backend, graphs, errs)
     if not available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
         # The headline variant: triton attention + CUDA graphs + torch.compile'd pieces.
-        from mapstream.models.compile import compile_model
-
+        del fast
+        fast = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map", compile=True))
+        fast = fast.cuda().eval().cast_for_inference("bf16")
         fast.set_backend("triton")
-        compile_model(fast)
         # Then the bench's bf16-heads variant: the heads in bf16 too (last: it casts in place).
         for label, heads in (("triton+graphs+compile", False), ("triton+graphs+compile+bf16-heads", True)):
             if heads:
@@ -774,15 +774,13 @@ def test_a_graph_keeps_the_dense_heads_position_tables_when_their_cache_drops_th
 
 
 def test_compiled_between_layers_fuses_across_the_blocks_boundaries():
-    """compile_model compiles the work between two cache attentions as one function: on the
+    """A compiled network compiles the work between two cache attentions as one function: on the
     tiny model in bf16 each block's last residual add fuses with the next block's first norm,
     so `between_layers(i)` launches at least two kernels fewer than `leave_layer(i - 1)` and
     `enter_layer(i)` compiled apart, and computes the same values (to bf16 rounding)."""
     from mapstream.layers import patch_positions_2d, rope2d
-    from mapstream.models.compile import compile_model
-
-    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval().cast_for_inference("bf16")
-    compile_model(model)
+    model = mapstream.build_model("tiny", compile=True)
+    model = mapstream.fill_synthetic_(model).cuda().eval().cast_for_inference("bf16")
     agg, c = model.aggregator, model.config
     g = torch.Generator(device="cuda").manual_seed(3)
     per_frame = c.num_special_tokens + 2 * 3

@@ -126,7 +126,7 @@ def test_an_impossible_architecture_is_refused_when_configured_not_at_the_first_
 
 @pytest.mark.parametrize("override, message", [
     ({"kv_cache_sliding_window": 2.5}, "sliding_window must be an integer >= 1, got 2.5"),
-    ({"kv_cache_scale_frames": -1}, "scale_frames must be >= 0, got -1"),
+    ({"kv_cache_scale_frames": -1}, "num_scale_frames must be >= 1, got -1"),
     ({"trajectory_capacity": 1.5}, r"trajectory_capacity must be >= 2 or None \(unbounded\), got 1.5"),
 ])
 def test_a_cache_policy_that_cannot_be_kept_is_refused_when_configured(override, message):

@@ -438,11 +438,13 @@ def test_auto_keyframes_need_no_frame_count(model):
 
 def test_compiled_model_computes_the_same_function():
     from mapstream.geometry import camera_matrices
-    from mapstream.models.compile import compile_model
+    from mapstream.models.compile import CompileOptions
 
     plain = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
-    compiled = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
-    compile_model(compiled, backend="eager", heads=True)  # dynamo tracing only: fast, exercises the wiring
+    # Dynamo tracing only (the "eager" backend): fast, exercises the wiring.
+    compiled = mapstream.build_model("tiny", compile=CompileOptions(backend="eager", heads=True)).eval()
+    assert list(compiled.state_dict()) == list(plain.state_dict())  # built compiled, same checkpoint keys
+    compiled.load_state_dict(plain.state_dict())
     x = frames_of(5, seed=12)
     a = plain.inference_streaming(x, num_scale_frames=2)
     b = compiled.inference_streaming(x, num_scale_frames=2)
@@ -461,27 +463,27 @@ def test_compiled_model_computes_the_same_function():
 
 
 @pytest.mark.parametrize("mode", [None, "max-autotune"])
-def test_compile_model_asks_inductor_for_unpadded_products_in_every_mode(monkeypatch, mode):
-    """Inductor's shape padding copied the inputs of two products a block (978 -> 984 rows);
-    compile_model turns it off and keeps the rest of the mode's options (torch.compile takes
-    options or a mode, not both). Other backends get the mode as given."""
+def test_a_compiled_network_asks_inductor_for_unpadded_products_in_every_mode(monkeypatch, mode):
+    """Inductor's shape padding copies the inputs of two products a block (978 -> 984 rows);
+    a compiled network turns it off and keeps the rest of the mode's options (torch.compile
+    takes options or a mode, not both). Other backends get the mode as given."""
     import torch._inductor
 
-    from mapstream.models.compile import compile_model
+    from mapstream.models.compile import CompileOptions
 
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
-    compile_model(mapstream.build_model("tiny"), mode=mode)
+    mapstream.build_model("tiny", compile=CompileOptions(mode=mode))
     assert calls and all(set(kw) == {"backend", "options", "dynamic"} for kw in calls), calls
     want = {**(torch._inductor.list_mode_options(mode) if mode else {}), "shape_padding": False}
     assert all(kw["options"] == want and kw["backend"] == "inductor" for kw in calls), calls
     calls.clear()
-    compile_model(mapstream.build_model("tiny"), backend="eager", mode=mode, shape_padding=True)
+    mapstream.build_model("tiny", compile=CompileOptions(backend="eager", mode=mode, shape_padding=True))
     assert calls and all(kw == {"backend": "eager", "mode": mode, "dynamic": False} for kw in calls), calls
 
 
 def test_conv_search_turns_cudnn_benchmark_on_only_inside_and_never_for_deterministic_runs(monkeypatch):
-    from mapstream.fast.graphs import _conv_search
+    from mapstream.fast.piece import conv_search as _conv_search
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     with _conv_search(True):
@@ -552,10 +554,10 @@ def test_graphed_steps_launch_the_first_graph_before_planning_the_cache_step(mod
     GPU the frame is embedded while the host works. The step's copies (window eviction)
     still run before its first attention (pieces) or the graph of the rest (whole step)."""
     from mapstream.cache import Step, StreamCacheManager
-    from mapstream.fast import graphs
+    from mapstream.fast import piece as graphs
 
     events = []
-    piece_call, begin, moves, attend = graphs._Piece.__call__, StreamCacheManager.begin_step, Step.apply_moves, Step.attend
+    piece_call, begin, moves, attend = graphs.Piece.__call__, StreamCacheManager.begin_step, Step.apply_moves, Step.attend
 
     def logged(name, fn):
         def wrapper(self, *args, **kwargs):
@@ -567,7 +569,7 @@ def test_graphed_steps_launch_the_first_graph_before_planning_the_cache_step(mod
         for frame in frames_of(3, seed=5):  # the scale phase and one graphed step
             s.step(frame)
         first_piece = s._graphed[(28, 42)]._first_piece
-        monkeypatch.setattr(graphs._Piece, "__call__", logged(lambda p: "piece 0" if p is first_piece else "piece", piece_call))
+        monkeypatch.setattr(graphs.Piece, "__call__", logged(lambda p: "piece 0" if p is first_piece else "piece", piece_call))
         monkeypatch.setattr(StreamCacheManager, "begin_step", logged(lambda m: f"begin {m.name}", begin))
         monkeypatch.setattr(Step, "apply_moves", logged(lambda st: f"moves {st.manager.name}", moves))
         monkeypatch.setattr(Step, "attend", logged(lambda st: "attend", attend))
@@ -582,7 +584,7 @@ def test_a_frame_failing_the_value_check_is_rejected_after_the_first_graph_witho
     """A graphed step launches its first graph (no cache read) before the frame's value
     check answers; a NaN or out-of-range frame is then rejected with the check's error, and
     the session goes on exactly as a twin that never saw it (same indices, same outputs)."""
-    from mapstream.fast import graphs
+    from mapstream.fast import piece as graphs
     from mapstream.validation import ValueCheck
 
     good = frames_of(5, seed=8)
@@ -594,7 +596,7 @@ def test_a_frame_failing_the_value_check_is_rejected_after_the_first_graph_witho
             s.step(frame)
             twin.step(frame)
         events = []
-        piece_call, wait = graphs._Piece.__call__, ValueCheck.wait
+        piece_call, wait = graphs.Piece.__call__, ValueCheck.wait
         first_piece = s._graphed[(28, 42)].pieces[0]
 
         def logged_piece(self):
@@ -606,7 +608,7 @@ def test_a_frame_failing_the_value_check_is_rejected_after_the_first_graph_witho
             events.append("value check")
             return wait(self)
 
-        monkeypatch.setattr(graphs._Piece, "__call__", logged_piece)
+        monkeypatch.setattr(graphs.Piece, "__call__", logged_piece)
         monkeypatch.setattr(ValueCheck, "wait", logged_wait)
         with pytest.raises(ValueError, match="NaN"):
             s.step(nan)
@@ -745,7 +747,7 @@ def test_heads_in_bf16_compute_in_bf16_and_stay_close_to_fp32_heads():
 
 
 def test_fast_mode_is_validated(model):
-    with pytest.raises(ValueError, match="fast must be False, True, 'pieces' or 'whole', got 'graphs'"):
+    with pytest.raises(ValueError, match="fast must be False, True, 'auto', 'pieces' or 'whole', got 'graphs'"):
         model.session(fast="graphs")
 
 
@@ -789,16 +791,16 @@ def test_the_step_copies_go_beside_graph_0_only_when_planning_queued_nothing(mod
     the frame's load only. A step whose planning queued work on the current stream (a new
     arena: the first step, trajectory growth) must keep them there, after that work; every
     other step takes the second stream. Here: which steps took it, against the cache moves."""
-    from mapstream.fast import graphs
+    from mapstream.fast.whole import WholeStepGraphs
 
     cache = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=None)
-    beside, entered = [], graphs.GraphedStep._beside_first_graph
+    beside, entered = [], WholeStepGraphs._beside_first_graph
 
     def spy(self):
         beside[-1] = True
         return entered(self)
 
-    monkeypatch.setattr(graphs.GraphedStep, "_beside_first_graph", spy)
+    monkeypatch.setattr(WholeStepGraphs, "_beside_first_graph", spy)
     storages = []
     with model.session(num_scale_frames=2, **cache, fast="whole") as fast:
         for frame in frames_of(74, h=14, w=28, seed=31):

@@ -32,7 +32,8 @@ def test_online_windows_equal_the_offline_ones(model, overlap, scale, interval, 
         x, window_size=5, overlap_size=overlap, num_scale_frames=scale, keyframe_interval=interval, return_windows=True
     )
     with WindowedSession(
-        model, window_size=5, overlap_size=overlap, num_scale_frames=scale, keyframe_interval=interval
+        model, window_size=5, overlap=overlap, num_scale_frames=scale, keyframe_interval=interval,
+        shared_from="earlier",
     ) as online:
         preds = online.run_frames(x)
         transforms = online.transforms
@@ -61,17 +62,17 @@ def test_an_overlap_cut_to_the_window_is_told_online_as_offline(model, caplog):
     """An overlap as long as the window is cut to the window minus one frame by both; the offline
     plan said so and the online session (what `mapstream run --mode windowed` uses) kept quiet."""
     with caplog.at_level(logging.WARNING):
-        WindowedSession(model, window_size=5, overlap_size=7, num_scale_frames=2).close()
+        WindowedSession(model, window_size=5, overlap=7, num_scale_frames=2).close()
     assert "an overlap of 7 frames does not fit windows of 5 frames; using 4" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        WindowedSession(model, window_size=5, overlap_size=4, num_scale_frames=2).close()
+        WindowedSession(model, window_size=5, overlap=4, num_scale_frames=2).close()
     assert "does not fit" not in caplog.text
 
 
 def test_long_stream_runs_in_per_window_memory(model):
     x = frames_of(8, seed=9)
-    with WindowedSession(model, window_size=6, overlap_size=2, num_scale_frames=2) as online:
+    with WindowedSession(model, window_size=6, overlap=2, num_scale_frames=2) as online:
         held = None
         for i in range(400):
             online.step(x[i % 8])
@@ -84,7 +85,7 @@ def test_long_stream_runs_in_per_window_memory(model):
 def test_five_thousand_frames_run_in_per_window_memory(model):
     """Issue 4: a tiny-preset run over 5,000 frames completes with per-window memory."""
     x = frames_of(8, seed=11)[:, :, :14, :14]
-    with WindowedSession(model, window_size=8, overlap_size=2, num_scale_frames=2) as online:
+    with WindowedSession(model, window_size=8, overlap=2, num_scale_frames=2) as online:
         emitted = 0
         for i in range(5000):
             emitted += len(online.step(x[i % 8]))
@@ -123,19 +124,19 @@ def test_online_windows_refuse_what_the_offline_plan_refuses_and_an_overlap_of_n
     with pytest.raises(ValueError, match="window_size must be >= 1") if window_size < 1 else contextlib.nullcontext():
         model.inference_windowed(frames_of(9), window_size=window_size, overlap_size=2, num_scale_frames=2)
     with pytest.raises(ValueError, match=message):
-        WindowedSession(model, window_size=window_size, overlap_size=overlap, num_scale_frames=2)
+        WindowedSession(model, window_size=window_size, overlap=overlap, num_scale_frames=2)
 
 
 @pytest.mark.parametrize("interval", ["auto", 1.5, True, -1])
 def test_windows_need_a_fixed_keyframe_interval(model, interval):
     """Windows are planned from the interval before any frame is seen: motion-based keyframes
     are refused offline (once a TypeError from inside the plan) and online alike."""
-    message = "windowed inference needs a fixed keyframe interval"
+    message = "windowed inference needs a fixed keyframe interval" if interval == "auto" else "keyframe_interval must be"
     with pytest.raises(ValueError, match=message):
         model.inference_windowed(frames_of(9), window_size=4, overlap_size=2, num_scale_frames=2,
                                  keyframe_interval=interval)
     with pytest.raises(ValueError, match=message):
-        WindowedSession(model, window_size=4, overlap_size=2, num_scale_frames=2, keyframe_interval=interval)
+        WindowedSession(model, window_size=4, overlap=2, num_scale_frames=2, keyframe_interval=interval)
 
 
 @pytest.mark.parametrize("window_size, frames, warned", [(6, 10, True), (4, 10, False), (2, 10, False), (6, 4, False)])
@@ -157,7 +158,7 @@ def test_windows_that_outgrow_the_cache_say_so_and_keep_the_reference_outputs(wi
     assert ("by 2 to keep whole windows" in caplog.text) == warned
     caplog.clear()
     with caplog.at_level("WARNING", logger="mapstream.windowed.plan"):
-        WindowedSession(small, **options).close()
+        WindowedSession(small, window_size=window_size, overlap=2, num_scale_frames=2).close()
     assert ("exceed the 4 the cache keeps" in caplog.text) == (window_size > 4)
     whole = wide.inference_windowed(x, **options)
     assert torch.equal(evicting["pose_enc"], whole["pose_enc"]) != warned  # eviction changes the outputs
@@ -178,7 +179,7 @@ def test_shared_frames_from_the_later_window_are_the_offline_stitch(model, overl
         x, window_size=5, overlap_size=overlap, num_scale_frames=scale, keyframe_interval=interval
     )
     emitted_after: dict[int, int] = {}
-    with WindowedSession(model, window_size=5, overlap_size=overlap, num_scale_frames=scale,
+    with WindowedSession(model, window_size=5, overlap=overlap, num_scale_frames=scale,
                          keyframe_interval=interval, shared_from="later") as online:
         preds = []
         for fed, frame in enumerate(x):
@@ -203,7 +204,7 @@ def test_shared_frames_from_the_later_window_are_the_offline_stitch(model, overl
 
 def test_shared_from_takes_only_the_two_choices(model):
     with pytest.raises(ValueError, match="shared_from must be one of earlier, later"):
-        WindowedSession(model, window_size=5, overlap_size=2, num_scale_frames=2, shared_from="last")
+        WindowedSession(model, window_size=5, overlap=2, num_scale_frames=2, shared_from="last")
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -224,8 +225,9 @@ def test_counts_that_are_not_whole_numbers_are_refused_offline_online_and_stream
     offline = {"window_size": 3, **kwargs}
     with pytest.raises(ValueError, match=message):
         model.inference_windowed(frames, **offline)
-    with pytest.raises(ValueError, match=message):
-        mapstream.WindowedSession(model, **{"window_size": 3, **kwargs})
+    online = {("overlap" if k == "overlap_size" else k): v for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=message.replace("overlap_size", "overlap")):
+        mapstream.WindowedSession(model, **{"window_size": 3, **online})
     if set(kwargs) == {"num_scale_frames"}:
         with pytest.raises(ValueError, match=message):
             model.inference_streaming(frames, **kwargs)

@@ -1,0 +1,100 @@
+"""The step in graphs between the aggregator's eager cache attentions (`PiecewiseGraphs`)."""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+from .graphs import GraphedStep
+from .piece import KeyedPiece, Piece
+
+__all__ = ["PiecewiseGraphs"]
+
+
+class PiecewiseGraphs(GraphedStep):
+    """Graph 0, the aggregator's cache attentions eagerly (exact key ranges, any backend's
+    kernel) with a graph between each two, then the dense heads' graph beside the camera
+    head's."""
+
+    def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True, conv_search: bool = True) -> None:
+        super().__init__(model, image_hw, capture=capture, conv_search=conv_search)
+        depth = self.config.depth
+        self.attended: list[torch.Tensor | None] = [None] * depth
+        self.pieces = [self._first_piece]
+        self.pieces += [Piece(self._make_middle(i), capture, self.pool) for i in range(1, depth)]
+        self.pieces.append(Piece(self._last, capture, self.pool))
+        self._dense_piece = Piece(self._dense, capture, self.pool, self._head_tables)
+        # The camera head runs beside the dense heads on a second stream, so it needs
+        # its own pool: graphs of one pool may reuse each other's temporaries, which is
+        # only safe when they run one after the other.
+        camera_pool = torch.cuda.graph_pool_handle() if capture else None
+        self._camera = KeyedPiece(
+            lambda: self._camera_poses(self._camera_token(*self._layer_outputs())), capture, camera_pool,
+            "camera head",
+        )
+        self._outputs: list[tuple] = []
+
+    def _make_middle(self, i: int) -> Callable[[], tuple]:
+        def middle() -> tuple:
+            return self.agg.between_layers(
+                i, self._seq(i - 1), self.attended[i - 1], self.tokens_per_frame, self.frame_rotary, self.global_rotary
+            )
+
+        return middle
+
+    def _last(self) -> tuple:
+        depth = self.config.depth
+        return (self.agg.leave_layer(depth - 1, self._seq(depth - 1), self.attended[depth - 1]),)
+
+    def _layer_outputs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's frame and global block outputs, from the pieces' static outputs."""
+        depth = self.config.depth
+        return [self._frame_out(i) for i in range(depth)], [self._outputs[i + 1][0] for i in range(depth)]
+
+    def _dense(self) -> tuple:
+        return (self._dense_heads(self._selected_layers(*self._layer_outputs())),)
+
+    # Piece 0 returns a `LayerEntry`; piece i >= 1 a `LayerExit` (global block i-1's output,
+    # then layer i's entry); piece `depth` a 1-tuple of the last global block's output.
+    def _seq(self, i: int) -> torch.Tensor:
+        return self._outputs[i].seq
+
+    def _frame_out(self, i: int) -> torch.Tensor:
+        return self._outputs[i].frame_out
+
+    def _qkv(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self._outputs[i]
+        return out.q, out.k, out.v
+
+    def finish(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
+        # Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache: launched
+        # by `start`, the GPU works on it while the host plans the cache step below, whose
+        # copies queue behind it and still precede the first attention.
+        with self._open_step(state.aggregator, store) as (step,):
+            # The copies that do not involve this frame (window eviction into the trajectory
+            # memory), for all layers at once: one kernel instead of one between every layer.
+            step.apply_moves()
+            self._outputs = [first]
+            key_norms = self.agg.key_norms()
+            for i in range(self.config.depth):
+                q, k, v = self._qkv(i)
+                hint = key_norms[i]
+                if self.attended[i] is None or not self.capture:
+                    result = step.attend(i, q, k, v, functools.partial(backend.attend, key_norm=hint), moves_done=True)
+                    self.attended[i] = result if not self.capture else result.clone()
+                else:  # straight into the static input of the graph that reads it
+                    into = self.attended[i]
+                    step.attend(i, q, k, v, lambda q, k, v: backend.attend_into(q, k, v, into, key_norm=hint),
+                                moves_done=True)
+                self._outputs.append(self.pieces[i + 1]())
+        if self.model.camera_head is None:
+            (heads,) = self._dense_piece()
+            return {k: v.clone() for k, v in heads.items()}
+        with self._open_camera_steps(state, store):
+            camera = self._camera.for_key(self.camera_device_step.storage_ptr)
+            poses, (heads,) = self._side_by_side(camera, self._dense_piece)
+            out: dict[str, torch.Tensor] = {k: v.clone() for k, v in heads.items()}
+            poses = [p.clone() for p in poses]
+        out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
+        return out
