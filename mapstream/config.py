@@ -162,9 +162,9 @@ class StreamConfig:
     keyframe_interval: int | Literal["auto"] | None = None
     """Which frames after the scale phase are stored: an int k (every k-th, the reference's
     rule; 0 and 1 store all), "auto" (by predicted image motion), from Python also a
-    `mapstream.keyframes.KeyframePolicy`, or None:
-    every frame, except in `mapstream run` over N frames known in advance, which stores every
-    ceil(N / 320)-th as the reference's demo does."""
+    `mapstream.keyframes.KeyframePolicy`, or None: every frame in a session, while
+    `mapstream run` stores every ceil(N / 320)-th of N frames known in advance (the reference
+    demo's rule) and chooses by motion on a live input."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """The trunk's arithmetic: "auto" (bf16 on CUDA GPUs that have it, fp16 on older ones,
     fp32 on the CPU), "fp32", "bf16" or "fp16". The heads stay in their weights' dtype."""

@@ -1,6 +1,7 @@
 """`mapstream run`: reconstruct a folder, video, webcam or the built-in demo."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Optional
@@ -11,6 +12,18 @@ from ..config import StreamConfig
 from ..export import ALL_FORMATS
 from ._cloud import CloudFlags, PointCloudFlags
 from ._flags import as_flags
+
+
+@dataclass(frozen=True)
+class StreamFlags(StreamConfig):
+    """`StreamConfig`'s fields as flags, checked when the run builds its `StreamConfig` from
+    them (so that a bad value is told with its flag's name, as the run's other errors are)."""
+
+    def __post_init__(self) -> None:
+        pass
+
+    def config(self) -> StreamConfig:
+        return StreamConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(StreamConfig)})
 
 
 @dataclass
@@ -48,10 +61,9 @@ class Run:
     """Keep every n-th frame (after --fps sampling for videos)."""
     first_k: Optional[int] = None
     """Keep at most this many frames (counted after --stride)."""
-    stream: Annotated[StreamConfig, tyro.conf.OmitArgPrefixes] = field(default_factory=StreamConfig)
+    stream: Annotated[StreamFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=StreamFlags)
     """The stream's settings (mapstream.StreamConfig): scale frames, what the cache keeps, keyframes,
-    precision, attention backend, CUDA graphs, windows. Unset --keyframe-interval stores every
-    ceil(N/320)-th of N frames known in advance (every frame of a live input)."""
+    precision, attention backend, CUDA graphs, windows."""
     camera_iterations: int = 4
     """Refinement passes of the camera head (1 is faster and keeps a 4x smaller camera cache)."""
     device: str = "auto"
@@ -83,10 +95,14 @@ class Run:
     def main(self) -> int:
         from ..pipeline import RunOptions, check_input, check_options, run
 
+        try:
+            stream = self.stream.config()
+        except ValueError as err:
+            raise ValueError(as_flags(str(err), Run)) from err
         opts = RunOptions(
             input=self.input, out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
             image_size=self.image_size, preprocess=self.preprocess, rotate=self.rotate, fps=self.fps,
-            stride=self.stride, first_k=self.first_k, stream=self.stream, camera_iterations=self.camera_iterations,
+            stride=self.stride, first_k=self.first_k, stream=stream, camera_iterations=self.camera_iterations,
             device=self.device, formats=self.formats,
             conf_threshold=self.cloud.conf_threshold, conf_percentile=self.cloud.conf_percentile,
             voxel_size=self.cloud.voxel_size, drop_black_background=self.cloud.drop_black_background,

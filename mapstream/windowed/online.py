@@ -51,7 +51,7 @@ def check_window_options(config: StreamConfig) -> None:
             "the online windowed session needs overlap >= 1 (None: the scale frames)"
         )
     if config.overlap_keyframes is not None and config.overlap_keyframes < 1:
-        raise ValueError(f"overlap_keyframes must be >= 1 (or None), got {config.overlap_keyframes}")
+        raise ValueError(f"overlap_keyframes must be >= 1 (or unset), got {config.overlap_keyframes}")
 
 
 class WindowedSession:
