@@ -1,0 +1,104 @@
+"""The package's structure as its imports draw it: no circle, and the network never imports
+what is built on it (sessions, windowed inference, the fast path, the reference's protocol,
+the tool)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mapstream"
+
+# The network and what it stands on; each may import only from this set (and outside packages).
+NETWORK = {
+    "mapstream.models", "mapstream.heads", "mapstream.layers", "mapstream.attention", "mapstream.cache",
+    "mapstream.geometry", "mapstream.config", "mapstream.validation", "mapstream._version",
+}
+# Built on the network, below the reference's protocol (`mapstream.compat`) and the tool.
+ENGINE = NETWORK | {
+    "mapstream.session", "mapstream.multistream", "mapstream.fast", "mapstream.windowed", "mapstream.keyframes",
+    "mapstream.progress", "mapstream.sequences",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The mapstream modules `path` imports when it runs (at any depth, in functions too), not
+    those imported for type checkers only (`if TYPE_CHECKING:`)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for n in ast.walk(node))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {t for t in found if t.startswith("mapstream")}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: {t for t in _runtime_imports(path) if t in modules and t != name} for name, path in modules.items()}
+
+
+def _floor(module: str, floor: set[str]) -> bool:
+    return any(module == top or module.startswith(top + ".") for top in floor)
+
+
+def test_no_module_imports_itself_through_others():
+    graph = _graph()
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+@pytest.mark.parametrize("floor", [NETWORK, ENGINE], ids=["network", "engine"])
+def test_nothing_imports_upward_from_its_floor(floor):
+    graph = _graph()
+    upward = {
+        module: sorted(t for t in targets if not _floor(t, floor) and t != "mapstream")
+        for module, targets in graph.items() if _floor(module, floor)
+    }
+    assert {m: t for m, t in upward.items() if t} == {}
