@@ -26,7 +26,15 @@ from mapstream.io.atomic import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["runtime_versions", "to_jsonable", "write_run_json"]
+__all__ = ["UNTRAINED_MODEL", "names_untrained_weights", "runtime_versions", "to_jsonable", "write_run_json"]
+
+UNTRAINED_MODEL = "tiny (synthetic weights)"
+"""The model a run records when it ran on the tiny preset's seeded random weights."""
+
+
+def names_untrained_weights(model: object) -> bool:
+    """Whether a run's recorded model is untrained weights (`UNTRAINED_MODEL`, any case)."""
+    return isinstance(model, str) and "synthetic weights" in model.lower()
 
 
 def to_jsonable(value: Any) -> Any:

@@ -23,6 +23,7 @@ import numpy as np
 from mapstream.export._optional import import_optional
 from mapstream.export.depth import colorize_depth, depth_range
 from mapstream.export.reconstruction import Reconstruction
+from mapstream.export.run_info import names_untrained_weights
 from mapstream.io.atomic import atomic_path
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ __all__ = ["UNTRAINED_CAPTION", "sample_frames", "summary_figure", "untrained_ca
 
 UNTRAINED_CAPTION = "UNTRAINED WEIGHTS (tiny preset): this is not a reconstruction of the scene"
 """The caption of figures and videos of predictions from untrained weights."""
-_UNTRAINED_MODEL = "synthetic weights"  # in the model a run on untrained weights records
 _CAPTION_COLOR = "#c00000"
 
 
@@ -69,7 +69,7 @@ def untrained_caption(run_folder: str | os.PathLike[str]) -> str | None:
         model = _model_of(info.get("config"))
     else:
         model = _model_of(_record(folder / "progress.json").get("config"))
-    return UNTRAINED_CAPTION if _UNTRAINED_MODEL in model.lower() else None
+    return UNTRAINED_CAPTION if names_untrained_weights(model) else None
 
 
 def sample_frames(num_frames: int, count: int) -> list[int]:

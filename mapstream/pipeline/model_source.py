@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ..export.run_info import UNTRAINED_MODEL
+
 __all__ = ["DEFAULT_REPO", "DEFAULT_CHECKPOINT", "resolve_model", "cached_official_checkpoint"]
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ def _tiny(device: torch.device, backend: str, overrides: dict):
 
     log.warning(TINY_WARNING)
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny", backend=backend, **overrides))
-    return model.to(device).eval(), "tiny (synthetic weights)", [TINY_WARNING]
+    return model.to(device).eval(), UNTRAINED_MODEL, [TINY_WARNING]
 
 
 def resolve_model(

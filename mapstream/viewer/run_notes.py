@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..export.run_info import names_untrained_weights
+
 __all__ = ["PREDICTIONS_NAME", "RunNotes", "frames_named", "read_run_notes"]
 
 PREDICTIONS_NAME = "predictions.npz"
 
-UNTRAINED_MODEL_MARK = "synthetic weights"
-"""What the model description of a run on untrained weights contains (``tiny (synthetic weights)``)."""
 UNTRAINED_WARNING_MARK = "untrained (synthetic) weights"
 """What the warning such a run records says (in capitals)."""
 UNTRAINED_NOTE = (
@@ -126,7 +126,7 @@ def _untrained(info: dict[str, Any]) -> bool:
     if isinstance(info.get("replaced_by"), list):
         models += [_dict(_dict(e).get("settings")).get("model") for e in info["replaced_by"]]
     warnings = info.get("warnings") if isinstance(info.get("warnings"), list) else []
-    return any(isinstance(m, str) and UNTRAINED_MODEL_MARK in m.lower() for m in models) or any(
+    return any(names_untrained_weights(m) for m in models) or any(
         isinstance(w, str) and UNTRAINED_WARNING_MARK in w.lower() for w in warnings)
 
 
