@@ -85,6 +85,8 @@ class Run:
     """Port of the live view (the next free one is taken if it is busy)."""
     view_host: str = "127.0.0.1"
     """Address of this machine the live view listens on; 0.0.0.0 makes it reachable from other machines."""
+    view_allow_origin: tuple[str, ...] = ()
+    """With --view: further web origins (http://HOST:PORT) whose pages may connect, e.g. a tunnel's local address."""
     keep_view: bool = True
     """With --view: keep serving after the run ends, until Ctrl-C (--no-keep-view: stop with the run)."""
     resume: bool = True
@@ -144,13 +146,17 @@ class Run:
         """The live view, serving, when --view is given (else None)."""
         if not self.view:
             return None
+        from ..pipeline.model_source import uses_untrained_weights
         from ..viewer.live import LiveOptions, LiveView
+        from ..viewer.run_notes import UNTRAINED_NOTE
 
         if not 0 <= self.view_port <= 65535:
             raise ValueError(f"--view-port must be in 0..65535 (0: any free port), got {self.view_port}")
+        untrained = uses_untrained_weights(self.model, filename=self.checkpoint_file, demo=self.demo)
         view = LiveView(
             LiveOptions(conf_threshold=self.cloud.conf_threshold), host=self.view_host, port=self.view_port,
-            title=f"mapstream run: {self.input or 'demo'}",
+            title=f"mapstream run: {self.input or 'demo'}", allowed_origins=self.view_allow_origin,
+            notices=[UNTRAINED_NOTE] if untrained else [],
         ).start()
         print(f"live view at {view.url}")
         return view

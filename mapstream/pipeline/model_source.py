@@ -14,7 +14,7 @@ import torch
 
 from ..export.run_info import UNTRAINED_MODEL
 
-__all__ = ["DEFAULT_REPO", "DEFAULT_CHECKPOINT", "resolve_model", "cached_official_checkpoint"]
+__all__ = ["DEFAULT_REPO", "DEFAULT_CHECKPOINT", "cached_official_checkpoint", "resolve_model", "uses_untrained_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,12 @@ def _tiny(device: torch.device, backend: str, overrides: dict):
     log.warning(TINY_WARNING)
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny", backend=backend, **overrides))
     return model.to(device).eval(), UNTRAINED_MODEL, [TINY_WARNING]
+
+
+def uses_untrained_weights(spec: str, *, filename: str, demo: bool = False) -> bool:
+    """Whether `resolve_model` of these arguments gives the tiny preset's untrained weights
+    (known before loading anything: a live view says so from the start)."""
+    return spec == "tiny" or (demo and spec == DEFAULT_REPO and cached_official_checkpoint(filename) is None)
 
 
 def resolve_model(

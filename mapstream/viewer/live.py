@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,9 +127,13 @@ class LiveView(Served):
 
     def __init__(
         self, options: LiveOptions | None = None, *, host: str = "127.0.0.1", port: int = 8080,
-        title: str = "mapstream (live)",
+        title: str = "mapstream (live)", allowed_origins: Iterable[str] = (), notices: Iterable[str] = (),
     ) -> None:
+        """allowed_origins: pages besides the server's own that may connect
+        (:mod:`mapstream.viewer.origin_guard`); notices: lines shown in bold at the top of the
+        panel (e.g. that the weights are untrained)."""
         self.options = options or LiveOptions()
+        self.allowed_origins, self.notices = tuple(allowed_origins), tuple(notices)
         self.host, self.requested_port, self.title = host, check_port(port), title
         self.server: Any | None = None
         self.skipped = 0
@@ -161,9 +166,11 @@ class LiveView(Served):
             raise RuntimeError("LiveView is already started")
         if self._worker_done:
             raise RuntimeError("a LiveView cannot start again once stopped (its scene went with its server); make a new one")
-        self.server = start_server(self.host, self.requested_port, self.title)
+        self.server = start_server(self.host, self.requested_port, self.title, self.allowed_origins)
         try:
             gui = self.server.gui
+            for notice in self.notices:
+                gui.add_markdown(f"**{notice}**")
             self._gui = {
                 "status": gui.add_markdown("waiting for the first frame"),
                 "follow": gui.add_checkbox("follow the camera", self.options.follow),

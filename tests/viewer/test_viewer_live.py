@@ -250,3 +250,32 @@ def test_view_options_are_checked_before_any_server_starts(tmp_path, capsys) -> 
         assert main(["run", "--demo", "--out", str(tmp_path / "run"), "--quiet", "--view", *flags]) == 2
         captured = capsys.readouterr()
         assert message in captured.err and "live view at" not in captured.out
+
+
+def test_mapstream_run_view_says_the_weights_are_untrained_and_takes_allowed_origins(
+    tmp_path, free_port: int, monkeypatch
+) -> None:
+    """The live view of a run on the tiny preset's weights shows the untrained notice at the top
+    of its panel from the start, as `mapstream view` does; --view-allow-origin reaches its
+    origin policy."""
+    from mapstream.cli.main import main
+    from mapstream.viewer import live
+    from mapstream.viewer.run_notes import UNTRAINED_NOTE
+
+    seen = {}
+    start_server = live.start_server
+
+    def recording_start(host, port, title, allowed_origins=()):
+        server = start_server(host, port, title, allowed_origins)
+        seen["origins"] = tuple(allowed_origins)
+        markdown = server.gui.add_markdown
+        seen["markdown"] = []
+        server.gui.add_markdown = lambda content, *a, **k: seen["markdown"].append(content) or markdown(content, *a, **k)
+        return server
+
+    monkeypatch.setattr(live, "start_server", recording_start)
+    assert main(["run", "--model", "tiny", "--demo", "--out", str(tmp_path / "run"), "--quiet", "--formats", "npz",
+                 "--view", "--no-keep-view", "--view-port", str(free_port),
+                 "--view-allow-origin", "http://localhost:9000"]) == 0
+    assert seen["origins"] == ("http://localhost:9000",)
+    assert seen["markdown"][0] == f"**{UNTRAINED_NOTE}**"  # first in the panel, before the status line
