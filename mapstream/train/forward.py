@@ -1,0 +1,91 @@
+"""The training forward: a whole clip in one pass, with the streaming model's visibility.
+
+Streaming sees a clip frame by frame: the scale frames together, then each later frame with
+the frames stored before it. Training computes every frame at once, with gradients, and gives
+each frame exactly that view through block-causal masks over the global attention and the
+camera head's attention:
+
+    query frame f sees key frame g  <=>  g <= f,  or both are scale frames (f, g < scale)
+
+With every frame stored and nothing evicted (a clip no longer than the scale frames plus the
+sliding window), the outputs are those of `inference_streaming` with keyframe interval 1.
+Everything else (the per-frame work, the special tokens' copies, the 3D RoPE's time index of
+frame f being f) is the network's own code, called here without a cache.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..layers import patch_positions_2d, rope2d
+from ..models.gct import GCTNetwork
+from ..validation import check_images, check_scale_frames
+
+__all__ = ["clip_forward", "visibility_mask"]
+
+
+def visibility_mask(num_frames: int, num_scale_frames: int, tokens_per_frame: int, device) -> torch.Tensor:
+    """[S*P, S*P] bool, True where a query token may attend to a key token: block-causal over
+    frames, the first `num_scale_frames` frames one block (see module docstring)."""
+    frame = torch.arange(num_frames, device=device)
+    scale = frame < num_scale_frames
+    visible = (frame[None, :] <= frame[:, None]) | (scale[:, None] & scale[None, :])
+    return visible.repeat_interleave(tokens_per_frame, 0).repeat_interleave(tokens_per_frame, 1)
+
+
+def clip_forward(
+    model: GCTNetwork,
+    images: torch.Tensor,
+    *,
+    num_scale_frames: int,
+    checkpoint_layers: bool = False,
+) -> dict[str, Any]:
+    """The network on whole clips `images` [B, S, 3, H, W] (B independent clips), every frame
+    seeing what it sees when streamed (module docstring). Returns pose_enc [B,S,9],
+    pose_enc_list (per camera iteration), depth [B,S,H,W,1], depth_conf [B,S,H,W] (and world
+    points with a point head), fp32 and differentiable. checkpoint_layers: recompute each
+    layer's activations in the backward pass instead of keeping them (memory for time)."""
+    images = check_images(images, model.config.patch_size, check_values=False)
+    check_scale_frames(num_scale_frames)
+    agg, c = model.aggregator, model.config
+    clips, num_frames, _, height, width = images.shape
+    scale = min(num_scale_frames, num_frames)
+    grid_h, grid_w = height // c.patch_size, width // c.patch_size
+    special = agg.special_tokens(num_frames, 0, scale).repeat(clips, 1, 1)  # [B*S, 6, C]
+    tokens = agg.embed(images, special)
+    per_frame = tokens.shape[1]
+    pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
+    frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
+    global_rotary = agg.global_rotary(0, num_frames, grid_h, grid_w, pos2d)
+    mask = visibility_mask(num_frames, scale, per_frame, tokens.device)
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def between(i, seq, q, k, v):
+        return agg.between_layers(i, seq, attend(q, k, v), per_frame, frame_rotary, global_rotary, streams=clips)
+
+    layer = agg.enter_layer(0, tokens, frame_rotary, global_rotary, streams=clips)
+    selected: dict[int, torch.Tensor] = {}
+    for i in range(c.depth):
+        if i + 1 < c.depth:
+            args = (i + 1, layer.seq, layer.q, layer.k, layer.v)
+            leaving = checkpoint(between, *args, use_reentrant=False) if checkpoint_layers else between(*args)
+            out, next_layer = leaving.global_out, leaving.entry
+        else:
+            out, next_layer = agg.leave_layer(i, layer.seq, attend(layer.q, layer.k, layer.v)), None
+        if i in c.selected_layers:
+            selected[i] = torch.cat((layer.frame_out, out.view(clips, num_frames, per_frame, -1)), dim=-1)
+        layer = next_layer
+    layers = [selected[i] for i in c.selected_layers]
+    camera_mask = visibility_mask(num_frames, scale, 1, tokens.device)
+
+    def camera(camera_tokens: torch.Tensor) -> list[torch.Tensor]:
+        return model.camera_head.refine(
+            camera_tokens, lambda layer_index, q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=camera_mask)
+        )
+
+    return model.heads(layers, (height, width), c.num_special_tokens, camera)

@@ -1,0 +1,82 @@
+"""The training forward computes what streaming computes, with gradients."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mapstream
+from mapstream.train.forward import clip_forward, visibility_mask
+
+
+def _frames(n, seed, hw=(28, 42)):
+    return torch.rand(n, 3, *hw, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+
+
+def test_visibility_is_block_causal_with_the_scale_frames_as_one_block():
+    want = torch.tensor([
+        [1, 1, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(visibility_mask(4, 2, 1, "cpu"), want)
+    assert torch.equal(visibility_mask(4, 2, 3, "cpu"), want.repeat_interleave(3, 0).repeat_interleave(3, 1))
+    assert torch.equal(visibility_mask(3, 1, 1, "cpu"), torch.ones(3, 3, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("frames, scale", [(5, 2), (4, 1), (3, 3), (6, 4)])
+def test_a_clip_gives_what_streaming_gives(tiny, frames, scale):
+    x = _frames(frames, seed=frames + scale)
+    with torch.no_grad():
+        want = tiny.inference_streaming(x, num_scale_frames=scale, keyframe_interval=1)
+        got = clip_forward(tiny, x[None], num_scale_frames=scale)
+    for key in ("pose_enc", "depth", "depth_conf"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-4)
+    assert len(got["pose_enc_list"]) == tiny.config.camera_num_iterations
+
+
+def test_clips_of_a_batch_are_independent(tiny):
+    a, b = _frames(4, seed=1), _frames(4, seed=2)
+    with torch.no_grad():
+        together = clip_forward(tiny, torch.stack([a, b]), num_scale_frames=2)
+        alone = clip_forward(tiny, b[None], num_scale_frames=2)
+    torch.testing.assert_close(together["depth"][1:], alone["depth"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(together["pose_enc"][1:], alone["pose_enc"], rtol=1e-5, atol=1e-5)
+
+
+def test_every_weight_of_the_streaming_path_gets_a_gradient_and_checkpointing_changes_none():
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny", enable_point=True)).train()
+    x = _frames(4, seed=3)[None]
+
+    def grads(checkpoint_layers):
+        model.zero_grad()
+        out = clip_forward(model, x, num_scale_frames=2, checkpoint_layers=checkpoint_layers)
+        loss = sum(p.square().mean() for p in out["pose_enc_list"]) + out["depth"].mean() + out["world_points"].mean()
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads(False)
+    # Only the ViT's mask token (a pretraining leftover the checkpoint carries) takes no part.
+    missing = {n for n, _ in model.named_parameters()} - set(plain)
+    assert missing == {"aggregator.patch_embed.mask_token"}
+    assert all(torch.isfinite(g).all() for g in plain.values())
+    recomputed = grads(True)
+    assert plain.keys() == recomputed.keys()
+    for name in plain:
+        torch.testing.assert_close(recomputed[name], plain[name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_official_architecture_clip_gives_what_streaming_gives():
+    model = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map")).eval()
+    x = _frames(3, seed=5, hw=(28, 28))
+    with torch.no_grad():
+        want = model.inference_streaming(x, num_scale_frames=2, keyframe_interval=1)
+        got = clip_forward(model, x[None], num_scale_frames=2)
+    for key in ("pose_enc", "depth", "depth_conf"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-4)
