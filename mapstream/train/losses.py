@@ -121,7 +121,9 @@ def _check_iterations(pose_enc_list: Sequence[Tensor] | Tensor, gt: Tensor) -> l
         raise ValueError("pose_enc_list holds no iteration")
     for i, pred in enumerate(iterations):
         if pred.shape != gt.shape or gt.shape[-1] != 9:
-            raise ValueError(f"pose_enc_list[{i}] has shape {list(pred.shape)}; the ground truth's is {list(gt.shape)} ([B, S, 9])")
+            raise ValueError(
+                f"pose_enc_list[{i}] has shape {list(pred.shape)}; the ground truth's is {list(gt.shape)} ([B, S, 9])"
+            )
     return iterations
 
 
@@ -240,10 +242,13 @@ def confidence_regression(
         ``gradient_weight``), ``{name}_reg`` and ``{name}`` (= loss).
     """
     if pred.ndim != 5 or gt.shape != pred.shape:
-        raise ValueError(f"{name}: prediction {list(pred.shape)} and ground truth {list(gt.shape)} must both be [B, S, H, W, C]")
+        raise ValueError(
+            f"{name}: prediction {list(pred.shape)} and ground truth {list(gt.shape)} must both be [B, S, H, W, C]"
+        )
     if conf.shape != pred.shape[:-1] or valid.shape != pred.shape[:-1]:
         raise ValueError(
-            f"{name}: confidence {list(conf.shape)} and valid {list(valid.shape)} must be [B, S, H, W] = {list(pred.shape[:-1])}"
+            f"{name}: confidence {list(conf.shape)} and valid {list(valid.shape)} must be [B, S, H, W]"
+            f" = {list(pred.shape[:-1])}"
         )
     if gradient_scales < 1:
         raise ValueError(f"gradient_scales must be >= 1, got {gradient_scales}")
@@ -259,7 +264,8 @@ def confidence_regression(
     for j in range(gradient_scales):
         step = 2**j
         v = valid[..., ::step, ::step]
-        gradient = gradient + _masked_clip_mean(conf[..., ::step, ::step] * _gradient_residual(r[..., ::step, ::step, :], v), v)
+        grad_r = _gradient_residual(r[..., ::step, ::step, :], v)
+        gradient = gradient + _masked_clip_mean(conf[..., ::step, ::step] * grad_r, v)
     gradient = gradient / gradient_scales
 
     loss = residual + gradient_weight * gradient + reg
@@ -379,7 +385,8 @@ def total_loss(
     if weights.depth and "depth" in pred:
         loss, depth_parts = depth_loss(
             _fp(pred["depth"]), _fp(pred["depth_conf"]), batch["depth"], valid,
-            alpha=weights.depth_alpha, gradient_weight=weights.depth_gradient, gradient_scales=weights.gradient_scales,
+            alpha=weights.depth_alpha, gradient_weight=weights.depth_gradient,
+            gradient_scales=weights.gradient_scales,
         )
         terms.append(weights.depth * loss)
         parts.update(depth_parts)
@@ -387,7 +394,8 @@ def total_loss(
     if weights.points and "world_points" in pred:
         loss, point_parts = point_loss(
             _fp(pred["world_points"]), _fp(pred["world_points_conf"]), world_points(batch), valid,
-            alpha=weights.points_alpha, gradient_weight=weights.points_gradient, gradient_scales=weights.gradient_scales,
+            alpha=weights.points_alpha, gradient_weight=weights.points_gradient,
+            gradient_scales=weights.gradient_scales,
         )
         terms.append(weights.points * loss)
         parts.update(point_parts)

@@ -84,9 +84,11 @@ def test_relative_poses_and_points_are_the_inputs_in_the_first_cameras_frame():
     torch.testing.assert_close(batch["T_world_cam"], want, rtol=1e-12, atol=1e-12)
     # A valid pixel's world point is the raw world point seen from camera 0, divided by the scale.
     raw_points = world_points(raw)
-    seen = torch.einsum("bij,bshwj->bshwi", invert_se3(T[:, 0])[:, :3, :3], raw_points) + invert_se3(T[:, 0])[:, None, None, None, :3, 3]
+    T0_inv = invert_se3(T[:, 0])
+    seen = torch.einsum("bij,bshwj->bshwi", T0_inv[:, :3, :3], raw_points) + T0_inv[:, None, None, None, :3, 3]
+    want = seen / scale[:, None, None, None, None]
     valid = batch["valid"]
-    torch.testing.assert_close(world_points(batch)[valid], (seen / scale[:, None, None, None, None])[valid], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(world_points(batch)[valid], want[valid], rtol=1e-12, atol=1e-12)
 
 
 def test_scaling_the_scene_by_seven_gives_the_same_normalised_clip():
@@ -335,7 +337,10 @@ def test_empty_masks_add_zero_not_nan():
 
 def test_shape_errors_name_the_shapes():
     with pytest.raises(ValueError, match="depth"):
-        confidence_regression(torch.zeros(1, 1, 2, 2, 1), torch.ones(1, 1, 2, 3), torch.zeros(1, 1, 2, 2, 1), torch.ones(1, 1, 2, 2, dtype=torch.bool))
+        confidence_regression(
+            torch.zeros(1, 1, 2, 2, 1), torch.ones(1, 1, 2, 3), torch.zeros(1, 1, 2, 2, 1),
+            torch.ones(1, 1, 2, 2, dtype=torch.bool),
+        )
     with pytest.raises(ValueError, match="pose_enc_list"):
         camera_loss([torch.zeros(1, 2, 9)], torch.zeros(1, 3, 9))
 
@@ -366,7 +371,8 @@ def test_total_loss_of_a_perfect_prediction_is_the_regularisers():
     assert parts["depth_residual"].item() == 0 and parts["points_residual"].item() == 0
     assert parts["depth_reg"].item() == pytest.approx(-w.depth_alpha * math.log(2), rel=1e-15)
     assert parts["points_reg"].item() == pytest.approx(-w.points_alpha * math.log(2), rel=1e-15)
-    assert loss.item() == pytest.approx(w.depth * parts["depth_reg"].item() + w.points * parts["points_reg"].item(), rel=1e-15)
+    want = w.depth * parts["depth_reg"].item() + w.points * parts["points_reg"].item()
+    assert loss.item() == pytest.approx(want, rel=1e-15)
     assert parts["loss"].item() == loss.item()
 
 
@@ -380,8 +386,11 @@ def test_total_loss_normalises_unless_the_batch_is_normalised_and_ignores_the_sc
     c, _ = total_loss(pred, _scaled(batch, 7.0))
     assert a.item() == b.item()
     assert c.item() == pytest.approx(a.item(), rel=1e-12)
-    assert {"camera", "camera_translation", "camera_rotation", "camera_fov", "depth", "depth_residual",
-            "depth_gradient", "depth_reg", "points", "points_residual", "points_gradient", "points_reg", "loss"} == set(pa)
+    assert set(pa) == {
+        "loss", "camera", "camera_translation", "camera_rotation", "camera_fov",
+        "depth", "depth_residual", "depth_gradient", "depth_reg",
+        "points", "points_residual", "points_gradient", "points_reg",
+    }
 
 
 def test_the_batch_mean_is_the_mean_of_the_clips():
