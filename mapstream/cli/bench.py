@@ -27,7 +27,7 @@ def _step_mode(variant: str) -> bool | str:
 
 @dataclass
 class Bench:
-    """Time streaming inference on a CUDA GPU with the protocol of shared/bench/README.md."""
+    """Time streaming inference on a CUDA GPU with the project's protocol (docs/BENCHMARKS.md)."""
 
     resolutions: tuple[str, ...] = ("504x378", "518x378")
     """Frame sizes WxH to measure."""
@@ -67,8 +67,8 @@ class Bench:
 
         if not torch.cuda.is_available():
             raise RuntimeError(
-                "mapstream bench times steps on a CUDA GPU (CUDA events, the protocol of "
-                "shared/bench/README.md) and this PyTorch sees none; on a CPU, `mapstream run --demo` "
+                "mapstream bench times steps on a CUDA GPU (CUDA events, docs/BENCHMARKS.md's protocol) "
+                "and this PyTorch sees none; on a CPU, `mapstream run --demo` "
                 "runs the same model, slower"
             )
         unknown = set(self.variants) - set(_VARIANT_ORDER)

@@ -223,7 +223,8 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device) 
     if precision in ("bf16", "fp16"):
         model.cast_for_inference(precision, heads=opts.low_precision_heads)
     interval = _keyframe_interval(opts, source.expected_length)
-    stream = opts.stream.with_settings(keyframe_interval=interval, precision=precision)
+    # Provisional predictions are for live displays; a run writes the final ones (told above).
+    stream = opts.stream.with_settings(keyframe_interval=interval, precision=precision, provisional=False)
     config = {
         "input": input_key(opts.input) if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
         "image_size": DEMO_HW[1] if opts.demo else opts.image_size, "preprocess": opts.preprocess,
