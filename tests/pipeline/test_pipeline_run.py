@@ -876,3 +876,17 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys):
     assert run_cli(str(src), "--out", str(out), "--formats", "npz") == 0  # released after each run
     assert main(["run", str(src), "--out", str(out), "--model", "tiny", "--formats"]) == 2
     assert "no output format given" in capsys.readouterr().err
+
+
+def test_provisional_predictions_are_told_to_have_no_effect_and_the_run_writes_the_final_ones(tmp_path, caplog):
+    """`--provisional` is a stream setting for live displays; a run says it has no effect and
+    writes the same predictions as without it (it crashed on the provisional ones)."""
+    src = photos(tmp_path, 4)
+    outputs = {}
+    for flags in ([], ["--provisional"]):
+        out = tmp_path / ("provisional" if flags else "plain")
+        with caplog.at_level("WARNING"):
+            assert run_cli(str(src), "--out", str(out), "--formats", "npz", "--num-scale-frames", "2", *flags) == 0
+        outputs[bool(flags)] = np.load(out / "predictions.npz")["pose_enc"]
+    assert "provisional=True has no effect in a run" in caplog.text
+    np.testing.assert_array_equal(outputs[True], outputs[False])
