@@ -114,18 +114,16 @@ def _camera_path(rng: np.random.Generator, kind: str, n: int, half: np.ndarray) 
             flat = np.cos(alpha) * tangent + np.sin(alpha) * outward
             forward = np.concatenate((flat * np.cos(pitch)[:, None], np.sin(pitch)[:, None]), -1)
     else:
-        if kind == "forward":
-            yaw = rng.uniform(0, 2 * np.pi) + rng.uniform(-0.04, 0.04) * k
-            speed = rng.uniform(0.03, 0.15)  # metres per frame
+        start = rng.uniform(lo[:2], hi[:2]) * (0.6 if kind == "pan" else 1.0)
+        if kind == "forward":  # walk from one side of the room toward the other, looking ahead
+            goal = -np.sign(start) * rng.uniform(0.3, 1.0, 2) * hi[:2]
+            yaw = np.arctan2(goal[1] - start[1], goal[0] - start[0]) + rng.uniform(-0.03, 0.03) * (k - k.mean())
+            speed = min(rng.uniform(0.03, 0.15), 0.9 * float(np.linalg.norm(goal - start)) / max(n - 1, 1))
         else:  # pan: a nearly still camera turning on the spot
             yaw = rng.uniform(0, 2 * np.pi) + rng.choice([-1.0, 1.0]) * rng.uniform(0.02, 0.08) * k
             speed = rng.uniform(0.0, 0.01)
         heading = np.stack((np.cos(yaw), np.sin(yaw)), -1)
-        xy = np.concatenate((np.zeros((1, 2)), np.cumsum(speed * heading[:-1], 0)))
-        extent = xy.max(0) - xy.min(0)
-        xy *= min(1.0, float(np.min(0.9 * (hi[:2] - lo[:2]) / np.maximum(extent, 1e-9))))  # fit the room
-        room = hi[:2] - lo[:2] - (xy.max(0) - xy.min(0))
-        xy += lo[:2] - xy.min(0) + rng.uniform(0, 1, 2) * room
+        xy = start + np.concatenate((np.zeros((1, 2)), np.cumsum(speed * heading[:-1], 0)))
         pos = np.concatenate((xy, height[:, None]), -1)
         look_yaw = yaw + rng.uniform(0.0, 0.15) * np.sin(rng.uniform(0.05, 0.3) * k)
         forward = np.stack((np.cos(look_yaw) * np.cos(pitch), np.sin(look_yaw) * np.cos(pitch), np.sin(pitch)), -1)
@@ -141,7 +139,9 @@ def _camera_path(rng: np.random.Generator, kind: str, n: int, half: np.ndarray) 
     return T
 
 
-_PALETTES = ((0.1, 0.9, 1.0), (0.25, 0.8, 0.25), (0.03, 0.35, 0.6), (0.55, 1.0, 0.5), (0.1, 0.9, 0.0))
+# (lightness low, high, saturation): vivid, muted, dark, bright, grey; drawn with _PALETTE_WEIGHTS.
+_PALETTES = ((0.1, 0.9, 1.0), (0.25, 0.8, 0.5), (0.03, 0.35, 0.8), (0.55, 1.0, 0.6), (0.1, 0.9, 0.0))
+_PALETTE_WEIGHTS = (0.3, 0.25, 0.15, 0.2, 0.1)
 
 
 def _texture(rng: np.random.Generator, palette: tuple[float, float, float], scale: float) -> Texture:
@@ -151,7 +151,7 @@ def _texture(rng: np.random.Generator, palette: tuple[float, float, float], scal
         return np.clip(rng.uniform(lo, hi) + sat * (rng.uniform(0, 1, 3) - 0.5), 0, 1)
 
     a = colour()
-    b = np.clip(a + rng.uniform(0.15, 1.0) * (colour() - a), 0, 1)  # low- to high-contrast pairs
+    b = np.clip(a + rng.uniform(0.35, 1.0) * (colour() - a), 0, 1)  # low- to high-contrast pairs
     checker = 0.0 if rng.random() < 0.4 else scale * float(np.exp(rng.uniform(np.log(0.05), np.log(0.6))))
     noise = scale * float(np.exp(rng.uniform(np.log(0.02), np.log(0.4))))
     return Texture(tuple(map(float, a)), tuple(map(float, b)), checker=checker, noise=noise,
@@ -164,30 +164,43 @@ def _box_distance(p: np.ndarray, centre: np.ndarray, half: np.ndarray, R: np.nda
     return np.linalg.norm(q, axis=-1)
 
 
-def _furnish(rng: np.random.Generator, half: np.ndarray, cams: np.ndarray) -> Scene:
-    """The room, 2-9 objects clear of every camera centre ``cams`` ``[S, 3]``, and the light."""
-    palette = _PALETTES[rng.integers(len(_PALETTES))]
+def _furnish(rng: np.random.Generator, half: np.ndarray, T_room_cam: np.ndarray) -> Scene:
+    """The room, 3-12 objects clear of every camera centre, and the light. Half the objects
+    stand 0.8-3.5 m ahead of a camera so that the views hold geometry, not only walls."""
+    cams, views = T_room_cam[:, :3, 3], T_room_cam[:, :3, 2]
+    palette = _PALETTES[rng.choice(len(_PALETTES), p=_PALETTE_WEIGHTS)]
     room = Box(np.array([0.0, 0.0, half[2]]), half.copy(), _texture(rng, palette, 2.0), inside=True)
     prims: list[Box | Sphere] = [room]
-    for _ in range(int(rng.integers(2, 10))):
+    for _ in range(int(rng.integers(3, 13))):
         for _attempt in range(20):
-            if rng.random() < 0.6:
+            is_box = rng.random() < 0.6
+            if is_box:
                 hs = rng.uniform(0.08, 0.6, 3)
                 if rng.random() < 0.1:
                     hs[2] = half[2]  # a pillar, floor to ceiling
-                z = hs[2] if rng.random() < 0.7 else rng.uniform(hs[2], max(hs[2], 2 * half[2] - hs[2]))
+                standing = rng.random() < 0.7
+                z = hs[2] if standing else rng.uniform(hs[2], max(hs[2], 2 * half[2] - hs[2]))
                 yaw = rng.uniform(0, np.pi)
-                R = _rotvec(np.array([[0.0, 0.0, yaw]]))[0] if z == hs[2] else _rotvec(rng.normal(size=(1, 3)))[0]
-                reach = float(np.linalg.norm(hs))
-                xy = rng.uniform(-1, 1, 2) * np.maximum(half[:2] - min(reach, float(np.linalg.norm(hs[:2]))), 0.05)
-                prim: Box | Sphere = Box(np.array([xy[0], xy[1], z]), hs, _texture(rng, palette, 1.0), R=R)
-                dist = _box_distance(cams, prim.center, hs, R)
+                R = _rotvec(np.array([[0.0, 0.0, yaw]]))[0] if standing else _rotvec(rng.normal(size=(1, 3)))[0]
+                reach = float(np.linalg.norm(hs[:2] if standing else hs))
             else:
                 r = rng.uniform(0.08, 0.5)
                 z = r if rng.random() < 0.4 else rng.uniform(r, 2 * half[2] - r)
-                xy = rng.uniform(-1, 1, 2) * (half[:2] - r)
-                prim = Sphere(np.array([xy[0], xy[1], z]), float(r), _texture(rng, palette, 0.5))
-                dist = np.linalg.norm(cams - prim.center, axis=-1) - r
+                reach = r
+            bound = np.maximum(half[:2] - reach, 0.05)
+            if rng.random() < 0.5:
+                c = int(rng.integers(len(cams)))
+                flat = views[c, :2] / max(float(np.linalg.norm(views[c, :2])), 1e-9)
+                xy = np.clip(cams[c, :2] + rng.uniform(0.8, 3.5) * flat, -bound, bound)
+            else:
+                xy = rng.uniform(-1, 1, 2) * bound
+            centre = np.array([xy[0], xy[1], z])
+            if is_box:
+                prim: Box | Sphere = Box(centre, hs, _texture(rng, palette, 1.0), R=R)
+                dist = _box_distance(cams, centre, hs, R)
+            else:
+                prim = Sphere(centre, float(r), _texture(rng, palette, 0.5))
+                dist = np.linalg.norm(cams - centre, axis=-1) - r
             if dist.min() > _CLEARANCE:
                 prims.append(prim)
                 break
@@ -210,7 +223,7 @@ def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int]) -> ClipSp
     half = np.array([rng.uniform(1.8, 5.0), rng.uniform(1.8, 5.0), rng.uniform(1.2, 2.0)])
     kind = PATH_KINDS[rng.choice(len(PATH_KINDS), p=_PATH_WEIGHTS)]
     T_room_cam = _camera_path(rng, kind, num_frames, half)
-    scene = _furnish(rng, half, T_room_cam[:, :3, 3])
+    scene = _furnish(rng, half, T_room_cam)
     fov = float(rng.uniform(45.0, 90.0))
     H, W = image_hw
     fx = (W / 2) / np.tan(np.radians(fov) / 2)
