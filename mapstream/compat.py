@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .cache import FlashInferKVCacheManager, register_reference_cache, shared_pools
+from .cache import FlashInferKVCacheManager, reference_cache, register_reference_cache, shared_pools
 from .config import ModelConfig, StreamConfig
 from .keyframes import FlowKeyframes
 from .models.aggregator import Trace
@@ -72,9 +72,15 @@ class GCTStream(GCTNetwork):
 
     @property
     def default_state(self) -> StreamState:
-        """The state of the reference protocol's `forward` calls."""
-        camera = self.camera_head.kv_cache if self.camera_head is not None else None
-        return StreamState(self.aggregator.kv_cache_manager, camera)
+        """The state of the reference protocol's `forward` calls (made with this model's stream
+        settings on first use, e.g. by a copy of a model)."""
+        spec = self.stream_config.cache_spec()
+        aggregator = reference_cache(self.aggregator, lambda: self.aggregator.new_cache(self.stream_config))
+        camera = (
+            reference_cache(self.camera_head, lambda: self.camera_head.new_cache(spec))
+            if self.camera_head is not None else None
+        )
+        return StreamState(aggregator, camera)
 
     @property
     def backend_name(self) -> str:

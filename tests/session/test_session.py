@@ -1020,3 +1020,16 @@ def test_the_reference_flow_arguments_choose_keyframes_by_motion(model):
     assert windowed["pose_enc"].shape[1] == 9
     with pytest.raises(ValueError, match="windows are planned from a fixed keyframe interval"):
         model.inference_windowed(x, window_size=4, overlap_size=2, num_scale_frames=2, flow_threshold=5.0)
+
+
+def test_a_copied_models_reference_protocol_keeps_its_cache_settings():
+    """The reference protocol's default caches belong to the model's modules; a deep copy's
+    are made on first use with the copy's own stream settings (here a window of 2 frames,
+    which a default-settings cache would not evict)."""
+    import copy
+
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny", kv_cache_sliding_window=2)).eval()
+    twin = copy.deepcopy(model)
+    assert twin.default_state.aggregator.spec == model.default_state.aggregator.spec
+    assert twin.default_state.aggregator.spec.window_frames == 2
+    assert twin.default_state.aggregator is not model.default_state.aggregator
