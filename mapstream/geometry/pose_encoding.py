@@ -60,8 +60,8 @@ def camera_matrices(pose_enc: Tensor, image_hw: Sequence[int]) -> tuple[Tensor, 
     """``(T_world_cam, T_cam_world, K)`` of ``pose_enc`` ``[*, 9]``: what a prediction carries.
 
     :func:`pose_encoding_to_extri_intri` and the inverse transform, as one function so that
-    a compiled copy of it (``compile_model``) runs as a few fused kernels instead of ~55
-    tiny ones after every streaming step.
+    a compiled network's copy of it (``GCTNetwork(compile=...)``) runs as a few fused
+    kernels instead of ~55 tiny ones after every streaming step.
     """
     T_world_cam, K = pose_encoding_to_extri_intri(pose_enc, image_hw)
     return T_world_cam, invert_se3(T_world_cam), K

@@ -74,7 +74,7 @@ def _enter(frame_block, global_block, tokens, frame_rotary, global_rotary, strea
 
 def _between_layers(prev_global, frame_block, next_global, seq, attended, tokens_per_frame, frame_rotary,
                     global_rotary, streams: int) -> LayerExit:
-    """`AggregatorStream.between_layers` on the blocks themselves (what `compile_model`
+    """`AggregatorStream.between_layers` on the blocks themselves (what a compiled network
     compiles: one graph serves every layer, the blocks' weights being its inputs)."""
     leaving = prev_global.attention_output(seq, attended)
     tokens = leaving.view(-1, tokens_per_frame, leaving.shape[-1])
@@ -322,7 +322,7 @@ class AggregatorStream(nn.Module):
         frame_rotary: Rotary, global_rotary: Rotary | None, *, streams: int = 1,
     ) -> LayerExit:
         """`leave_layer(i - 1)`, then `enter_layer(i)` on its output: all the work between two
-        cache attentions, as one function, so that a compiled model (`compile_model`) fuses
+        cache attentions, as one function, so that a compiled network (`compile_parts`) fuses
         across the blocks' boundaries (a block's last residual add with the next block's
         first norm, one kernel where there were two)."""
         return self._between(
