@@ -92,7 +92,8 @@ class ProceduralClips(_Steps):
     """Procedural posed RGB-D clips (:func:`mapstream.train.render.sample_clip`), rendered on
     ``device`` by :func:`~mapstream.train.render.render_clips`, batch by batch.
 
-    A batch depends only on its step and the arguments (bit for bit on one device), so a
+    A batch depends only on its step and the arguments (bit for bit on one device with the
+    same ``chunk_frames``), so a
     resumed run passes ``start_step`` and sees what it would have seen. Render on the GPU in
     the training process (``num_workers=0``): CUDA does not run in forked loader workers.
 

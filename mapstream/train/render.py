@@ -406,7 +406,8 @@ def render_clips(
         dtype: float32 for training; float64 reproduces the CPU caster to rounding.
         quantize: round colours to ``k / 255`` like the caster's uint8 (and like photos).
         chunk_frames: render at most this many frames per clip at a time (bounds memory:
-            about 0.3 KB per pixel in flight).
+            about 0.3 KB per pixel in flight; the result agrees to rounding, not bit for bit,
+            since the matrix products change shape).
 
     Returns:
         ``(images [B, S, 3, H, W] in [0, 1], depth [B, S, H, W])``: camera-space z, 0 = no hit.
