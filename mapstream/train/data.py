@@ -32,7 +32,9 @@ from mapstream.eval.datasets import GroundTruthSequence, read_sequence
 from mapstream.eval.depth_io import DEPTH_SUFFIXES
 from mapstream.eval.input_geometry import InputGeometry, depth_in_model_frame
 from mapstream.geometry import quat_to_mat
-from mapstream.io.images import natural_sort_key, open_image, oriented_size, preprocess_image, preprocessed_height, resized_shape
+from mapstream.io.images import (
+    natural_sort_key, open_image, oriented_size, preprocess_image, preprocessed_height, resized_shape,
+)
 from mapstream.train.render import render_clips, sample_clip
 
 __all__ = [
