@@ -7,7 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["OVERSHOOT", "ValueCheck", "check_count", "check_images", "check_scale_frames", "keyframe_flag"]
+__all__ = [
+    "OVERSHOOT", "ValueCheck", "check_count", "check_images", "check_scale_frames", "compute_dtype", "keyframe_flag",
+]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,23 @@ def keyframe_flag(keyframe) -> bool | None:
     if isinstance(keyframe, np.bool_) or (isinstance(keyframe, int) and keyframe in (0, 1)):
         return bool(keyframe)
     raise TypeError(f"keyframe must be True, False or None (the policy decides), got {keyframe!r}")
+
+
+_COMPUTE_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                   "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
+def compute_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """`dtype` (a torch dtype or its short name: bf16, fp16, fp32) as one of the floating-point
+    dtypes the kernels run in, or a ValueError naming the choices."""
+    if isinstance(dtype, str):
+        if dtype not in _COMPUTE_DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(_COMPUTE_DTYPES)}")
+        dtype = _COMPUTE_DTYPES[dtype]
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"cast_for_inference takes bf16, fp16 or fp32 (a floating-point dtype the kernels "
+                         f"run in), got {dtype!r}")
+    return dtype
 
 
 def check_count(name: str, value: Any, least: int = 1) -> None:

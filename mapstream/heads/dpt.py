@@ -174,6 +174,16 @@ class DPTHead(nn.Module):
         conf = torch.cat(confs).unflatten(0, (batch, num_frames))
         return value, conf
 
+    @classmethod
+    def for_config(cls, config, *, output_dim: int, activation: str) -> "DPTHead":
+        """The head of a network of architecture `config` (a `ModelConfig`) reading its trunk's
+        [frame, global] outputs, 2 x embed_dim wide."""
+        return cls(
+            2 * config.embed_dim, patch_size=config.patch_size, output_dim=output_dim, activation=activation,
+            features=config.dpt_features, out_channels=config.dpt_out_channels,
+            head_features=config.dpt_head_features_2, chunk_frames=config.dpt_chunk_frames,
+        )
+
     def compile_parts(self, compile) -> None:
         """Use a compiled form of the per-chunk work (called once, when the network is built
         to be compiled with its heads)."""

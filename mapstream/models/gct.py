@@ -25,7 +25,7 @@ from ..cache import PoolRegistry
 from ..config import ModelConfig, StreamConfig, get_preset, split_overrides
 from ..geometry import camera_matrices
 from ..heads import CameraCausalHead, DPTHead
-from ..validation import check_images
+from ..validation import check_images, compute_dtype
 from .aggregator import AggregatorStream, Trace, kv_dtype
 from .compile import CompileOptions, compiler
 from .state import StreamState
@@ -33,10 +33,6 @@ from .state import StreamState
 __all__ = ["GCTNetwork", "heads_without_autocast"]
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-           "fp32": torch.float32, "float32": torch.float32}
-
 
 class GCTNetwork(nn.Module):
     """LingBot-Map's network; state-dict compatible with the official checkpoints.
@@ -68,32 +64,13 @@ class GCTNetwork(nn.Module):
         self.stream_config = stream
         head_dim_in = 2 * config.embed_dim
         self.aggregator = AggregatorStream(config)
-        self.camera_head = (
-            CameraCausalHead(
-                head_dim_in,
-                trunk_depth=config.camera_trunk_depth,
-                num_heads=config.camera_num_heads,
-                num_iterations=config.camera_num_iterations,
-            )
-            if config.enable_camera
-            else None
-        )
-
-        def dpt(output_dim: int, activation: str) -> DPTHead:
-            return DPTHead(
-                head_dim_in,
-                patch_size=config.patch_size,
-                output_dim=output_dim,
-                activation=activation,
-                features=config.dpt_features,
-                out_channels=config.dpt_out_channels,
-                head_features=config.dpt_head_features_2,
-                chunk_frames=config.dpt_chunk_frames,
-            )
-
+        self.camera_head = CameraCausalHead(
+            head_dim_in, trunk_depth=config.camera_trunk_depth, num_heads=config.camera_num_heads,
+            num_iterations=config.camera_num_iterations,
+        ) if config.enable_camera else None
         # Registration order fixes the state-dict order: camera, point, depth.
-        self.point_head = dpt(4, "inv_log") if config.enable_point else None
-        self.depth_head = dpt(2, "exp") if config.enable_depth else None
+        self.point_head = DPTHead.for_config(config, output_dim=4, activation="inv_log") if config.enable_point else None
+        self.depth_head = DPTHead.for_config(config, output_dim=2, activation="exp") if config.enable_depth else None
         self.compile_options = CompileOptions() if compile is True else (compile or None)
         if self.compile_options is not None:
             self._compile_parts(self.compile_options)
@@ -128,13 +105,7 @@ class GCTNetwork(nn.Module):
         The heads stay fp32 (the reference's choice) unless `heads=True`: then they are cast
         too and run in `dtype`, faster on a GPU, their outputs within `dtype`'s rounding of
         the fp32 heads'. Outputs are fp32 either way."""
-        if isinstance(dtype, str):
-            if dtype not in _DTYPES:
-                raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
-            dtype = _DTYPES[dtype]
-        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise ValueError(f"cast_for_inference takes bf16, fp16 or fp32 (a floating-point dtype the kernels "
-                             f"run in), got {dtype!r}")
+        dtype = compute_dtype(dtype)
         for param in self.aggregator.parameters():
             param.data = param.data.to(dtype)
         if heads:
