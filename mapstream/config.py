@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+from .attention.registry import BACKENDS
 from .cache.spec import CacheSpec
 from .validation import check_count
 
@@ -207,8 +208,8 @@ class StreamConfig:
             raise ValueError(f"keyframe_interval must be >= 0, got {interval}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if not isinstance(self.backend, str):
-            raise ValueError(f"backend must be a backend's name such as 'auto', got {self.backend!r}")
+        if self.backend not in ("auto", *BACKENDS):
+            raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}, got {self.backend!r}")
         if not any(self.fast is mode or (isinstance(mode, str) and self.fast == mode) for mode in FAST_MODES):
             raise ValueError(f"fast must be False, True, 'auto', 'pieces' or 'whole', got {self.fast!r}")
         check_count("window_size", self.window_size)
