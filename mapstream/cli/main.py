@@ -12,6 +12,7 @@ from .info import Info
 from .render import Render
 from .run import Run
 from .tools import Convert, Eval
+from .train import Train
 from .view import View
 
 
@@ -20,7 +21,7 @@ def _commands():
 
     commands = {
         "run": Run, "export": Export, "view": View, "render": Render, "eval": Eval, "convert": Convert,
-        "bench": Bench, "info": Info,
+        "bench": Bench, "info": Info, "train": Train,
     }
     return Union[tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in commands.items())]  # type: ignore[return-value]
 

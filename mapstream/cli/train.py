@@ -1,0 +1,76 @@
+"""`mapstream train`: train a model from scratch or fine-tune a checkpoint (mapstream.train)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Optional
+
+from ..train.config import TrainConfig
+from ..train.losses import LossWeights
+from ._flags import as_flags
+
+
+@dataclass(frozen=True)
+class Train(TrainConfig):
+    """Train a model on procedural clips or posed folders, or fine-tune a checkpoint; several GPUs through torchrun.
+
+    A YAML file (--config) sets any of the options below (its keys are their names with
+    underscores; `loss:` a mapping); a flag given with a value other than its default overrides
+    the file. The run writes checkpoints, logs and OUT/model.safetensors, and resumes from the
+    latest checkpoint in --out.
+    """
+
+    ON_INTERRUPT: ClassVar[str] = "the latest checkpoint is in the output folder; the same command resumes from it"
+
+    config: Optional[Path] = None
+    """YAML file of training options (keys: the option names with underscores)."""
+    quiet: bool = False
+    """No progress bar."""
+
+    def __post_init__(self) -> None:
+        pass  # checked once the file and the flags are merged, in train_config()
+
+    def train_config(self) -> TrainConfig:
+        """The file's values, overridden by every flag that differs from its default."""
+        from ..train.config import from_dict, load_config
+
+        base = load_config(self.config) if self.config is not None else None
+        values: dict[str, Any] = {} if base is None else {f.name: getattr(base, f.name) for f in dataclasses.fields(TrainConfig)}
+        for f in dataclasses.fields(TrainConfig):
+            given, default = getattr(self, f.name), _default(TrainConfig, f)
+            if f.name == "loss":
+                values["loss"] = _merge_loss(values.get("loss", LossWeights()), given)
+            elif given != default or f.name not in values:
+                values[f.name] = given
+        return from_dict(values)
+
+    def main(self) -> int:
+        from ..train.trainer import train
+
+        try:
+            config = self.train_config()
+        except ValueError as err:
+            raise ValueError(as_flags(str(err), Train)) from err
+        summary = train(config, progress=not self.quiet)
+        if summary.world_size > 1 and summary.weights is None:
+            return 0  # the other processes of a torchrun: rank 0 prints the summary
+        first = summary.losses[0] if summary.losses else float("nan")
+        last = summary.losses[-1] if summary.losses else float("nan")
+        print(
+            f"trained steps {summary.start_step}..{summary.steps} of {summary.preset} ({config.finetune}, "
+            f"{summary.trained_parameters:,} parameters) on {summary.world_size} process(es) in {summary.seconds:.1f} s; "
+            f"loss {first:.4f} -> {last:.4f}\n"
+            f"weights: {summary.weights} (mapstream run --model {summary.weights}); checkpoint: {summary.checkpoint}"
+        )
+        return 0
+
+
+def _default(cls, f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _merge_loss(base: LossWeights, given: LossWeights) -> LossWeights:
+    changed = {f.name: getattr(given, f.name) for f in dataclasses.fields(LossWeights)
+               if getattr(given, f.name) != _default(LossWeights, f)}
+    return dataclasses.replace(base, **changed)

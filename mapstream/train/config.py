@@ -1,0 +1,179 @@
+"""The training run's configuration: one frozen dataclass, readable from a YAML file.
+
+`TrainConfig` holds everything a run depends on; `load_config(path, **overrides)` reads a YAML
+file whose keys are its fields (`loss:` a mapping of `LossWeights` fields) and applies keyword
+overrides on top. The checkpoints store the configuration, so a resumed run can say what
+changed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from .losses import LossWeights
+
+__all__ = ["TrainConfig", "FINETUNE_MODES", "check_train_config", "config_dict", "from_dict", "load_config"]
+
+FINETUNE_MODES = ("full", "heads", "lora")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training or fine-tuning run (docs/TRAINING.md, "Training: the command and its options")."""
+
+    model: str = "tiny"
+    """A preset name (trained from scratch: random weights drawn from --seed) or a checkpoint to fine-tune (a .pt/.safetensors file, a folder, a Hugging Face repo id)."""
+    preset: str = "auto"
+    """Architecture of the checkpoint given by --model ("auto": the preset its keys and shapes fit); unused for a preset name."""
+    checkpoint_file: Optional[str] = None
+    """File inside the folder or repo given by --model (default: load_model's)."""
+    enable_point: bool = False
+    """Build and train the world-point head (a model trained from scratch; a checkpoint keeps what it holds)."""
+    data: Optional[Path] = None
+    """A posed folder (TUM, COLMAP text, transforms.json, benchmark layout) or a folder of them; default: procedural clips rendered on the training device."""
+    frames: int = 8
+    """Frames per training clip."""
+    image_hw: tuple[int, int] = (294, 518)
+    """Height and width of procedural clips (multiples of 14); a folder's frames take the width and their own aspect's height."""
+    folder_stride: int = 1
+    """Frame step inside a clip cut from a folder."""
+    batch_size: int = 4
+    """Clips per step on each process (the global batch is this times the number of processes)."""
+    num_scale_frames: int = 2
+    """The first frames of each clip, which see each other as streaming's scale frames do; the later ones see only earlier frames."""
+    steps: int = 1000
+    """Optimizer steps of the whole run (a resumed run continues up to this count)."""
+    lr: float = 1e-4
+    """Peak learning rate of AdamW, reached at the end of the warm-up."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's moment decay rates."""
+    weight_decay: float = 0.05
+    """AdamW's decoupled weight decay (not applied to biases, norms, tokens and LayerScale factors)."""
+    warmup_steps: int = 100
+    """Steps of linear warm-up from 0 to --lr; cosine decay to --min-lr-ratio times --lr follows until --steps."""
+    min_lr_ratio: float = 0.01
+    """The learning rate at the last step, as a fraction of --lr."""
+    grad_clip: float = 1.0
+    """Largest global gradient norm (larger gradients are scaled down to it); 0 turns clipping off."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """bf16: the forward in bfloat16 autocast (CUDA only; losses, optimizer and weights stay fp32)."""
+    checkpoint_layers: bool = False
+    """Recompute each trunk layer's activations in the backward pass instead of keeping them: less memory, about a third more time."""
+    ema_decay: Optional[float] = None
+    """Keep an exponential moving average of the trained weights with this decay (e.g. 0.999); the exported weights are the average's."""
+    finetune: Literal["full", "heads", "lora"] = "full"
+    """full: train every weight (less what --freeze-patch-embed / --freeze-frame-blocks freeze); heads: only the camera, depth and point heads; lora: only low-rank adapters on the trunk's attention projections."""
+    freeze_patch_embed: bool = False
+    """Keep the patch embedding (the DINOv2 ViT) fixed."""
+    freeze_frame_blocks: bool = False
+    """Keep the trunk's frame-attention blocks fixed."""
+    lora_rank: int = 8
+    """Rank of each LoRA adapter (--finetune lora)."""
+    lora_alpha: float = 16.0
+    """LoRA's scale numerator: an adapter adds (alpha / rank) B A to its projection's weight."""
+    loss: LossWeights = field(default_factory=LossWeights)
+    """Weights of the loss terms and their hyper-parameters (docs/TRAINING.md, "Losses")."""
+    out: Path = Path("runs/train")
+    """Output folder: checkpoints, logs, TensorBoard events and the final model.safetensors. A run there is resumed."""
+    checkpoint_every: int = 500
+    """Write a checkpoint every this many steps (and at the end, and on Ctrl-C)."""
+    keep_checkpoints: int = 2
+    """How many of the latest checkpoints stay in the output folder."""
+    log_every: int = 10
+    """Log the loss parts, learning rate, gradient norm and step time every this many steps."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to OUT/tensorboard (needs the train extra: pip install mapstream[train])."""
+    resume: bool = True
+    """Continue from the latest checkpoint in --out; --no-resume starts over, deleting the old checkpoints and logs there."""
+    seed: int = 0
+    """Seed of the initial weights, LoRA adapters, and of a folder's clip order."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto; under torchrun each process takes the GPU of its LOCAL_RANK."""
+
+    def __post_init__(self) -> None:
+        check_train_config(self)
+
+
+def _positive(name: str, value: Any, least: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
+def check_train_config(c: TrainConfig) -> None:
+    """ValueError naming the field for a value a run cannot use."""
+    for name in ("frames", "batch_size", "num_scale_frames", "steps", "checkpoint_every", "log_every",
+                 "keep_checkpoints", "lora_rank", "folder_stride"):
+        _positive(name, getattr(c, name))
+    _positive("warmup_steps", c.warmup_steps, 0)
+    if len(c.image_hw) != 2 or any(int(s) < 14 or int(s) % 14 for s in c.image_hw):
+        raise ValueError(f"image_hw must be two multiples of 14, got {c.image_hw}")
+    if not c.lr > 0 or not 0 <= c.min_lr_ratio <= 1 or c.weight_decay < 0 or c.grad_clip < 0:
+        raise ValueError(f"need lr > 0, 0 <= min_lr_ratio <= 1, weight_decay >= 0, grad_clip >= 0; got "
+                         f"{c.lr}, {c.min_lr_ratio}, {c.weight_decay}, {c.grad_clip}")
+    if len(c.betas) != 2 or not all(0 <= b < 1 for b in c.betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {c.betas}")
+    if c.ema_decay is not None and not 0 < c.ema_decay < 1:
+        raise ValueError(f"ema_decay must be in (0, 1), got {c.ema_decay}")
+    if c.finetune not in FINETUNE_MODES:
+        raise ValueError(f"finetune must be one of {FINETUNE_MODES}, got {c.finetune!r}")
+    if c.precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {c.precision!r}")
+    if not c.lora_alpha > 0:
+        raise ValueError(f"lora_alpha must be > 0, got {c.lora_alpha}")
+
+
+def config_dict(config: TrainConfig) -> dict[str, Any]:
+    """The configuration as plain YAML/JSON values (paths as strings, tuples as lists)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, tuple):
+            return list(v)
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return plain(dataclasses.asdict(config))
+
+
+def from_dict(values: dict[str, Any], *, source: str = "the configuration") -> TrainConfig:
+    """A TrainConfig from plain values (`config_dict`'s form); unknown keys are an error."""
+    names = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f"{source}: unknown keys {unknown}; the keys are TrainConfig's fields: {sorted(names)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key == "loss":
+            if isinstance(value, LossWeights):
+                kwargs[key] = value
+                continue
+            loss_names = {f.name for f in dataclasses.fields(LossWeights)}
+            if not isinstance(value, dict) or set(value) - loss_names:
+                raise ValueError(f"{source}: loss must map LossWeights fields ({sorted(loss_names)}) to numbers")
+            kwargs[key] = LossWeights(**value)
+        elif key in ("data", "out") and value is not None:
+            kwargs[key] = Path(value)
+        elif key in ("image_hw", "betas") and isinstance(value, (list, tuple)):
+            kwargs[key] = tuple(value)
+        else:
+            kwargs[key] = value
+    return TrainConfig(**kwargs)
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """The configuration of YAML file `path` (keys: TrainConfig's fields), `overrides` applied on top."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"--config {path}: no such file")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: a training configuration is a mapping of TrainConfig's fields")
+        values.update(loaded)
+    values.update(overrides)
+    return from_dict(values, source=str(path) if path is not None else "the configuration")

@@ -1,0 +1,332 @@
+"""The training loop: AdamW with warm-up and cosine decay, checkpoints, resume, DDP.
+
+`train(config)` runs on one process, or on each process `torchrun` starts (`WORLD_SIZE` > 1):
+every process then trains a DDP replica on its own share of the clips (the data's
+`rank`/`world_size`), DDP averages the gradients, and only rank 0 writes files. Because each
+process's loss is the mean over its clips and DDP averages the processes' gradients, N
+processes with B clips each train exactly as one process with N B clips.
+
+A run in an output folder that holds checkpoints continues from the latest one: the weights,
+the EMA, the optimizer's moments, the schedule, the step and the RNG states come back, and the
+data, which depends only on the step, continues where it stopped, so the resumed run computes
+what the uninterrupted run computes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..io.atomic import atomic_write_text, prepare_dir
+from ..progress import progress_bar
+from .checkpointing import (
+    checkpoint_path, export_weights, latest_checkpoint, load_checkpoint, prune_checkpoints, rng_state,
+    save_checkpoint, set_rng_state,
+)
+from .config import TrainConfig, config_dict
+from .ema import EMA
+from .forward import clip_forward
+from .lora import add_lora, merged_state_dict, select_trainable
+from .losses import total_loss
+
+__all__ = ["TrainSummary", "train", "build_training_model", "lr_factor"]
+
+log = logging.getLogger(__name__)
+WEIGHTS_NAME = "model.safetensors"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSummary:
+    """What a run did."""
+
+    out: Path
+    """The output folder."""
+    start_step: int
+    """The step the run started from (0, or the resumed checkpoint's)."""
+    steps: int
+    """The step the run reached."""
+    losses: tuple[float, ...]
+    """The total loss of each step this run took (averaged over all processes)."""
+    weights: Path | None
+    """The exported model.safetensors (None when interrupted)."""
+    checkpoint: Path | None
+    """The latest checkpoint written."""
+    preset: str
+    """The architecture (load the weights with `mapstream.load_model(weights, preset=preset)`)."""
+    trained_parameters: int
+    """Number of trained scalars."""
+    world_size: int
+    seconds: float
+
+
+def lr_factor(step: int, warmup_steps: int, steps: int, min_ratio: float) -> float:
+    """The learning rate of the update at `step` (from 0) over the peak: linear warm-up to 1 over
+    `warmup_steps` updates, then a cosine from 1 down to `min_ratio` at the last step."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(1, steps - warmup_steps - 1)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _preset_of(model) -> str:
+    from ..config import get_preset, preset_names
+
+    for name in preset_names():
+        if dataclasses.replace(get_preset(name).model, enable_point=model.config.enable_point) == model.config:
+            return name
+    return "auto"
+
+
+def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
+    """The model to train (on the CPU, fp32) and its preset: a preset name's architecture with
+    random weights drawn from `config.seed`, or a loaded checkpoint."""
+    import mapstream
+    from ..config import preset_names
+
+    if config.model in preset_names():
+        model = mapstream.build_model(config.model, enable_point=config.enable_point)
+        # The synthetic rule is a fan-in-scaled normal draw that also starts the fields of
+        # view near 1 rad (a ReLU'd output that a zero start would leave dead); salted by seed.
+        mapstream.fill_synthetic_(model, salt=f"train-init-{config.seed}")
+        return model, config.model
+    source = Path(config.model).expanduser()
+    if not source.exists() and "/" not in config.model:
+        raise ValueError(f"--model {config.model}: neither a preset ({', '.join(preset_names())}) "
+                         "nor an existing checkpoint file or folder")
+    model = mapstream.load_model(config.model, filename=config.checkpoint_file, preset=config.preset)
+    return model, _preset_of(model) if config.preset == "auto" else config.preset
+
+
+class _Clips(nn.Module):
+    """The clip forward as a module, so that DDP sees (and synchronises) its forward."""
+
+    def __init__(self, model: nn.Module, num_scale_frames: int, checkpoint_layers: bool) -> None:
+        super().__init__()
+        self.model, self.num_scale_frames, self.checkpoint_layers = model, num_scale_frames, checkpoint_layers
+
+    def forward(self, images: torch.Tensor) -> dict[str, Any]:
+        return clip_forward(self.model, images, num_scale_frames=self.num_scale_frames,
+                            checkpoint_layers=self.checkpoint_layers)
+
+
+def _data(config: TrainConfig, rank: int, world: int, device: torch.device, start_step: int):
+    from .data import FolderClips, ProceduralClips
+
+    if config.data is None:
+        return ProceduralClips(config.batch_size, config.frames, tuple(config.image_hw), rank=rank,
+                               world_size=world, device=device, start_step=start_step)
+    return FolderClips(config.data, config.batch_size, config.frames, config.image_hw[1], stride=config.folder_stride,
+                       seed=config.seed, rank=rank, world_size=world, device=device, start_step=start_step)
+
+
+def _distributed(config: TrainConfig) -> tuple[int, int, torch.device, bool]:
+    """(rank, world size, device, whether this call set up the process group)."""
+    from ..device import resolve_device
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(config.device)
+    if world <= 1:
+        return 0, 1, device, False
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device, started
+
+
+def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    decay, plain = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            # Biases, norms, LayerScale factors and tokens keep their scale: no weight decay.
+            (decay if p.ndim >= 2 and "token" not in name and "pos_embed" not in name else plain).append(p)
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=tuple(config.betas))
+
+
+def _mean_over_ranks(values: dict[str, torch.Tensor], world: int) -> dict[str, float]:
+    names = sorted(values)
+    stacked = torch.stack([values[n].detach().float().reshape(()) for n in names])
+    if world > 1:
+        dist.all_reduce(stacked)
+        stacked /= world
+    return dict(zip(names, stacked.tolist()))
+
+
+def train(config: TrainConfig, *, progress: bool | None = None, stop_at: int | None = None) -> TrainSummary:
+    """Run (or continue) the training `config` describes; see the module docstring.
+
+    stop_at: end after this step with a checkpoint, as an interruption would (a job that has
+    only so much time); the next call continues the same schedule towards `config.steps`.
+    """
+    started = time.perf_counter()
+    rank, world, device, own_group = _distributed(config)
+    try:
+        return _train(config, rank, world, device, progress, started, stop_at or config.steps)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _train(config: TrainConfig, rank: int, world: int, device: torch.device, progress, started,
+           stop_at: int) -> TrainSummary:
+    if config.precision == "bf16" and device.type != "cuda":
+        raise ValueError("--precision bf16 needs a CUDA device (autocast on the CPU is not supported here)")
+    out = Path(config.out)
+    lead = rank == 0
+    if lead:
+        prepare_dir(out)
+        _start_logs(out, config.resume)
+    model, preset = build_training_model(config)
+    if config.finetune == "lora":
+        add_lora(model, config.lora_rank, config.lora_alpha, seed=config.seed)
+    trained = select_trainable(model, config.finetune, freeze_patch_embed=config.freeze_patch_embed,
+                               freeze_frame_blocks=config.freeze_frame_blocks)
+    model.to(device).train()
+    optimizer = _optimizer(model, config)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps, config.min_lr_ratio))
+    ema = EMA(model, config.ema_decay) if config.ema_decay is not None else None
+
+    start_step, resumed = 0, latest_checkpoint(out) if config.resume else None
+    if resumed is not None:
+        state = load_checkpoint(resumed)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        if ema is not None and "ema" in state:
+            ema.load_state_dict(state["ema"])
+        set_rng_state(state["rng"])
+        start_step = int(state["step"])
+        for group, base in zip(optimizer.param_groups, schedule.base_lrs):  # the schedule of this --steps
+            group["lr"] = base * lr_factor(start_step, config.warmup_steps, config.steps, config.min_lr_ratio)
+        changed = {k for k, v in config_dict(config).items() if state["config"].get(k) != v} - {"steps", "resume"}
+        log.info("resuming from %s (step %d)%s", resumed, start_step,
+                 f"; settings changed since: {sorted(changed)}" if changed else "")
+    if start_step >= config.steps:
+        log.info("%s already holds step %d of %d: nothing to train", out, start_step, config.steps)
+
+    forward: nn.Module = _Clips(model, config.num_scale_frames, config.checkpoint_layers)
+    if world > 1:
+        forward = nn.parallel.DistributedDataParallel(
+            forward, device_ids=[device.index] if device.type == "cuda" else None)
+    writer = _tensorboard(out) if lead and config.tensorboard else None
+    if lead:
+        atomic_write_text(out / "config.json", json.dumps(config_dict(config), indent=2) + "\n")
+        log.info("training %d parameters (%s, %s) on %d process(es), device %s", sum(
+            p.numel() for p in model.parameters() if p.requires_grad), preset, config.finetune, world, device)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    autocast = torch.autocast("cuda", torch.bfloat16) if config.precision == "bf16" else nullcontext()
+    batches = iter(_data(config, rank, world, device, start_step))
+    losses: list[float] = []
+    step, saved, last_checkpoint = start_step, start_step, resumed
+
+    def checkpoint() -> Path:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "schedule": schedule.state_dict(), "step": step, "rng": rng_state(), "config": config_dict(config)}
+        if ema is not None:
+            state["ema"] = ema.state_dict()
+        path = save_checkpoint(checkpoint_path(out, step), state)
+        prune_checkpoints(out, config.keep_checkpoints)
+        return path
+
+    bar = progress_bar(config.steps, desc="train", unit="step", initial=start_step, progress=progress if lead else False)
+    try:
+        with bar:
+            while step < min(stop_at, config.steps):
+                tick = time.perf_counter()
+                batch = next(batches)
+                with autocast:
+                    pred = forward(batch["images"])
+                loss, parts = total_loss(pred, batch, config.loss)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf)
+                lr = optimizer.param_groups[0]["lr"]
+                optimizer.step()
+                schedule.step()
+                if ema is not None:
+                    ema.update(model)
+                step += 1
+                means = _mean_over_ranks(parts, world)
+                losses.append(means["loss"])
+                bar.update(1)
+                bar.set_postfix_str(f"loss {means['loss']:.4f}")
+                if lead and (step % config.log_every == 0 or step == config.steps):
+                    _log(out, writer, step, means, lr, float(norm), time.perf_counter() - tick)
+                if lead and (step % config.checkpoint_every == 0 or step in (config.steps, stop_at)):
+                    last_checkpoint, saved = checkpoint(), step
+    except KeyboardInterrupt:
+        if lead and step > saved:
+            last_checkpoint = checkpoint()
+            log.info("interrupted: wrote %s (step %d)", last_checkpoint, step)
+        raise
+    finally:
+        if writer is not None:
+            writer.close()
+
+    weights = None
+    if lead and step >= config.steps:
+        weights = out / WEIGHTS_NAME
+        with (ema.applied(model) if ema is not None else nullcontext()):
+            export_weights(merged_state_dict(model), weights, {
+                "format": "pt", "architecture": "GCTStream", "preset": preset, "step": str(step),
+                "finetune": config.finetune, "ema": str(ema is not None)})
+        log.info("wrote %s (step %d; load it with mapstream.load_model(path, preset=%r))", weights, step, preset)
+    if world > 1:
+        dist.barrier()
+    return TrainSummary(out=out, start_step=start_step, steps=step, losses=tuple(losses), weights=weights,
+                        checkpoint=last_checkpoint, preset=preset, trained_parameters=sum(
+                            p.numel() for n, p in model.named_parameters() if n in set(trained)),
+                        world_size=world, seconds=time.perf_counter() - started)
+
+
+def _start_logs(out: Path, resume: bool) -> None:
+    """A fresh run deletes the folder's old checkpoints and metrics; a resumed one keeps the
+    metrics of the steps its checkpoint holds (the later ones are computed again)."""
+    latest = latest_checkpoint(out)
+    metrics = out / "metrics.jsonl"
+    if not resume:
+        prune_checkpoints(out, 0)
+        metrics.unlink(missing_ok=True)
+    elif metrics.is_file():
+        step = int(latest.stem.split("-")[1]) if latest is not None else 0
+        kept = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        atomic_write_text(metrics, "".join(line + "\n" for line in kept))
+
+
+def _tensorboard(out: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError("TensorBoard logs need the tensorboard package (pip install 'mapstream[train]'), "
+                          "or pass --no-tensorboard") from exc
+    return SummaryWriter(str(out / "tensorboard"))
+
+
+def _log(out: Path, writer, step: int, means: dict[str, float], lr: float, norm: float, seconds: float) -> None:
+    parts = " ".join(f"{k} {v:.4f}" for k, v in means.items() if k != "loss")
+    log.info("step %d loss %.4f (%s) lr %.3g grad-norm %.3g %.2f s/step", step, means["loss"], parts, lr, norm, seconds)
+    record = {"step": step, **means, "lr": lr, "grad_norm": norm, "step_seconds": seconds}
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+    if writer is not None:
+        for key, value in means.items():
+            writer.add_scalar(f"loss/{key}", value, step)
+        writer.add_scalar("train/lr", lr, step)
+        writer.add_scalar("train/grad_norm", norm, step)
+        writer.add_scalar("train/step_seconds", seconds, step)

@@ -1,0 +1,132 @@
+"""The training loop: exact resume, exports that load_model reads, fine-tuning modes, the
+command line and its YAML file, and two DDP processes training as one with the doubled batch."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import mapstream
+from mapstream.cli.train import Train
+from mapstream.train.checkpointing import latest_checkpoint, list_checkpoints, load_checkpoint
+from mapstream.train.config import TrainConfig, load_config
+from mapstream.train.forward import clip_forward
+from mapstream.train.lora import add_lora, select_trainable
+from mapstream.train.trainer import build_training_model, lr_factor, train
+
+SMALL = dict(model="tiny", frames=2, image_hw=(28, 28), num_scale_frames=1, batch_size=1, warmup_steps=1, log_every=1,
+             tensorboard=False, device="cpu")
+
+
+def _config(out, **kw) -> TrainConfig:
+    return TrainConfig(out=out, **{**SMALL, **kw})
+
+
+def test_two_runs_of_n_steps_with_a_resume_equal_one_run_of_2n(tmp_path):
+    whole = train(_config(tmp_path / "whole", steps=2, checkpoint_every=1, ema_decay=0.5), progress=False)
+    first = train(_config(tmp_path / "halves", steps=2, ema_decay=0.5), progress=False, stop_at=1)
+    assert first.weights is None and first.checkpoint == latest_checkpoint(tmp_path / "halves")
+    second = train(_config(tmp_path / "halves", steps=2, ema_decay=0.5), progress=False)
+    assert (first.start_step, second.start_step, second.steps) == (0, 1, 2)
+    assert first.losses + second.losses == whole.losses  # bit for bit
+    a, b = load_file(whole.weights), load_file(second.weights)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [s for s, _ in list_checkpoints(tmp_path / "whole")] == [1, 2]
+    metrics = [json.loads(line)["step"] for line in (tmp_path / "halves" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == [1, 2]
+
+
+def test_lora_export_loads_and_computes_what_the_trained_model_computes(tmp_path):
+    summary = train(_config(tmp_path, steps=1, finetune="lora", lora_rank=2, lr=1e-2), progress=False)
+    exported = mapstream.load_model(summary.weights, preset=summary.preset)
+    trained, _ = build_training_model(_config(tmp_path, steps=2))
+    base = {k: v.clone() for k, v in trained.state_dict().items()}
+    add_lora(trained, 2, 16.0)
+    trained.load_state_dict(load_checkpoint(latest_checkpoint(tmp_path))["model"])
+    assert any(not torch.equal(exported.state_dict()[k], base[k]) for k in base if ".attn.qkv." in k)
+    # Only the adapted projections changed: everything else is the base model.
+    for key, value in exported.state_dict().items():
+        if ".attn." not in key or not key.startswith(("aggregator.frame_blocks", "aggregator.global_blocks")):
+            assert torch.equal(value, base[key]), key
+    images = torch.rand(1, 3, 3, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = clip_forward(trained.eval(), images, num_scale_frames=2), clip_forward(exported, images, num_scale_frames=2)
+    for key in ("pose_enc", "depth", "depth_conf"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5)
+
+
+def test_fine_tuning_modes_train_what_they_say():
+    model, _ = build_training_model(TrainConfig(steps=1))
+    heads = select_trainable(model, "heads")
+    assert heads and all(n.startswith(("camera_head", "depth_head")) for n in heads)
+    frozen = select_trainable(model, "full", freeze_patch_embed=True, freeze_frame_blocks=True)
+    assert not any(n.startswith(("aggregator.patch_embed", "aggregator.frame_blocks")) for n in frozen)
+    assert any(n.startswith("aggregator.global_blocks") for n in frozen)
+    add_lora(model, 4, 8.0)
+    lora = select_trainable(model, "lora")
+    assert len(lora) == 2 * 2 * 2 * model.config.depth  # A and B, qkv and proj, frame and global blocks
+    assert all(p.requires_grad == (n in lora) for n, p in model.named_parameters())
+
+
+def test_the_schedule_warms_up_then_decays_to_the_floor():
+    f = [lr_factor(s, 2, 10, 0.1) for s in range(10)]
+    assert f[:3] == [0.5, 1.0, 1.0] and f[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(f[1:], f[2:]))
+
+
+def test_a_yaml_file_sets_options_and_flags_override_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("frames: 3\nimage_hw: [28, 42]\nlr: 0.001\nloss:\n  depth: 2.0\n")
+    config = Train(config=path, lr=3e-4, steps=5).train_config()
+    assert (config.frames, config.image_hw, config.lr, config.steps, config.loss.depth) == (3, (28, 42), 3e-4, 5, 2.0)
+    assert load_config(path).lr == 0.001
+    path.write_text("frams: 3\n")
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_config(path)
+
+
+def test_bad_input_is_told_clearly(tmp_path):
+    with pytest.raises(ValueError, match="steps"):
+        TrainConfig(steps=0)
+    with pytest.raises(ValueError, match="neither a preset"):
+        train(_config(tmp_path, steps=1, model="tinyy"))
+    bad = tmp_path / "bad.safetensors"
+    save_file({"not.a.key": torch.zeros(2)}, str(bad))
+    with pytest.raises(mapstream.CheckpointError):
+        train(_config(tmp_path, steps=1, model=str(bad), preset="tiny"))
+    (tmp_path / "frames").mkdir()
+    with pytest.raises(FileNotFoundError, match="no posed folder"):
+        train(_config(tmp_path, steps=1, data=tmp_path / "frames"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            train(_config(tmp_path, steps=1, precision="bf16"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ddp_processes_train_as_one_with_the_doubled_batch(tmp_path):
+    flags = ["--model", "tiny", "--frames", "2", "--image-hw", "28", "28", "--num-scale-frames", "1",
+             "--warmup-steps", "1", "--steps", "2",
+             "--log-every", "1", "--no-tensorboard", "--device", "cpu", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+              f"--master_port={_free_port()}", "-m", "mapstream", "train"]
+    done = subprocess.run(launch + flags + ["--batch-size", "1", "--out", str(tmp_path / "ddp")], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one = train(_config(tmp_path / "one", steps=2, batch_size=2), progress=False)
+    two = [json.loads(line)["loss"] for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert two == pytest.approx(list(one.losses), rel=1e-5, abs=1e-6)
+    a, b = load_file(tmp_path / "ddp" / "model.safetensors"), load_file(one.weights)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
