@@ -13,7 +13,7 @@ from conftest import DATA, REPO
 
 COMMAND_DOCS = {
     "run": "RUN.md", "export": "EXPORT.md", "view": "VIEWER.md", "render": "RENDER.md", "eval": "EVALUATION.md",
-    "convert": "CLI.md", "bench": "CLI.md", "info": "CLI.md",
+    "convert": "CLI.md", "bench": "CLI.md", "info": "CLI.md", "train": "TRAINING.md",
 }
 """The page that documents each command's options."""
 

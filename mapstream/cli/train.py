@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Optional
+
+import tyro
 
 from ..train.config import TrainConfig
 from ..train.losses import LossWeights
@@ -23,6 +25,34 @@ class Train(TrainConfig):
 
     ON_INTERRUPT: ClassVar[str] = "the latest checkpoint is in the output folder; the same command resumes from it"
 
+    loss: tyro.conf.Suppress[LossWeights] = field(default_factory=LossWeights)
+    # The loss weights as flat flags (--loss-camera), as every other command spells its groups.
+    loss_camera: float = LossWeights.camera
+    """Weight of the camera loss in the total (docs/TRAINING.md, "Losses")."""
+    loss_depth: float = LossWeights.depth
+    """Weight of the depth loss in the total."""
+    loss_points: float = LossWeights.points
+    """Weight of the world-point loss in the total (with a point head)."""
+    loss_camera_gamma: float = LossWeights.camera_gamma
+    """Decay over the camera head's iterations (the last weighs 1, the one before gamma, ...)."""
+    loss_camera_delta: float = LossWeights.camera_delta
+    """Width of the camera loss's quadratic (Huber) zone; 0 gives L1."""
+    loss_camera_translation: float = LossWeights.camera_translation
+    """Weight of the translation part of the camera loss."""
+    loss_camera_rotation: float = LossWeights.camera_rotation
+    """Weight of the rotation part of the camera loss."""
+    loss_camera_fov: float = LossWeights.camera_fov
+    """Weight of the field-of-view part of the camera loss."""
+    loss_depth_alpha: float = LossWeights.depth_alpha
+    """Weight of the depth confidence's -alpha log(conf) regulariser."""
+    loss_depth_gradient: float = LossWeights.depth_gradient
+    """Weight of the depth gradient term."""
+    loss_points_alpha: float = LossWeights.points_alpha
+    """Weight of the point confidence's -alpha log(conf) regulariser."""
+    loss_points_gradient: float = LossWeights.points_gradient
+    """Weight of the point-map gradient term."""
+    loss_gradient_scales: int = LossWeights.gradient_scales
+    """Image scales of the gradient terms."""
     config: Optional[Path] = None
     """YAML file of training options (keys: the option names with underscores)."""
     quiet: bool = False
@@ -40,7 +70,8 @@ class Train(TrainConfig):
         for f in dataclasses.fields(TrainConfig):
             given, default = getattr(self, f.name), _default(TrainConfig, f)
             if f.name == "loss":
-                values["loss"] = _merge_loss(values.get("loss", LossWeights()), given)
+                flags = LossWeights(**{g.name: getattr(self, "loss_" + g.name) for g in dataclasses.fields(LossWeights)})
+                values["loss"] = _merge_loss(values.get("loss", LossWeights()), flags)
             elif given != default or f.name not in values:
                 values[f.name] = given
         return from_dict(values)

@@ -83,8 +83,9 @@ def test_the_schedule_warms_up_then_decays_to_the_floor():
 def test_a_yaml_file_sets_options_and_flags_override_it(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("frames: 3\nimage_hw: [28, 42]\nlr: 0.001\nloss:\n  depth: 2.0\n")
-    config = Train(config=path, lr=3e-4, steps=5).train_config()
-    assert (config.frames, config.image_hw, config.lr, config.steps, config.loss.depth) == (3, (28, 42), 3e-4, 5, 2.0)
+    config = Train(config=path, lr=3e-4, steps=5, loss_camera=3.0).train_config()
+    assert (config.frames, config.image_hw, config.lr, config.steps) == (3, (28, 42), 3e-4, 5)
+    assert (config.loss.depth, config.loss.camera) == (2.0, 3.0)
     assert load_config(path).lr == 0.001
     path.write_text("frams: 3\n")
     with pytest.raises(ValueError, match="unknown keys"):
