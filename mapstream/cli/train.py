@@ -68,7 +68,7 @@ class Train(TrainConfig):
         base = load_config(self.config) if self.config is not None else None
         values: dict[str, Any] = {} if base is None else {f.name: getattr(base, f.name) for f in dataclasses.fields(TrainConfig)}
         for f in dataclasses.fields(TrainConfig):
-            given, default = getattr(self, f.name), _default(TrainConfig, f)
+            given, default = getattr(self, f.name), _default(f)
             if f.name == "loss":
                 flags = LossWeights(**{g.name: getattr(self, "loss_" + g.name) for g in dataclasses.fields(LossWeights)})
                 values["loss"] = _merge_loss(values.get("loss", LossWeights()), flags)
@@ -97,11 +97,11 @@ class Train(TrainConfig):
         return 0
 
 
-def _default(cls, f: dataclasses.Field) -> Any:
+def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _merge_loss(base: LossWeights, given: LossWeights) -> LossWeights:
     changed = {f.name: getattr(given, f.name) for f in dataclasses.fields(LossWeights)
-               if getattr(given, f.name) != _default(LossWeights, f)}
+               if getattr(given, f.name) != _default(f)}
     return dataclasses.replace(base, **changed)

@@ -37,6 +37,7 @@ from .config import TrainConfig, config_dict
 from .ema import EMA
 from .forward import clip_forward
 from .lora import add_lora, merged_state_dict, select_trainable
+from .logs import log_step, start_logs, tensorboard_writer
 from .losses import total_loss
 
 __all__ = ["TrainSummary", "train", "build_training_model", "lr_factor"]
@@ -189,7 +190,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     lead = rank == 0
     if lead:
         prepare_dir(out)
-        _start_logs(out, config.resume)
+        start_logs(out, config.resume)
     model, preset = build_training_model(config)
     if config.finetune == "lora":
         add_lora(model, config.lora_rank, config.lora_alpha, seed=config.seed)
@@ -223,7 +224,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     if world > 1:
         forward = nn.parallel.DistributedDataParallel(
             forward, device_ids=[device.index] if device.type == "cuda" else None)
-    writer = _tensorboard(out) if lead and config.tensorboard else None
+    writer = tensorboard_writer(out) if lead and config.tensorboard else None
     if lead:
         atomic_write_text(out / "config.json", json.dumps(config_dict(config), indent=2) + "\n")
         log.info("training %d parameters (%s, %s) on %d process(es), device %s", sum(
@@ -267,7 +268,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                 bar.update(1)
                 bar.set_postfix_str(f"loss {means['loss']:.4f}")
                 if lead and (step % config.log_every == 0 or step == config.steps):
-                    _log(out, writer, step, means, lr, float(norm), time.perf_counter() - tick)
+                    log_step(out, writer, step, means, lr, float(norm), time.perf_counter() - tick)
                 if lead and (step % config.checkpoint_every == 0 or step in (config.steps, stop_at)):
                     last_checkpoint, saved = checkpoint(), step
     except KeyboardInterrupt:
@@ -293,40 +294,3 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                         checkpoint=last_checkpoint, preset=preset, trained_parameters=sum(
                             p.numel() for n, p in model.named_parameters() if n in set(trained)),
                         world_size=world, seconds=time.perf_counter() - started)
-
-
-def _start_logs(out: Path, resume: bool) -> None:
-    """A fresh run deletes the folder's old checkpoints and metrics; a resumed one keeps the
-    metrics of the steps its checkpoint holds (the later ones are computed again)."""
-    latest = latest_checkpoint(out)
-    metrics = out / "metrics.jsonl"
-    if not resume:
-        prune_checkpoints(out, 0)
-        metrics.unlink(missing_ok=True)
-    elif metrics.is_file():
-        step = int(latest.stem.split("-")[1]) if latest is not None else 0
-        kept = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        atomic_write_text(metrics, "".join(line + "\n" for line in kept))
-
-
-def _tensorboard(out: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise ImportError("TensorBoard logs need the tensorboard package (pip install 'mapstream[train]'), "
-                          "or pass --no-tensorboard") from exc
-    return SummaryWriter(str(out / "tensorboard"))
-
-
-def _log(out: Path, writer, step: int, means: dict[str, float], lr: float, norm: float, seconds: float) -> None:
-    parts = " ".join(f"{k} {v:.4f}" for k, v in means.items() if k != "loss")
-    log.info("step %d loss %.4f (%s) lr %.3g grad-norm %.3g %.2f s/step", step, means["loss"], parts, lr, norm, seconds)
-    record = {"step": step, **means, "lr": lr, "grad_norm": norm, "step_seconds": seconds}
-    with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
-    if writer is not None:
-        for key, value in means.items():
-            writer.add_scalar(f"loss/{key}", value, step)
-        writer.add_scalar("train/lr", lr, step)
-        writer.add_scalar("train/grad_norm", norm, step)
-        writer.add_scalar("train/step_seconds", seconds, step)
