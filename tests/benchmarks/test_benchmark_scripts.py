@@ -148,3 +148,16 @@ def test_device_scripts_parse_and_name_files_that_exist():
     assert all((BENCHMARKS / name).is_file() for name in named)
     usage = subprocess.run(["bash", str(check)], capture_output=True, text=True)
     assert usage.returncode == 2 and "tests|measure" in usage.stderr
+
+
+def test_train_step_times_the_real_loop_and_reports_its_steps(tmp_path):
+    out = tmp_path / "step.json"
+    result = _load("train_step").main(["--preset", "tiny", "--frames", "3", "--hw", "28", "42", "--steps", "2",
+                                       "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert len(result["losses"]) == 2 and all(loss == loss for loss in result["losses"])  # two steps, no NaN
+    assert result["step_seconds"] > 0 and result["peak_gpu_bytes"] is None
+    import mapstream
+
+    model = mapstream.build_model("tiny")  # every weight but the ViT's unused mask token is trained
+    assert result["trained_parameters"] == sum(p.numel() for p in model.parameters()) - model.aggregator.patch_embed.mask_token.numel()

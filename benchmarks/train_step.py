@@ -1,0 +1,69 @@
+"""Training step time and peak memory of an architecture, through `mapstream.train.train`.
+
+    python3 benchmarks/train_step.py --preset lingbot-map --device cuda --precision bf16 \
+        --frames 8 --hw 294 518 --batch-size 1 --steps 4 --checkpoint-layers --out step.json
+
+Runs a few optimizer steps of the real loop on procedural clips (random weights: the time
+and memory of a step do not depend on their values) and reports the mean time of the steps
+after the first (which pays for warm-up and allocation) and the peak GPU memory. Writes JSON
+with `--out`; prints one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from mapstream.train.config import TrainConfig
+    from mapstream.train.trainer import train
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--frames", type=int, default=8)
+    ap.add_argument("--hw", type=int, nargs=2, default=(294, 518))
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--checkpoint-layers", action="store_true")
+    ap.add_argument("--finetune", choices=("full", "heads", "lora"), default="full")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    if args.steps < 2:
+        ap.error("--steps must be >= 2 (the first step is not timed)")
+    with tempfile.TemporaryDirectory() as folder:
+        config = TrainConfig(
+            model=args.preset, device=args.device, precision=args.precision, frames=args.frames,
+            image_hw=tuple(args.hw), batch_size=args.batch_size, steps=args.steps, warmup_steps=1,
+            checkpoint_layers=args.checkpoint_layers, finetune=args.finetune, out=Path(folder),
+            checkpoint_every=args.steps, log_every=1, tensorboard=False,
+        )
+        if torch.cuda.is_available() and args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        summary = train(config, progress=False)
+        records = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
+    times = [r["step_seconds"] for r in records if "step_seconds" in r][1:]
+    result = {
+        "preset": args.preset, "device": args.device, "precision": args.precision, "frames": args.frames,
+        "hw": list(args.hw), "batch_size": args.batch_size, "checkpoint_layers": args.checkpoint_layers,
+        "finetune": args.finetune, "trained_parameters": summary.trained_parameters,
+        "step_seconds": statistics.mean(times), "losses": list(summary.losses),
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else None,
+    }
+    peak = f", peak {result['peak_gpu_bytes'] / 2**30:.1f} GiB" if result["peak_gpu_bytes"] else ""
+    print(f"{args.preset} {args.precision} {args.frames}x{args.hw[0]}x{args.hw[1]} batch {args.batch_size}: "
+          f"{result['step_seconds']:.3f} s/step{peak}")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
