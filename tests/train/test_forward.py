@@ -80,3 +80,26 @@ def test_the_official_architecture_clip_gives_what_streaming_gives():
         got = clip_forward(model, x[None], num_scale_frames=2)
     for key in ("pose_enc", "depth", "depth_conf"):
         torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-4)
+
+
+def test_the_network_learns_a_procedural_clip():
+    """End to end on the CPU: rendered clips, their normalised ground truth, the clip forward
+    and the losses. Fitting one batch for 40 AdamW steps more than halves the camera and the
+    depth loss (gradients reach the predictions through the whole chain)."""
+    from mapstream.train.data import ProceduralClips
+    from mapstream.train.losses import LossWeights, total_loss
+
+    torch.manual_seed(0)
+    batch = next(iter(ProceduralClips(batch_size=2, num_frames=3, image_hw=(28, 42), split="train", num_batches=1)))
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    history = []
+    for _ in range(40):
+        loss, parts = total_loss(clip_forward(model, batch["images"], num_scale_frames=2), batch, LossWeights())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        history.append({k: float(v) for k, v in parts.items()})
+    first, last = history[0], history[-1]
+    assert last["camera"] < 0.5 * first["camera"], (first, last)
+    assert last["depth"] < first["depth"] - 0.5 * abs(first["depth"]), (first, last)
