@@ -103,3 +103,20 @@ def test_the_network_learns_a_procedural_clip():
     first, last = history[0], history[-1]
     assert last["camera"] < 0.5 * first["camera"], (first, last)
     assert last["depth"] < first["depth"] - 0.5 * abs(first["depth"]), (first, last)
+
+
+def test_the_small_preset_fits_its_budget_and_loads_what_training_exports(tmp_path):
+    """The architecture trained as mapstream's own model ships in half precision under 25 MB;
+    its state dict round-trips through safetensors into `load_model` by preset."""
+    from safetensors.torch import save_file
+
+    model = mapstream.fill_synthetic_(mapstream.build_model("small")).eval()
+    assert sum(p.numel() for p in model.parameters()) * 2 < 25e6
+    path = tmp_path / "small.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    loaded = mapstream.load_model(str(path), preset="auto")
+    assert loaded.config == mapstream.get_preset("small").model
+    x = _frames(3, seed=9)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.inference_streaming(x, num_scale_frames=2)["depth"],
+                                   model.inference_streaming(x, num_scale_frames=2)["depth"])
