@@ -1,4 +1,4 @@
-"""`mapstream bench`: streaming throughput with the project's benchmark protocol (docs/BENCHMARKS.md).
+"""`mapstream bench`: streaming throughput under a fixed protocol.
 
 Official architecture, synthetic (rule) weights, batch 1, `scale` frames together then
 `stream` frames one at a time, bf16 aggregator, fp32 heads. Each step is timed with CUDA

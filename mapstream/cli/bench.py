@@ -27,7 +27,7 @@ def _step_mode(variant: str) -> bool | str:
 
 @dataclass
 class Bench:
-    """Time streaming inference on a CUDA GPU with the project's protocol (docs/BENCHMARKS.md)."""
+    """Time streaming inference on a CUDA GPU: the official architecture, 8 scale frames then one frame at a time."""
 
     resolutions: tuple[str, ...] = ("504x378", "518x378")
     """Frame sizes WxH to measure."""
@@ -67,7 +67,7 @@ class Bench:
 
         if not torch.cuda.is_available():
             raise RuntimeError(
-                "mapstream bench times steps on a CUDA GPU (CUDA events, docs/BENCHMARKS.md's protocol) "
+                "mapstream bench times steps on a CUDA GPU with CUDA events "
                 "and this PyTorch sees none; on a CPU, `mapstream run --demo` "
                 "runs the same model, slower"
             )
