@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from ..validation import check_count
 from .losses import LossWeights
 
 __all__ = ["TrainConfig", "FINETUNE_MODES", "check_train_config", "config_dict", "from_dict", "load_config"]
@@ -96,17 +97,12 @@ class TrainConfig:
         check_train_config(self)
 
 
-def _positive(name: str, value: Any, least: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-
-
 def check_train_config(c: TrainConfig) -> None:
     """ValueError naming the field for a value a run cannot use."""
     for name in ("frames", "batch_size", "num_scale_frames", "steps", "checkpoint_every", "log_every",
                  "keep_checkpoints", "lora_rank", "folder_stride"):
-        _positive(name, getattr(c, name))
-    _positive("warmup_steps", c.warmup_steps, 0)
+        check_count(name, getattr(c, name))
+    check_count("warmup_steps", c.warmup_steps, least=0)
     if len(c.image_hw) != 2 or any(int(s) < 14 or int(s) % 14 for s in c.image_hw):
         raise ValueError(f"image_hw must be two multiples of 14, got {c.image_hw}")
     if not c.lr > 0 or not 0 <= c.min_lr_ratio <= 1 or c.weight_decay < 0 or c.grad_clip < 0:
