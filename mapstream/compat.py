@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .cache import FlashInferKVCacheManager, reference_cache, register_reference_cache, shared_pools
+from .cache import FlashInferKVCacheManager, reference_cache, shared_pools
 from .config import ModelConfig, StreamConfig
 from .keyframes import FlowKeyframes
 from .models.aggregator import Trace
@@ -24,7 +24,7 @@ from .models.state import StreamState
 from .sequences import each_sequence
 from .session import Session
 from .validation import check_count, check_images, keyframe_flag
-from .windowed import WindowedSession, windowed_inference
+from .windowed import windowed_inference
 
 __all__ = ["FlashInferKVCacheManager", "GCTStream", "GCTStreamWindow", "GCTStreamWindowV2"]
 
@@ -60,20 +60,14 @@ class GCTStream(GCTNetwork):
             overrides["backend"] = backend
         overrides["num_frame_for_scale"] = num_frame_for_scale
         super().__init__(config, stream, **overrides)
-        self._register_default_state()
-
-    def _register_default_state(self) -> None:
-        """Give the aggregator and camera head the reference protocol's caches, which keep
-        what this model's stream settings say."""
-        state = self.new_state(pools=shared_pools())
-        register_reference_cache(self.aggregator, state.aggregator)
-        if self.camera_head is not None:
-            register_reference_cache(self.camera_head, state.camera)
+        # Made now, so that `aggregator.clean_kv_cache()` and the other module-level names of
+        # the protocol find the caches of this model's settings, not default ones.
+        self.default_state  # noqa: B018
 
     @property
     def default_state(self) -> StreamState:
         """The state of the reference protocol's `forward` calls (made with this model's stream
-        settings on first use, e.g. by a copy of a model)."""
+        settings on first use: when the model is built, or by a copy of a model)."""
         spec = self.stream_config.cache_spec()
         aggregator = reference_cache(self.aggregator, lambda: self.aggregator.new_cache(self.stream_config))
         camera = (

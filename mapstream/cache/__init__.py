@@ -12,7 +12,7 @@ from .manager import (
     thin_trajectory,
 )
 from .page_pool import PagePool, PageRun, PoolRegistry, PoolStats
-from .reference import reference_cache, register_reference_cache, shared_pools
+from .reference import reference_cache, shared_pools
 from .spec import CacheSpec, StorageKey, TokenLayout
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "attend_streams",
     "open_steps",
     "reference_cache",
-    "register_reference_cache",
     "shared_pools",
     "thin_trajectory",
 ]

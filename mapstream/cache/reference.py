@@ -15,7 +15,7 @@ from typing import Callable
 from .manager import StreamCacheManager
 from .page_pool import PoolRegistry
 
-__all__ = ["reference_cache", "register_reference_cache", "shared_pools"]
+__all__ = ["reference_cache", "shared_pools"]
 
 _caches: "weakref.WeakKeyDictionary[object, StreamCacheManager]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -35,12 +35,3 @@ def reference_cache(owner: object, make: Callable[[], StreamCacheManager]) -> St
         if cache is None:
             cache = _caches[owner] = make()
         return cache
-
-
-def register_reference_cache(owner: object, cache: StreamCacheManager) -> None:
-    """Make `cache` the reference protocol's cache of `owner`, releasing one it had."""
-    with _lock:
-        previous = _caches.get(owner)
-        _caches[owner] = cache
-    if previous is not None and previous is not cache:
-        previous.release()
