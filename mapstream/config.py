@@ -221,6 +221,11 @@ class StreamConfig:
             raise ValueError(f"shared_from must be one of {', '.join(SHARED_FROM)}, got {self.shared_from!r}")
 
     @property
+    def stored_interval(self):
+        """`keyframe_interval` as a session applies it: None stores every frame (1)."""
+        return 1 if self.keyframe_interval is None else self.keyframe_interval
+
+    @property
     def anchor_frames(self) -> int:
         """Stored frames the cache keeps forever (`cache_scale_frames`, else the scale frames)."""
         return self.num_scale_frames if self.cache_scale_frames is None else self.cache_scale_frames

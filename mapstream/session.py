@@ -29,7 +29,7 @@ from .models.aggregator import kv_dtype
 from .models.gct import GCTNetwork
 from .models.state import StreamState
 from .progress import progress_bar
-from .validation import ValueCheck, check_images, check_scale_frames, keyframe_flag
+from .validation import ValueCheck, check_images, compute_dtype, keyframe_flag
 
 __all__ = ["Session", "FramePrediction", "SessionClosedError", "resolve_precision"]
 
@@ -143,8 +143,7 @@ class Session:
         self.model = model
         self.config = (config or model.stream_config).with_settings(**settings)
         self.num_scale_frames = self.config.num_scale_frames
-        interval = self.config.keyframe_interval
-        self.policy = make_policy(1 if interval is None else interval)
+        self.policy = make_policy(self.config.stored_interval)
         self.output_device = torch.device(output_device) if output_device is not None else None
         self.device = next(model.parameters()).device
         self.precision = resolve_precision(self.config.precision, self.device)
@@ -165,8 +164,7 @@ class Session:
             return fast
         if self.device.type != "cuda":
             return False
-        compute = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
-        return self.model.aggregator.camera_token.dtype == compute
+        return self.model.aggregator.camera_token.dtype == compute_dtype(self.precision)
 
     def _clear(self) -> None:
         self._buffer: list[torch.Tensor] = []

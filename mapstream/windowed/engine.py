@@ -69,7 +69,7 @@ def windowed_inference(
 def _windowed_sequence(model, images, config: StreamConfig, output_device, return_windows, progress) -> dict:
     """`windowed_inference` of one sequence [1, S, 3, H, W], already checked."""
     num_frames = images.shape[1]
-    keyframe_interval = 1 if config.keyframe_interval is None else config.keyframe_interval
+    keyframe_interval = config.stored_interval
     plan: WindowPlan = plan_windows(
         num_frames,
         window_size=config.window_size,

@@ -44,7 +44,7 @@ class _Pending:
 
 def check_window_options(config: StreamConfig) -> None:
     """A clear error for window settings no online windowed session can run with."""
-    check_keyframe_interval(1 if config.keyframe_interval is None else config.keyframe_interval)
+    check_keyframe_interval(config.stored_interval)
     if config.overlap is not None and config.overlap < 1:
         raise ValueError(
             f"an overlap of {config.overlap} frames leaves consecutive windows no frame to align them on; "
@@ -81,7 +81,7 @@ class WindowedSession:
         scale = self._session.num_scale_frames
         window_size = config.window_size
         warn_if_windows_evict(max(window_size, scale), self._session.state.aggregator.spec)
-        keyframe_interval = 1 if config.keyframe_interval is None else config.keyframe_interval
+        keyframe_interval = config.stored_interval
         self.span = scale + max(window_size - scale, 0) * max(keyframe_interval, 1)
         overlap = effective_overlap(
             10**9,
