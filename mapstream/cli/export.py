@@ -60,7 +60,7 @@ class Export:
             print(f"WARNING: {warning}", file=sys.stderr)
         recon = select_frames(recon, self.frames)
         from ..io.atomic import prepare_dir
-        from ..pipeline.frame_store import lock_run_folder
+        from ..pipeline.folder_lock import lock_run_folder
         from ..pipeline.outputs import record_export
 
         # Held as a run holds it: a run (or another export) writing there meanwhile is refused.

@@ -20,7 +20,6 @@ import numpy as np
 
 from ..export.reconstruction import Reconstruction
 from ..io.atomic import atomic_path, atomic_write_text, prepare_dir, remove_stale_temp_files
-from .folder_lock import lock_run_folder  # noqa: F401  (`mapstream export` takes the lock from here)
 
 __all__ = ["FrameStore", "FrameRecord"]
 

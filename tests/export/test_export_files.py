@@ -227,7 +227,7 @@ def test_mapstream_export_writes_a_runs_outputs_again_without_the_model(tmp_path
     assert f"--frames 10:: selects none of the run's {N} frames" in capsys.readouterr().err
 
     # A folder a run (or another export) is writing to is refused, as `mapstream run` refuses it.
-    from mapstream.pipeline.frame_store import lock_run_folder
+    from mapstream.pipeline.folder_lock import lock_run_folder
 
     with lock_run_folder(run):
         assert main(["export", str(run), "--formats", "tum", "--quiet"]) == 2
