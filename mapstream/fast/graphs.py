@@ -44,8 +44,6 @@ both decompositions compute the network's function.
 """
 from __future__ import annotations
 
-from __future__ import annotations
-
 import contextlib
 import logging
 from typing import Callable
