@@ -33,7 +33,7 @@ from .run_folder import RunFolder
 from .run_input import DEMO_HW, check_input_apart_from_outputs, input_files, input_key, open_input
 from .run_stream import Streamed, stream_frames
 
-__all__ = ["RunOptions", "RunSummary", "check_input", "check_options", "run"]
+__all__ = ["OpenedSession", "RunOptions", "RunSummary", "check_input", "check_options", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +170,16 @@ def _as_recorded_today(config: dict) -> dict:
 def run(
     opts: RunOptions, *, progress: bool | None = None,
     on_frame: Callable[[FramePrediction, torch.Tensor, int], None] | None = None,
+    open_session: Callable[[RunOptions, torch.device, StreamConfig], OpenedSession] | None = None,
 ) -> RunSummary:
     """Run the whole job; see the module docstring. Returns what was done and where.
 
     on_frame: called with each finished frame's prediction (on the CPU, aligned to the earlier
         frames when resuming), its input frame ([3, H, W] in [0, 1]) and its index in the
         sequence, as soon as the frame is stored (e.g. :meth:`mapstream.viewer.LiveView.add`).
+    open_session: where the frames are predicted, given the options, the device and the
+        stream's settings (default: a `Session` of the model the options name, here; `mapstream
+        stream` gives a session of a server).
     """
     started = time.perf_counter()
     check_options(opts)  # fail on a bad option before any heavy work
@@ -185,7 +189,7 @@ def run(
     source = open_input(opts)  # a missing or unreadable input is told before any folder is made
     folder = RunFolder(opts.out, inputs=input_files(opts))
     with folder.held():  # an unwritable output, or another run there, is told before the model loads
-        job = _prepare(opts, folder, source, device)
+        job = _prepare(opts, folder, source, device, open_session or _local_session)
         loaded = time.perf_counter()
         streamed = stream_frames(
             job.session, source, job.store, scale_frames=opts.stream.num_scale_frames, out=folder.path,
@@ -199,6 +203,20 @@ def run(
         return _record(opts, job, recon, outputs, settings, streamed, timings)
 
 
+@dataclass(frozen=True)
+class OpenedSession:
+    """Where a run's frames are predicted: the session (`step`, `flush`, `close` as
+    `Session`'s), the model's description and warnings, and the settings the run records."""
+
+    session: Any
+    model_desc: str
+    warnings: list[str]
+    precision: str
+    heads_precision: str
+    camera_iterations: int
+    where: str | None = None  # run.json's "device" when not the run's own device (a server's address)
+
+
 @dataclass
 class _Job:
     """What `_prepare` sets up for the other steps."""
@@ -210,41 +228,54 @@ class _Job:
     config: dict[str, Any]  # the settings a resume must share (the frame store compares them)
     store: FrameStore
     session: Any  # Session or WindowedSession
+    where: str | None = None
 
 
-def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device) -> _Job:
-    """Load the model as the options ask, open the run's session and its frame store (with
-    the frames an earlier run of the same settings finished)."""
+def _local_session(opts: RunOptions, device: torch.device, stream: StreamConfig) -> OpenedSession:
+    """The model the options name, loaded and cast, and a session of it on ``stream``."""
     model, model_desc, warnings = resolve_model(
         opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.stream.backend,
         camera_num_iterations=opts.camera_iterations, compile=opts.compile,
     )
-    precision = resolve_precision(opts.stream.precision, device)
+    precision = resolve_precision(stream.precision, device)
     if precision in ("bf16", "fp16"):
         model.cast_for_inference(precision, heads=opts.low_precision_heads)
-    interval = _keyframe_interval(opts, source.expected_length)
-    # Provisional predictions are for live displays; a run writes the final ones (told above).
-    stream = opts.stream.with_settings(keyframe_interval=interval, precision=precision, provisional=False)
-    config = {
-        "input": input_key(opts.input) if not opts.demo else "demo", "model": model_desc, "mode": opts.mode,
-        "image_size": DEMO_HW[1] if opts.demo else opts.image_size, "preprocess": opts.preprocess,
-        "rotate": opts.rotate, "fps": opts.fps, "stride": opts.stride,
-        "first_k": opts.first_k, "num_scale_frames": stream.num_scale_frames, "keyframe_interval": interval,
-        "window_size": stream.window_size, "overlap": stream.overlap, "overlap_keyframes": stream.overlap_keyframes,
-        "shared_from": stream.shared_from if opts.mode == "windowed" else None,
-        "precision": precision,
-        "cache_scale_frames": stream.anchor_frames, "sliding_window": stream.sliding_window,
-        "trajectory_capacity": stream.trajectory_capacity,
-        "camera_iterations": opts.camera_iterations,
-        "heads_precision": str(model.head_dtype).removeprefix("torch."),
-    }
-    store = folder.frame_store(config, resume=opts.resume, recorded_later=_RECORDED_LATER,
-                               same_as_now=_as_recorded_today)
+    stream = stream.with_settings(precision=precision)
     if opts.mode == "windowed":
         session = WindowedSession(model, stream, output_device="cpu")
     else:  # "streaming" (`check_options` took no other mode)
         session = Session(model, stream, output_device="cpu")
-    return _Job(folder, device, model_desc, warnings, config, store, session)
+    return OpenedSession(session, model_desc, warnings, precision, str(model.head_dtype).removeprefix("torch."),
+                         opts.camera_iterations)
+
+
+def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, open_session) -> _Job:
+    """Open the run's session (``open_session``) and its frame store (with the frames an
+    earlier run of the same settings finished)."""
+    interval = _keyframe_interval(opts, source.expected_length)
+    # Provisional predictions are for live displays; a run writes the final ones (told above).
+    stream = opts.stream.with_settings(keyframe_interval=interval, provisional=False)
+    opened = open_session(opts, device, stream)
+    try:
+        config = {
+            "input": input_key(opts.input) if not opts.demo else "demo", "model": opened.model_desc,
+            "mode": opts.mode, "image_size": DEMO_HW[1] if opts.demo else opts.image_size,
+            "preprocess": opts.preprocess, "rotate": opts.rotate, "fps": opts.fps, "stride": opts.stride,
+            "first_k": opts.first_k, "num_scale_frames": stream.num_scale_frames, "keyframe_interval": interval,
+            "window_size": stream.window_size, "overlap": stream.overlap, "overlap_keyframes": stream.overlap_keyframes,
+            "shared_from": stream.shared_from if opts.mode == "windowed" else None,
+            "precision": opened.precision,
+            "cache_scale_frames": stream.anchor_frames, "sliding_window": stream.sliding_window,
+            "trajectory_capacity": stream.trajectory_capacity,
+            "camera_iterations": opened.camera_iterations,
+            "heads_precision": opened.heads_precision,
+        }
+        store = folder.frame_store(config, resume=opts.resume, recorded_later=_RECORDED_LATER,
+                                   same_as_now=_as_recorded_today)
+    except BaseException:
+        opened.session.close()
+        raise
+    return _Job(folder, device, opened.model_desc, opened.warnings, config, store, opened.session, opened.where)
 
 
 def _export(opts: RunOptions, job: _Job, progress: bool | None) -> tuple[Reconstruction, dict[str, Path], dict]:
@@ -277,7 +308,7 @@ def _record(opts: RunOptions, job: _Job, recon: Reconstruction, outputs: dict[st
     info = {
         "config": settings,
         "versions": runtime_versions(),
-        "device": str(device),
+        "device": job.where or str(device),
         "frames": len(recon),
         "new_frames": streamed.new_frames,
         "resumed_from": streamed.resumed_from,

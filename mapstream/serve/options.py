@@ -1,0 +1,120 @@
+"""A session's ``open`` message read into `SessionOptions`: the stream settings a client may
+choose, how its frames are preprocessed and which arrays its results carry.
+
+The server's `StreamConfig` is each session's default and, for what costs memory, its bound:
+a client may shorten the sliding window or the trajectory memory, not lengthen them. The
+settings that follow the server's model and device (precision, attention backend, CUDA
+graphs) are the server's alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import StreamConfig
+from ..io.images import check_preprocess_args
+from .protocol import PROTOCOL_VERSION, ProtocolError
+
+__all__ = ["OutputOptions", "SessionOptions", "parse_open", "MAX_SCALE_FRAMES"]
+
+MAX_SCALE_FRAMES = 64
+"""Most scale frames a client may ask for (they stay in every frame's attention)."""
+_CLIENT_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "provisional", "sliding_window",
+                    "trajectory_capacity")
+_BOUNDED = ("sliding_window", "trajectory_capacity")
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What a result carries beside the camera: depth and confidence maps, and the frame's
+    world points above a confidence with their colours, each at every ``stride``-th pixel."""
+
+    depth: bool = False
+    confidence: bool = False
+    points: bool = False
+    dtype: str = "float16"
+    stride: int = 1
+    conf_threshold: float = 1.5
+
+    @property
+    def any_array(self) -> bool:
+        return self.depth or self.confidence or self.points
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    stream: StreamConfig
+    preprocess: tuple[str, int] | None  # (mode, image_size) as `mapstream run` does, or frames go in as sent
+    outputs: OutputOptions
+
+
+def _settings(given: Any, server: StreamConfig) -> StreamConfig:
+    if given is None:
+        return server
+    if not isinstance(given, dict):
+        raise ProtocolError(f"settings is an object of stream settings, got {type(given).__name__}", "bad_open")
+    unknown = sorted(set(given) - set(_CLIENT_SETTINGS))
+    if unknown:
+        raise ProtocolError(f"settings {unknown} cannot be chosen by a client (it may set {', '.join(_CLIENT_SETTINGS)};"
+                            " precision, backend and fast are the server's)", "bad_open")
+    for name in _BOUNDED:
+        if name in given:
+            bound, value = getattr(server, name), given[name]
+            if bound is not None and (value is None or (isinstance(value, int) and value > bound)):
+                raise ProtocolError(f"{name} may be at most the server's {bound}, got {value!r}", "bad_open")
+    if isinstance(given.get("num_scale_frames"), int) and given["num_scale_frames"] > MAX_SCALE_FRAMES:
+        raise ProtocolError(f"num_scale_frames may be at most {MAX_SCALE_FRAMES}", "bad_open")
+    try:
+        return server.with_settings(**given)
+    except (TypeError, ValueError) as err:
+        raise ProtocolError(f"settings: {err}", "bad_open") from err
+
+
+def _preprocess(given: Any, patch_size: int) -> tuple[str, int] | None:
+    if given is None:
+        return None
+    if not isinstance(given, dict) or set(given) - {"mode", "image_size"}:
+        raise ProtocolError(f"preprocess is null or {{\"mode\": \"crop\"|\"pad\", \"image_size\": N}}, got {given!r}",
+                            "bad_open")
+    mode, size = given.get("mode", "crop"), given.get("image_size", 518)
+    try:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise ValueError(f"image_size must be an integer, got {size!r}")
+        check_preprocess_args(mode, size, patch_size)
+    except ValueError as err:
+        raise ProtocolError(f"preprocess: {err}", "bad_open") from err
+    return mode, size
+
+
+def _outputs(given: Any) -> OutputOptions:
+    if given is None:
+        return OutputOptions()
+    fields = OutputOptions.__dataclass_fields__
+    if not isinstance(given, dict) or set(given) - set(fields):
+        raise ProtocolError(f"outputs is an object with some of {sorted(fields)}, got {given!r}", "bad_open")
+    options = OutputOptions(**given)
+    for name in ("depth", "confidence", "points"):
+        if not isinstance(getattr(options, name), bool):
+            raise ProtocolError(f"outputs.{name} is true or false", "bad_open")
+    if options.dtype not in ("float16", "float32"):
+        raise ProtocolError(f"outputs.dtype is float16 or float32, got {options.dtype!r}", "bad_open")
+    if isinstance(options.stride, bool) or not isinstance(options.stride, int) or options.stride < 1:
+        raise ProtocolError(f"outputs.stride is an integer >= 1, got {options.stride!r}", "bad_open")
+    if isinstance(options.conf_threshold, bool) or not isinstance(options.conf_threshold, (int, float)):
+        raise ProtocolError(f"outputs.conf_threshold is a number, got {options.conf_threshold!r}", "bad_open")
+    return options
+
+
+def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int) -> SessionOptions:
+    """The options of an ``open`` message, or a ProtocolError saying what is wrong."""
+    if message.get("type") != "open":
+        raise ProtocolError(f"the first message opens the session ({{\"type\": \"open\", \"version\": "
+                            f"{PROTOCOL_VERSION}}}), got type {message.get('type')!r}", "bad_open")
+    if message.get("version") != PROTOCOL_VERSION:
+        raise ProtocolError(f"this server speaks protocol version {PROTOCOL_VERSION}, the client asked for "
+                            f"{message.get('version')!r}", "unsupported_version")
+    unknown = sorted(set(message) - {"type", "version", "settings", "preprocess", "outputs"})
+    if unknown:
+        raise ProtocolError(f"open has no fields {unknown}", "bad_open")
+    return SessionOptions(_settings(message.get("settings"), server), _preprocess(message.get("preprocess"), patch_size),
+                          _outputs(message.get("outputs")))
