@@ -11,6 +11,8 @@ from .export import Export
 from .info import Info
 from .render import Render
 from .run import Run
+from .serve import Serve
+from .stream import Stream
 from .tools import Convert, Eval
 from .train import Train
 from .view import View
@@ -21,7 +23,7 @@ def _commands():
 
     commands = {
         "run": Run, "export": Export, "view": View, "render": Render, "eval": Eval, "convert": Convert,
-        "bench": Bench, "info": Info, "train": Train,
+        "bench": Bench, "info": Info, "train": Train, "serve": Serve, "stream": Stream,
     }
     return Union[tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in commands.items())]  # type: ignore[return-value]
 

@@ -63,12 +63,12 @@ def _error(code: str, message: str, *, frame: int | None = None, fatal: bool = F
 class Server:
     """Serves ``model`` (on its device, in its dtype; the caller loads and casts it) as
     docs/SERVE.md describes. ``stream``: the settings each session starts from and is bounded
-    by (default: the model's); ``environ``: where $MAPSTREAM_TOKEN is read (default:
-    os.environ). Refuses to be made without a token where `resolve_token` says so."""
+    by (default: the model's); ``model_desc`` and ``warnings``: what clients are told of the
+    model; ``environ``: where $MAPSTREAM_TOKEN is read (default: os.environ). Refuses to be made without a token where `resolve_token` says so."""
 
     def __init__(self, model: GCTNetwork, config: ServeConfig = ServeConfig(), stream: StreamConfig | None = None,
-                 *, model_desc: str = "", environ: dict[str, str] | None = None) -> None:
-        self.model, self.config, self.model_desc = model, config, model_desc
+                 *, model_desc: str = "", warnings: list[str] = (), environ: dict[str, str] | None = None) -> None:
+        self.model, self.config, self.model_desc, self.warnings = model, config, model_desc, list(warnings)
         self._token = resolve_token(config, environ)
         device = next(model.parameters()).device
         stream = stream or model.stream_config
@@ -192,6 +192,7 @@ class Server:
             "type": "opened", "version": PROTOCOL_VERSION, "session": stream.id, "queue_size": c.queue_size,
             "max_fps": c.max_fps, "max_frame_pixels": c.max_frame_pixels, "max_message_bytes": c.max_message_bytes,
             "idle_timeout": c.idle_timeout, "patch_size": self.model.config.patch_size, "model": self.model_desc,
+            "warnings": self.warnings,
             "precision": self.stream_config.precision,
             "heads_precision": str(self.model.head_dtype).removeprefix("torch."),
             "camera_iterations": self.model.config.camera_num_iterations,

@@ -1,0 +1,75 @@
+"""`mapstream run` with a server's model: the run's frames are predicted by `mapstream serve`
+and everything else (input, frame store, exports, run.json) is the run's own code, so a
+remote run writes what a local run of the same input, model and settings writes.
+
+The frames travel as PNG (lossless: the server gets the run's preprocessed frames exactly)
+and depth and confidence come back as float32 at full size.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..config import StreamConfig
+from ..pipeline.run import OpenedSession, RunOptions, RunSummary, run
+from .connection import Client, RemoteSession
+from .events import Event, Result, ServiceError
+
+__all__ = ["CLIENT_SETTINGS", "remote_run", "remote_session_opener"]
+
+CLIENT_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "sliding_window",
+                   "trajectory_capacity")
+"""The stream settings a remote run asks the server for (the others are the server's)."""
+
+
+class _RunSession:
+    """A `RemoteSession` driven as the run drives a `Session`: `step` sends a frame and returns
+    the predictions that have arrived meanwhile, `flush` waits for the rest. A frame the
+    server drops or refuses stops the run: its outputs would miss it."""
+
+    def __init__(self, remote: RemoteSession, encoding: str) -> None:
+        self.remote, self.encoding = remote, encoding
+
+    def step(self, frame: torch.Tensor, *, keyframe: bool | None = None, name: str | None = None) -> list:
+        self.remote.send(frame, keyframe=keyframe, name=name, encoding=self.encoding)
+        return self._predictions(self.remote.poll())
+
+    def flush(self) -> list:
+        return self._predictions(self.remote.close())
+
+    def close(self) -> None:
+        if self.remote.ended is None:
+            self.remote.abort()
+
+    @staticmethod
+    def _predictions(answers: list[Result | Event]) -> list:
+        preds = []
+        for answer in answers:
+            if isinstance(answer, Result):
+                if not answer.provisional:
+                    preds.append(answer.prediction())
+            elif answer.type == "dropped" or answer.type == "error":
+                raise answer.error() if answer.type == "error" else ServiceError(
+                    f"the server dropped frame {answer.frame} ({answer.data.get('reason')})", "dropped", answer.frame)
+        return preds
+
+
+def remote_session_opener(url: str, *, token: str | None = None, encoding: str = "png"):
+    """``open_session`` for `mapstream.pipeline.run`: a session of the server at ``url``."""
+
+    def open_session(opts: RunOptions, device: torch.device, stream: StreamConfig) -> OpenedSession:
+        settings = {name: getattr(stream, name) for name in CLIENT_SETTINGS}
+        remote = Client(url, token=token).open_session(settings=settings, depth=True, confidence=True,
+                                                       dtype="float32")
+        info: dict[str, Any] = remote.info
+        return OpenedSession(_RunSession(remote, encoding), info["model"], list(info["warnings"]), info["precision"],
+                             info["heads_precision"], info["camera_iterations"], where=url)
+
+    return open_session
+
+
+def remote_run(opts: RunOptions, url: str, *, token: str | None = None, encoding: str = "png",
+               progress: bool | None = None) -> RunSummary:
+    """`mapstream.pipeline.run` of ``opts`` with the frames predicted by the server at ``url``."""
+    return run(opts, progress=progress, open_session=remote_session_opener(url, token=token, encoding=encoding))
