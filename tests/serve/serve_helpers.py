@@ -1,0 +1,97 @@
+"""What the service tests share: the tiny model, deterministic frames, a server on an
+ephemeral loopback port, the model thread held still, and solo runs to compare with."""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+import torch
+
+import mapstream
+from mapstream.client import Event, Result
+from mapstream.serve import BackgroundServer, ServeConfig, Server
+
+TOKEN = "a-test-token-of-enough-length-0123"
+HW = (28, 42)
+
+
+def tiny_model():
+    return mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+
+
+def frames(seed: int, count: int, hw: tuple[int, int] = HW) -> list[np.ndarray]:
+    """``count`` [H, W, 3] uint8 frames of smooth random images (seeded)."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (hw[0] // 7 + 1, hw[1] // 7 + 1, 3)).astype(np.float64)
+    out = []
+    for i in range(count):
+        coarse = np.roll(base, i, axis=1) * 0.8 + rng.integers(0, 50, base.shape)
+        image = np.kron(coarse, np.ones((7, 7, 1)))[: hw[0], : hw[1]]
+        out.append(np.clip(image, 0, 255).astype(np.uint8))
+    return out
+
+
+def as_tensor(image: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(image).permute(2, 0, 1).float().div(255)
+
+
+def solo(model, images: list[np.ndarray], *, resets: tuple[int, ...] = (), **settings) -> list:
+    """The predictions of a local session stepping ``images`` alone (flushed and reset before
+    each index in ``resets``, flushed at the end), in order."""
+    preds = []
+    with model.session(**settings) as session:
+        for i, image in enumerate(images):
+            if i in resets:
+                preds += session.flush()
+                session.reset()
+            preds += session.step(as_tensor(image))
+        preds += session.flush()
+    return preds
+
+
+def results(answers) -> list[Result]:
+    return [a for a in answers if isinstance(a, Result) and not a.provisional]
+
+
+def events(answers, kind: str) -> list[Event]:
+    return [a for a in answers if isinstance(a, Event) and a.type == kind]
+
+
+def assert_exact(result: Result, pred) -> None:
+    """A result carries exactly the local prediction: camera and (float32) depth, bit for bit."""
+    assert result.index == pred.index
+    assert np.array_equal(result.T_world_cam[:3], pred.T_world_cam.numpy())
+    assert np.array_equal(result.K, pred.K.numpy())
+    assert np.array_equal(result.pose_enc, pred.pose_enc.numpy())
+    if result.depth is not None:
+        assert result.depth.dtype == np.float32
+        assert np.array_equal(result.depth, pred.depth.numpy())
+
+
+def serving(model, **config) -> BackgroundServer:
+    """A started server of ``model`` on 127.0.0.1, any free port; ``config``: ServeConfig fields
+    (default: no token, a high frame rate, a short shutdown)."""
+    settings = {"host": "127.0.0.1", "port": 0, "no_auth": "token_file" not in config, "max_fps": 10_000.0,
+                "shutdown_timeout": 10.0, **config}
+    stream = settings.pop("stream", None)
+    return BackgroundServer(Server(model, ServeConfig(**settings), stream, environ={})).start()
+
+
+@contextlib.contextmanager
+def model_thread_held(running: BackgroundServer):
+    """The server's model thread kept busy until the block ends: queued frames stay queued,
+    so what the queue does with more is exact."""
+    release, holding = threading.Event(), threading.Event()
+
+    def hold():
+        holding.set()
+        release.wait(60)
+
+    future = running.server.worker.executor.submit(hold)
+    holding.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        future.result(10)
