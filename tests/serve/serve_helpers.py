@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import numpy as np
 import torch
@@ -95,3 +96,11 @@ def model_thread_held(running: BackgroundServer):
     finally:
         release.set()
         future.result(10)
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    """Wait (bounded) for ``condition()``, e.g. the server's bookkeeping after a connection ends."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
