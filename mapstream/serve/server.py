@@ -282,6 +282,7 @@ class Server:
             sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
         await self.worker.on_model_thread(stream.session.close)
+        stream.released = True
         stream.waiting.clear()
         log.info("session %s ended (%d open)", stream.id[:8], len(self.streams))
 

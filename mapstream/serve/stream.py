@@ -78,6 +78,7 @@ class ServedStream:
     last_seen: float = field(default_factory=time.monotonic)
     ending: str | None = None  # why no more frames are taken in: "close", "shutdown", "idle", or None
     gone: bool = False  # the connection ended: nothing more is done for it
+    released: bool = False  # its session is closed, its cache freed
     connection: Any = None  # the WebSocket connection (closed by the server on shutdown)
 
     @property

@@ -95,20 +95,20 @@ def test_a_short_sequence_is_flushed_when_the_client_closes(model):
 def test_an_idle_session_ends_and_frees_its_cache(model):
     with serving(model, idle_timeout=0.3) as running:
         session = Client(running.url).open_session()
-        served = _only_session(running).session
+        served = _only_session(running)
         answer = session.receive(10)
         assert answer.type == "error" and answer.data["code"] == "idle_timeout" and answer.fatal
         with pytest.raises(ServiceError, match="connection closed"):
             session.receive(10)
-        wait_until(lambda: not running.server.streams)
+        wait_until(lambda: served.released and not running.server.streams)
         with pytest.raises(SessionClosedError):
-            served.step(as_tensor(frames(0, 1)[0]))
+            served.session.step(as_tensor(frames(0, 1)[0]))
 
 
 def test_a_client_that_vanishes_mid_stream_has_its_session_freed(model):
     with serving(model) as running:
         session = Client(running.url).open_session(settings={"num_scale_frames": 2})
-        served = _only_session(running).session
+        served = _only_session(running)
         with model_thread_held(running):  # its frames are still queued when it goes
             for image in frames(12, 5):
                 session.send(image, wait=False)
@@ -116,9 +116,10 @@ def test_a_client_that_vanishes_mid_stream_has_its_session_freed(model):
             session._ws.socket.shutdown(socket.SHUT_RDWR)
             session._ws.socket.close()
             wait_until(lambda: not running.server.streams)  # ended while its step is still to run
-        wait_until(lambda: not running.server.streams)
+            assert not served.released  # freed after that step, on the model thread
+        wait_until(lambda: served.released)
         with pytest.raises(SessionClosedError):
-            served.step(as_tensor(frames(0, 1)[0]))
+            served.session.step(as_tensor(frames(0, 1)[0]))
         again = Client(running.url).open_session()  # the server goes on
         again.close()
 
@@ -142,6 +143,7 @@ def test_shutdown_answers_the_frames_taken_refuses_later_ones_and_closes(model):
     assert refusal.type == "error" and refusal.data["code"] == "shutting_down" and refusal.frame == late
     assert answers[-1].type == "error" and answers[-1].data["code"] == "shutting_down" and answers[-1].fatal
     got = results(answers)
+    assert [r.frame for r in got] == [0, 1, 2, 3, 4], answers
     for result, pred in zip(got, solo(model, images, num_scale_frames=2), strict=True):
         assert_exact(result, pred)
     assert session._ws.close_code == 1001
