@@ -347,10 +347,12 @@ class Server:
         period = min(1.0, self.config.idle_timeout / 4)
         while True:
             await asyncio.sleep(period)
-            now = time.monotonic()
-            for stream in list(self.streams.values()):
-                if stream.ending is None and not stream.queue and now - stream.last_seen > self.config.idle_timeout:
-                    stream.ending = "idle"
-                    stream.outbox.put_nowait(_error("idle_timeout", f"nothing from this client for "
-                                                    f"{self.config.idle_timeout:g} s: the session ends", fatal=True))
-                    stream.outbox.put_nowait(_Close(1000, "idle"))
+            self._end_idle(time.monotonic())  # a function: no session is held across the sleep
+
+    def _end_idle(self, now: float) -> None:
+        for stream in list(self.streams.values()):
+            if stream.ending is None and not stream.queue and now - stream.last_seen > self.config.idle_timeout:
+                stream.ending = "idle"
+                stream.outbox.put_nowait(_error("idle_timeout", f"nothing from this client for "
+                                                f"{self.config.idle_timeout:g} s: the session ends", fatal=True))
+                stream.outbox.put_nowait(_Close(1000, "idle"))
