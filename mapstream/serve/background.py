@@ -30,6 +30,8 @@ class BackgroundServer:
         return self.server.url
 
     def start(self, timeout: float = 30.0) -> BackgroundServer:
+        if self._thread is not None:  # started already (e.g. started, then used in a with block)
+            return self
         self._thread = threading.Thread(target=self._run, name="mapstream-serve", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):

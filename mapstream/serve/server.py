@@ -87,6 +87,8 @@ class Server:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> Server:
         """Listen (``config.port`` 0: any free port, then in ``self.port``)."""
+        if self._ws_server is not None:
+            raise RuntimeError("this server is started already; a Server serves once")
         self._stopped = asyncio.Event()
         self._ws_server = await serve(
             self._handle, self.config.host, self.config.port, process_request=self.gate.process_request,

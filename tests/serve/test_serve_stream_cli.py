@@ -1,0 +1,55 @@
+"""`mapstream stream` against a server equals `mapstream run` here: the same model and settings
+on the same input write the same files, byte for byte (run.json apart, which records where
+and how fast the frames were predicted)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from mapstream.cli.main import main
+from mapstream.pipeline.model_source import resolve_model
+
+from serve_helpers import TOKEN, frames, serving
+
+SETTINGS = ["--image-size", "140", "--num-scale-frames", "3"]
+
+
+@pytest.fixture
+def photos(tmp_path):
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i, image in enumerate(frames(21, 7, hw=(84, 112))):
+        Image.fromarray(image).save(folder / f"shot_{i}.png")
+    return folder
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_remote_run_writes_the_files_of_a_local_run(photos, tmp_path, capsys):
+    assert main(["run", str(photos), "--out", str(tmp_path / "local"), "--model", "tiny", *SETTINGS, "--quiet"]) == 0
+    model, desc, warnings = resolve_model("tiny", filename="unused", device=torch.device("cpu"),
+                                          camera_num_iterations=4)
+    (tmp_path / "token").write_text(TOKEN)
+    with serving(model, token_file=tmp_path / "token", max_batch=1, model_desc=desc, warnings=warnings) as running:
+        assert main(["stream", str(photos), "--to", running.url, "--out", str(tmp_path / "remote"),
+                     "--token-file", str(tmp_path / "token"), *SETTINGS, "--quiet"]) == 0
+        printed = capsys.readouterr().out
+        assert f"on {running.url}" in printed, repr(printed[-400:])
+        capsys.readouterr()
+        assert main(["stream", str(photos), "--to", running.url, "--out", str(tmp_path / "refused"), *SETTINGS,
+                     "--quiet"]) == 2  # no token
+        assert "HTTP 401" in capsys.readouterr().err
+    local, remote = _files(tmp_path / "local"), _files(tmp_path / "remote")
+    assert sorted(local) == sorted(remote) and len(local) > 20
+    differ = [str(name) for name in local if local[name] != remote[name]]
+    assert differ == ["run.json"]
+    local_run, remote_run = (json.loads((tmp_path / d / "run.json").read_text()) for d in ("local", "remote"))
+    assert {k: v for k, v in local_run["config"].items() if k != "options"} == {
+        k: v for k, v in remote_run["config"].items() if k != "options"}
+    assert remote_run["device"] == running.url and remote_run["warnings"] == local_run["warnings"]
+    assert not (tmp_path / "refused").exists()
