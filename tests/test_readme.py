@@ -13,7 +13,8 @@ from conftest import DATA, REPO
 
 COMMAND_DOCS = {
     "run": "RUN.md", "export": "EXPORT.md", "view": "VIEWER.md", "render": "RENDER.md", "eval": "EVALUATION.md",
-    "convert": "CLI.md", "bench": "CLI.md", "info": "CLI.md", "train": "TRAINING.md",
+    "convert": "CLI.md", "bench": "CLI.md", "info": "CLI.md", "train": "TRAINING.md", "serve": "SERVE.md",
+    "stream": "SERVE.md",
 }
 """The page that documents each command's options."""
 
