@@ -62,10 +62,13 @@ class Worker:
             await self._wake.wait()
             self._wake.clear()
             while taken := self._take():
-                outcomes = await self.on_model_thread(self._round, taken)
-                self.rounds += 1
-                self.deliver(outcomes)
-                del outcomes  # a session that ends now is freed without waiting for the next round
+                try:
+                    outcomes = await self.on_model_thread(self._round, taken)
+                    self.rounds += 1
+                    self.deliver(outcomes)
+                except Exception:  # noqa: BLE001 - the worker serves the other sessions on
+                    log.exception("a round of %d sessions failed", len(taken))
+                outcomes = taken = None  # a session that ends now is freed without waiting for the next round
 
     def _take(self) -> list[tuple[ServedStream, Any]]:
         """This round's items: the head of each session's queue, frames up to ``max_batch``."""

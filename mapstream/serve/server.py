@@ -145,13 +145,12 @@ class Server:
 
     # ------------------------------------------------------------------ one connection
     async def _handle(self, ws) -> None:
-        refusal = self._refusal()
+        refusal = self._refusal()  # the gate checked it at the handshake; this is the count that holds
         if refusal is not None:
             self.metrics.refused.labels(refusal[0]).inc()
-            with contextlib.suppress(ConnectionClosed):
-                await ws.send(_error("server_full" if refusal[0] == "full" else "shutting_down", refusal[1], fatal=True))
-                await ws.close(1013, refusal[1][:120])
-            return
+            full = refusal[0] == "full"
+            return await self._turn_away(ws, "server_full" if full else "shutting_down", refusal[1],
+                                         1013 if full else 1001)
         self._slots += 1
         try:
             stream = await self._open(ws)
@@ -168,15 +167,18 @@ class Server:
             if isinstance(first, bytes):
                 raise ProtocolError("the first message is a JSON text message {\"type\": \"open\", ...}", "bad_open")
             options = parse_open(parse_json(first), self.stream_config, self.model.config.patch_size)
-        except (ConnectionClosed, asyncio.TimeoutError):
+        except ConnectionClosed:
             return None
+        except asyncio.TimeoutError:
+            return await self._turn_away(ws, "idle_timeout", f"no open message within {self.config.idle_timeout:g} s",
+                                         1000)
         except ProtocolError as err:
-            with contextlib.suppress(ConnectionClosed):
-                await ws.send(_error(err.code, str(err), fatal=True))
-                await ws.close(1008, err.code)
-            return None
-        session = await self.worker.on_model_thread(
-            functools.partial(Session, self.model, options.stream, output_device="cpu"))
+            return await self._turn_away(ws, err.code, str(err), 1008)
+        try:
+            session = await self.worker.on_model_thread(
+                functools.partial(Session, self.model, options.stream, output_device="cpu"))
+        except (TypeError, ValueError) as err:  # settings the open message passed but a session refuses
+            return await self._turn_away(ws, "bad_open", f"settings: {err}", 1008)
         stream = ServedStream(secrets.token_urlsafe(16), session, options, self.config.queue_size,
                               RateLimit(self.config.max_fps), connection=ws)
         self.streams[stream.id] = stream
@@ -187,6 +189,13 @@ class Server:
             stream.queue.append(Control("finish", "shutdown"))
         log.info("session %s opened (%d open)", stream.id[:8], len(self.streams))
         return stream
+
+    @staticmethod
+    async def _turn_away(ws, code: str, message: str, close_code: int) -> None:
+        """Tell a client that opened no session why, and close its connection."""
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(_error(code, message, fatal=True))
+            await ws.close(close_code, code)
 
     def _opened(self, stream: ServedStream) -> dict[str, Any]:
         c, settings = self.config, stream.options.stream
@@ -242,8 +251,9 @@ class Server:
                                     f"{stream.frame_hw[0]}: send reset before changing the size", "bad_frame")
         except ProtocolError as err:
             return self._refuse(stream, frame_id, err.code, str(err))
-        if stream.gone or stream.ending is not None:
-            return None
+        if stream.ending is not None:  # the server began shutting down while the frame was decoded
+            return self._refuse(stream, frame_id, "shutting_down", "the server is shutting down: this frame is "
+                                "not taken")
         stream.frame_hw = hw
         frame = QueuedFrame(frame_id, image, header.get("keyframe"), header.get("name"), time.monotonic())
         dropped = stream.offer(frame)

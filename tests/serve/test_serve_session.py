@@ -150,3 +150,39 @@ def test_shutdown_answers_the_frames_taken_refuses_later_ones_and_closes(model):
     with pytest.raises(OSError):
         Client(running.url, open_timeout=5).open_session()
     assert np.isfinite(got[-1].T_world_cam).all()
+
+
+def test_points_and_strided_arrays_are_the_predictions(model):
+    from mapstream.geometry import unproject_depth
+
+    images = frames(15, 3)
+    expected = solo(model, images, num_scale_frames=1)
+    threshold = float(expected[0].depth_conf.median())
+    with serving(model, max_batch=1) as running:
+        session = Client(running.url).open_session(settings={"num_scale_frames": 1}, depth=True, confidence=True,
+                                                    points=True, dtype="float32", stride=2, conf_threshold=threshold)
+        for image in images:
+            session.send(image)
+        got = results(session.close())
+    for result, pred, image in zip(got, expected, images, strict=True):
+        assert np.array_equal(result.depth, pred.depth.numpy()[::2, ::2])
+        assert np.array_equal(result.confidence, pred.depth_conf.numpy()[::2, ::2])
+        world = unproject_depth(pred.depth, pred.K, pred.T_world_cam).numpy()[::2, ::2]
+        keep = pred.depth_conf.numpy()[::2, ::2] > threshold
+        assert 0 < keep.sum() < keep.size  # the threshold chooses
+        assert np.array_equal(result.arrays["points"], world[keep])
+        assert np.array_equal(result.arrays["colors"], image[::2, ::2][keep])
+
+
+def test_a_client_that_never_opens_is_told_and_let_go(model):
+    from websockets.sync.client import connect
+
+    with serving(model, idle_timeout=0.3) as running:
+        with connect(running.url, proxy=None) as ws:
+            answer = ws.recv(10)
+            assert '"code":"idle_timeout"' in answer and '"fatal":true' in answer
+        with connect(running.url, proxy=None) as ws:
+            ws.send('{"type": "open", "version": 1, "settings": {"backend": "sdpa"}}')
+            answer = ws.recv(10)
+            assert '"code":"bad_open"' in answer and "cannot be chosen by a client" in answer
+        assert not running.server.streams
