@@ -218,6 +218,9 @@ class Server:
         try:
             async for message in ws:
                 stream.last_seen = time.monotonic()
+                if stream.outbox.qsize() > stream.outbox_limit:  # answers pile up: it sends, it does not read
+                    await ws.close(1008, "the client does not read its answers")
+                    break
                 try:
                     if isinstance(message, bytes):
                         await self._on_frame(stream, message)

@@ -103,6 +103,12 @@ class ServedStream:
         queued (where the drop policy bounds them) until the sender catches up."""
         return self.outbox.qsize() > 2 * self.queue_size + self.session.num_scale_frames
 
+    @property
+    def outbox_limit(self) -> int:
+        """Answers waiting to be sent beyond which the client is taken to send without reading
+        (refusals of its frames pile up too) and its connection ends: its memory stays bounded."""
+        return 16 * self.queue_size + 256
+
     def take(self) -> Any | None:
         """The next queued item for the worker, or None (nothing queued, congested, gone)."""
         if self.gone or not self.queue or self.congested():

@@ -186,3 +186,4 @@ def test_a_client_that_never_opens_is_told_and_let_go(model):
             answer = ws.recv(10)
             assert '"code":"bad_open"' in answer and "cannot be chosen by a client" in answer
         assert not running.server.streams
+
