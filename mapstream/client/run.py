@@ -16,9 +16,9 @@ from ..pipeline.run import OpenedSession, RunOptions, RunSummary, run
 from .connection import Client, RemoteSession
 from .events import Event, Result, ServiceError
 
-__all__ = ["CLIENT_SETTINGS", "remote_run", "remote_session_opener"]
+__all__ = ["RUN_SETTINGS", "remote_run", "remote_session_opener"]
 
-CLIENT_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "sliding_window",
+RUN_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "sliding_window",
                    "trajectory_capacity")
 """The stream settings a remote run asks the server for (the others are the server's)."""
 
@@ -59,7 +59,7 @@ def remote_session_opener(url: str, *, token: str | None = None, encoding: str =
     """``open_session`` for `mapstream.pipeline.run`: a session of the server at ``url``."""
 
     def open_session(opts: RunOptions, device: torch.device, stream: StreamConfig) -> OpenedSession:
-        settings = {name: getattr(stream, name) for name in CLIENT_SETTINGS}
+        settings = {name: getattr(stream, name) for name in RUN_SETTINGS}
         remote = Client(url, token=token).open_session(settings=settings, depth=True, confidence=True,
                                                        dtype="float32")
         info: dict[str, Any] = remote.info

@@ -26,16 +26,16 @@ def check_frame_message(header: dict[str, Any], last_id: int | None) -> int:
     if isinstance(frame_id, bool) or not isinstance(frame_id, int) or frame_id < 0:
         raise ProtocolError(f"a frame's header has its id \"frame\", an integer >= 0; got {frame_id!r}", "bad_frame")
     if last_id is not None and frame_id <= last_id:
-        raise ProtocolError(f"frame ids increase within a session: {frame_id} after {last_id}", "bad_frame")
+        raise ProtocolError(f"frame ids increase within a session: {frame_id} after {last_id}", "bad_frame", frame_id)
     unknown = sorted(set(header) - _FRAME_FIELDS)
     if unknown:
-        raise ProtocolError(f"frame {frame_id}: unknown header fields {unknown}", "bad_frame")
+        raise ProtocolError(f"frame {frame_id}: unknown header fields {unknown}", "bad_frame", frame_id)
     if header.get("keyframe") not in (True, False, None):
-        raise ProtocolError(f"frame {frame_id}: keyframe is true, false or null", "bad_frame")
+        raise ProtocolError(f"frame {frame_id}: keyframe is true, false or null", "bad_frame", frame_id)
     name = header.get("name")
     if name is not None and (not isinstance(name, str) or len(name) > MAX_NAME_LENGTH):
         raise ProtocolError(f"frame {frame_id}: name is a string of at most {MAX_NAME_LENGTH} characters or null",
-                            "bad_frame")
+                            "bad_frame", frame_id)
     return frame_id
 
 

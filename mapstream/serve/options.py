@@ -15,12 +15,13 @@ from ..config import StreamConfig
 from ..io.images import check_preprocess_args
 from .protocol import PROTOCOL_VERSION, ProtocolError
 
-__all__ = ["OutputOptions", "SessionOptions", "parse_open", "MAX_SCALE_FRAMES"]
+__all__ = ["CLIENT_SETTINGS", "OutputOptions", "SessionOptions", "parse_open", "MAX_SCALE_FRAMES"]
 
 MAX_SCALE_FRAMES = 64
 """Most scale frames a client may ask for (they stay in every frame's attention)."""
-_CLIENT_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "provisional", "sliding_window",
+CLIENT_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "provisional", "sliding_window",
                     "trajectory_capacity")
+"""The stream settings a client may choose in its open message."""
 _BOUNDED = ("sliding_window", "trajectory_capacity")
 
 
@@ -53,9 +54,9 @@ def _settings(given: Any, server: StreamConfig) -> StreamConfig:
         return server
     if not isinstance(given, dict):
         raise ProtocolError(f"settings is an object of stream settings, got {type(given).__name__}", "bad_open")
-    unknown = sorted(set(given) - set(_CLIENT_SETTINGS))
+    unknown = sorted(set(given) - set(CLIENT_SETTINGS))
     if unknown:
-        raise ProtocolError(f"settings {unknown} cannot be chosen by a client (it may set {', '.join(_CLIENT_SETTINGS)};"
+        raise ProtocolError(f"settings {unknown} cannot be chosen by a client (it may set {', '.join(CLIENT_SETTINGS)};"
                             " precision, backend and fast are the server's)", "bad_open")
     for name in _BOUNDED:
         if name in given:

@@ -35,11 +35,12 @@ MAX_HEADER_BYTES = 64 * 1024
 
 
 class ProtocolError(ValueError):
-    """A message that does not follow the protocol; ``code`` names the kind for the client."""
+    """A message that does not follow the protocol; ``code`` names the kind for the client,
+    ``frame`` the frame's id when it is known."""
 
-    def __init__(self, message: str, code: str = "bad_message") -> None:
+    def __init__(self, message: str, code: str = "bad_message", frame: int | None = None) -> None:
         super().__init__(message)
-        self.code = code
+        self.code, self.frame = code, frame
 
 
 def pack(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -90,6 +91,8 @@ def image_size(header: dict[str, Any], payload: memoryview) -> tuple[int, int]:
     try:
         with Image.open(io.BytesIO(payload)) as image:
             width, height = image.size
+    except Image.DecompressionBombError as err:  # PIL's own bound, far above any server's
+        raise ProtocolError(f"the frame is far too large: {err}", "frame_too_large") from err
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise ProtocolError(f"the frame is not a readable {encoding} image: {err}", "bad_frame") from err
     return height, width

@@ -27,7 +27,7 @@ from .config import ServeConfig, resolve_token
 from .frames import check_frame_message, decode_frame
 from .gate import Gate
 from .metrics import Metrics
-from .options import parse_open
+from .options import CLIENT_SETTINGS, parse_open
 from .protocol import PROTOCOL_VERSION, ProtocolError, parse_json, unpack
 from .results import result_message, text
 from .scheduler import Worker
@@ -36,10 +36,6 @@ from .stream import Control, QueuedFrame, RateLimit, ServedStream
 __all__ = ["Server"]
 
 log = logging.getLogger(__name__)
-
-_CLIENT_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "provisional", "sliding_window",
-                    "trajectory_capacity")
-
 
 @dataclass(frozen=True)
 class _Answer:
@@ -54,6 +50,11 @@ class _Answer:
 class _Close:
     code: int
     reason: str
+
+
+def _plain(value: Any) -> Any:
+    """A setting as JSON holds it (a keyframe policy object, given from Python, by its repr)."""
+    return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
 
 
 def _error(code: str, message: str, *, frame: int | None = None, fatal: bool = False) -> str:
@@ -207,7 +208,7 @@ class Server:
             "precision": self.stream_config.precision,
             "heads_precision": str(self.model.head_dtype).removeprefix("torch."),
             "camera_iterations": self.model.config.camera_num_iterations,
-            "settings": {name: getattr(settings, name) for name in _CLIENT_SETTINGS},
+            "settings": {name: _plain(getattr(settings, name)) for name in CLIENT_SETTINGS},
             "preprocess": None if stream.options.preprocess is None else dict(
                 zip(("mode", "image_size"), stream.options.preprocess)),
             "outputs": asdict(stream.options.outputs),
@@ -227,7 +228,7 @@ class Server:
                     else:
                         self._on_control(stream, parse_json(message))
                 except ProtocolError as err:
-                    stream.outbox.put_nowait(_error(err.code, str(err), frame=getattr(err, "frame", None)))
+                    stream.outbox.put_nowait(_error(err.code, str(err), frame=err.frame))
         except ConnectionClosed:
             pass
         finally:

@@ -92,8 +92,9 @@ def test_frame_headers_are_checked():
         ({"frame": 1, "encoding": "png", "colour": 1}, None, "unknown"),
         ({"frame": 1, "encoding": "png", "name": "x" * 300}, None, "name"),
     ]:
-        with pytest.raises(ProtocolError, match=words):
+        with pytest.raises(ProtocolError, match=words) as err:
             check_frame_message(header, last)
+        assert err.value.frame == (header["frame"] if isinstance(header["frame"], int) else None)  # named when known
 
 
 def test_an_open_message_chooses_within_the_servers_bounds():
