@@ -62,7 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mapstream {__version__}")
         return 0
     _configure_logging()
-    command = _bars_only_on_a_terminal(tyro.cli(_commands(), args=args, prog="mapstream"), args)
+    if args[:1] == ["train"]:
+        from .train import parse_train
+
+        parsed = parse_train(args[1:])  # a --config file's values are the flags' defaults
+    else:
+        parsed = tyro.cli(_commands(), args=args, prog="mapstream")
+    command = _bars_only_on_a_terminal(parsed, args)
     try:
         return int(command.main() or 0)
     except (ValueError, OSError, RuntimeError, ImportError) as err:  # ImportError: an optional package

@@ -62,18 +62,12 @@ class Train(TrainConfig):
         pass  # checked once the file and the flags are merged, in train_config()
 
     def train_config(self) -> TrainConfig:
-        """The file's values, overridden by every flag that differs from its default."""
-        from ..train.config import from_dict, load_config
+        """The run's configuration: the flags' values (whose defaults are the --config file's,
+        see `parse_train`)."""
+        from ..train.config import from_dict
 
-        base = load_config(self.config) if self.config is not None else None
-        values: dict[str, Any] = {} if base is None else {f.name: getattr(base, f.name) for f in dataclasses.fields(TrainConfig)}
-        for f in dataclasses.fields(TrainConfig):
-            given, default = getattr(self, f.name), _default(f)
-            if f.name == "loss":
-                flags = LossWeights(**{g.name: getattr(self, "loss_" + g.name) for g in dataclasses.fields(LossWeights)})
-                values["loss"] = _merge_loss(values.get("loss", LossWeights()), flags)
-            elif given != default or f.name not in values:
-                values[f.name] = given
+        values: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)}
+        values["loss"] = LossWeights(**{g.name: getattr(self, "loss_" + g.name) for g in dataclasses.fields(LossWeights)})
         return from_dict(values)
 
     def main(self) -> int:
@@ -86,6 +80,10 @@ class Train(TrainConfig):
         summary = train(config, progress=not self.quiet)
         if summary.world_size > 1 and summary.weights is None:
             return 0  # the other processes of a torchrun: rank 0 prints the summary
+        if summary.weights is None:
+            print(f"stopped at step {summary.steps} of {config.steps} (checkpoint: {summary.checkpoint}); "
+                  "the same command continues the run")
+            return 0
         first = summary.losses[0] if summary.losses else float("nan")
         last = summary.losses[-1] if summary.losses else float("nan")
         print(
@@ -97,11 +95,27 @@ class Train(TrainConfig):
         return 0
 
 
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+def parse_train(args: list[str]) -> Train:
+    """`mapstream train ARGS`: a --config file's values become the defaults of the flags, so
+    that every flag given on the command line overrides the file, whatever its value."""
+    import tyro
+
+    default = None
+    path = _config_path(args)
+    if path is not None:
+        from ..train.config import load_config
+
+        base = load_config(path)
+        default = Train(**{f.name: getattr(base, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "loss"},
+                        **{"loss_" + f.name: getattr(base.loss, f.name) for f in dataclasses.fields(LossWeights)},
+                        config=path)
+    return tyro.cli(Train, args=args, prog="mapstream train", default=default)
 
 
-def _merge_loss(base: LossWeights, given: LossWeights) -> LossWeights:
-    changed = {f.name: getattr(given, f.name) for f in dataclasses.fields(LossWeights)
-               if getattr(given, f.name) != _default(f)}
-    return dataclasses.replace(base, **changed)
+def _config_path(args: list[str]) -> Optional[Path]:
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return Path(args[i + 1])
+        if arg.startswith("--config="):
+            return Path(arg.split("=", 1)[1])
+    return None

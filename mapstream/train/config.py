@@ -38,6 +38,8 @@ class TrainConfig:
     """Frames per training clip."""
     image_hw: tuple[int, int] = (294, 518)
     """Height and width of procedural clips (multiples of 14); a folder's frames take the width and their own aspect's height."""
+    more_image_hw: tuple[tuple[int, int], ...] = ()
+    """Further sizes of procedural clips: step k renders the (k mod n)-th of (image_hw, *more_image_hw), so that a model learns several resolutions."""
     folder_stride: int = 1
     """Frame step inside a clip cut from a folder."""
     batch_size: int = 4
@@ -88,6 +90,8 @@ class TrainConfig:
     """Write TensorBoard scalars to OUT/tensorboard (needs the train extra: pip install mapstream[train])."""
     resume: bool = True
     """Continue from the latest checkpoint in --out; --no-resume starts over, deleting the old checkpoints and logs there."""
+    time_limit_minutes: Optional[float] = None
+    """Stop with a checkpoint at the first log step after this many minutes (a job with a time limit); running again continues the schedule."""
     seed: int = 0
     """Seed of the initial weights, LoRA adapters, and of a folder's clip order."""
     device: str = "auto"
@@ -105,6 +109,11 @@ def check_train_config(c: TrainConfig) -> None:
     check_count("warmup_steps", c.warmup_steps, least=0)
     if len(c.image_hw) != 2 or any(int(s) < 14 or int(s) % 14 for s in c.image_hw):
         raise ValueError(f"image_hw must be two multiples of 14, got {c.image_hw}")
+    for hw in c.more_image_hw:
+        if len(hw) != 2 or any(int(s) < 14 or int(s) % 14 for s in hw):
+            raise ValueError(f"more_image_hw must hold pairs of multiples of 14, got {hw}")
+    if c.time_limit_minutes is not None and not c.time_limit_minutes > 0:
+        raise ValueError(f"time_limit_minutes must be > 0, got {c.time_limit_minutes}")
     if not c.lr > 0 or not 0 <= c.min_lr_ratio <= 1 or c.weight_decay < 0 or c.grad_clip < 0:
         raise ValueError(f"need lr > 0, 0 <= min_lr_ratio <= 1, weight_decay >= 0, grad_clip >= 0; got "
                          f"{c.lr}, {c.min_lr_ratio}, {c.weight_decay}, {c.grad_clip}")
@@ -153,6 +162,8 @@ def from_dict(values: dict[str, Any], *, source: str = "the configuration") -> T
             kwargs[key] = Path(value)
         elif key in ("image_hw", "betas") and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(value)
+        elif key == "more_image_hw" and isinstance(value, (list, tuple)):
+            kwargs[key] = tuple(tuple(hw) for hw in value)
         else:
             kwargs[key] = value
     return TrainConfig(**kwargs)

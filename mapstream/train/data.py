@@ -102,7 +102,8 @@ class ProceduralClips(_Steps):
     Args:
         batch_size: clips per batch on this rank.
         num_frames: frames per clip.
-        image_hw: ``(H, W)``, multiples of 14 (the patch size).
+        image_hw: ``(H, W)``, multiples of 14 (the patch size), or a sequence of such sizes:
+            the batch of step ``k`` takes the ``(k mod n)``-th.
         split: ``"train"``, ``"val"`` or ``"test"`` (disjoint seeds, :func:`split_seed`).
         rank, world_size: this process's share (DDP).
         device: where the clips are rendered and returned.
@@ -112,16 +113,22 @@ class ProceduralClips(_Steps):
     """
 
     def __init__(
-        self, batch_size: int = 4, num_frames: int = 8, image_hw: tuple[int, int] = (294, 518), *,
+        self, batch_size: int = 4, num_frames: int = 8,
+        image_hw: tuple[int, int] | Sequence[tuple[int, int]] = (294, 518), *,
         split: str = "train", rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
-        H, W = image_hw
-        if H < _PATCH or W < _PATCH or H % _PATCH or W % _PATCH or num_frames < 1:
-            raise ValueError(f"image_hw must be multiples of {_PATCH} and num_frames >= 1, got {image_hw}, {num_frames}")
-        self.batch_size, self.num_frames, self.image_hw = batch_size, num_frames, (int(H), int(W))
+        sizes = [image_hw] if len(image_hw) == 2 and all(isinstance(s, (int, np.integer)) for s in image_hw) \
+            else list(image_hw)
+        for H, W in sizes:
+            if H < _PATCH or W < _PATCH or H % _PATCH or W % _PATCH or num_frames < 1:
+                raise ValueError(f"image_hw must be multiples of {_PATCH} and num_frames >= 1, got {image_hw}, {num_frames}")
+        if not sizes:
+            raise ValueError("image_hw: give at least one size")
+        self.sizes = [(int(H), int(W)) for H, W in sizes]
+        self.batch_size, self.num_frames, self.image_hw = batch_size, num_frames, self.sizes[0]
         self.split, self.rank, self.world_size = split, rank, world_size
         self.device, self.chunk_frames = torch.device(device), chunk_frames
         self.start_step, self.num_batches = start_step, num_batches
@@ -134,10 +141,11 @@ class ProceduralClips(_Steps):
     def batch(self, step: int) -> dict[str, Tensor]:
         """Render the batch of ``step``."""
         seeds = self.seeds(step)
-        specs = [sample_clip(s, self.num_frames, self.image_hw) for s in seeds]
+        hw = self.sizes[step % len(self.sizes)]
+        specs = [sample_clip(s, self.num_frames, hw) for s in seeds]
         cams = np.stack([s.T_room_cam for s in specs])
         K = np.repeat(np.stack([s.K for s in specs])[:, None], self.num_frames, 1)
-        images, depth = render_clips([s.scene for s in specs], cams, K, self.image_hw, self.device,
+        images, depth = render_clips([s.scene for s in specs], cams, K, hw, self.device,
                                      chunk_frames=self.chunk_frames)
         as_dev = lambda a: torch.as_tensor(a, dtype=torch.float32, device=self.device)  # noqa: E731
         return {

@@ -34,6 +34,7 @@ from .checkpointing import (
     save_checkpoint, set_rng_state,
 )
 from .config import TrainConfig, config_dict
+from .init import init_for_training_
 from .ema import EMA
 from .forward import clip_forward
 from .lora import add_lora, merged_state_dict, select_trainable
@@ -97,10 +98,7 @@ def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
 
     if config.model in preset_names():
         model = mapstream.build_model(config.model, enable_point=config.enable_point)
-        # The synthetic rule is a fan-in-scaled normal draw that also starts the fields of
-        # view near 1 rad (a ReLU'd output that a zero start would leave dead); salted by seed.
-        mapstream.fill_synthetic_(model, salt=f"train-init-{config.seed}")
-        return model, config.model
+        return init_for_training_(model, config.seed), config.model
     source = Path(config.model).expanduser()
     if not source.exists() and "/" not in config.model:
         raise ValueError(f"--model {config.model}: neither a preset ({', '.join(preset_names())}) "
@@ -125,7 +123,8 @@ def _data(config: TrainConfig, rank: int, world: int, device: torch.device, star
     from .data import FolderClips, ProceduralClips
 
     if config.data is None:
-        return ProceduralClips(config.batch_size, config.frames, tuple(config.image_hw), rank=rank,
+        sizes = [tuple(config.image_hw), *(tuple(hw) for hw in config.more_image_hw)]
+        return ProceduralClips(config.batch_size, config.frames, sizes, rank=rank,
                                world_size=world, device=device, start_step=start_step)
     return FolderClips(config.data, config.batch_size, config.frames, config.image_hw[1], stride=config.folder_stride,
                        seed=config.seed, rank=rank, world_size=world, device=device, start_step=start_step)
@@ -158,13 +157,27 @@ def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=tuple(config.betas))
 
 
-def _mean_over_ranks(values: dict[str, torch.Tensor], world: int) -> dict[str, float]:
+def _mean_over_ranks(values: dict[str, torch.Tensor], world: int) -> tuple[list[str], torch.Tensor]:
+    """The parts' names and their means over the ranks, still on the device: reading them
+    waits for the GPU, which the loop does only when it logs."""
     names = sorted(values)
     stacked = torch.stack([values[n].detach().float().reshape(()) for n in names])
     if world > 1:
         dist.all_reduce(stacked)
         stacked /= world
-    return dict(zip(names, stacked.tolist()))
+    return names, stacked
+
+
+def _out_of_time(started: float, limit_minutes: float | None, world: int, device: torch.device) -> bool:
+    """Whether the run's time is up; every rank gets the answer of the slowest one."""
+    if limit_minutes is None:
+        return False
+    over = time.perf_counter() - started > 60.0 * limit_minutes
+    if world > 1:
+        flag = torch.tensor([float(over)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        over = bool(flag.item())
+    return over
 
 
 def train(config: TrainConfig, *, progress: bool | None = None, stop_at: int | None = None) -> TrainSummary:
@@ -214,7 +227,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
         start_step = int(state["step"])
         for group, base in zip(optimizer.param_groups, schedule.base_lrs):  # the schedule of this --steps
             group["lr"] = base * lr_factor(start_step, config.warmup_steps, config.steps, config.min_lr_ratio)
-        changed = {k for k, v in config_dict(config).items() if state["config"].get(k) != v} - {"steps", "resume"}
+        changed = {k for k, v in config_dict(config).items() if state["config"].get(k) != v} - {"steps", "resume", "time_limit_minutes"}
         log.info("resuming from %s (step %d)%s", resumed, start_step,
                  f"; settings changed since: {sorted(changed)}" if changed else "")
     if start_step >= config.steps:
@@ -234,6 +247,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     autocast = torch.autocast("cuda", torch.bfloat16) if config.precision == "bf16" else nullcontext()
     batches = iter(_data(config, rank, world, device, start_step))
     losses: list[float] = []
+    pending: list[torch.Tensor] = []  # this process's step losses not yet read back from the device
     step, saved, last_checkpoint = start_step, start_step, resumed
 
     def checkpoint() -> Path:
@@ -263,15 +277,25 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                 if ema is not None:
                     ema.update(model)
                 step += 1
-                means = _mean_over_ranks(parts, world)
-                losses.append(means["loss"])
+                names, stacked = _mean_over_ranks(parts, world)
+                pending.append(stacked[names.index("loss")])
                 bar.update(1)
-                bar.set_postfix_str(f"loss {means['loss']:.4f}")
-                if lead and (step % config.log_every == 0 or step == config.steps):
-                    log_step(out, writer, step, means, lr, float(norm), time.perf_counter() - tick)
-                if lead and (step % config.checkpoint_every == 0 or step in (config.steps, stop_at)):
+                last = step in (config.steps, stop_at)
+                if step % config.log_every == 0 or last:
+                    losses.extend(torch.stack(pending).tolist())
+                    pending.clear()
+                    bar.set_postfix_str(f"loss {losses[-1]:.4f}")
+                    if lead:
+                        log_step(out, writer, step, dict(zip(names, stacked.tolist())), lr, float(norm),
+                                 time.perf_counter() - tick)
+                    if not last and _out_of_time(started, config.time_limit_minutes, world, device):
+                        log.info("time limit of %s minutes reached at step %d", config.time_limit_minutes, step)
+                        stop_at = step
+                        last = True
+                if lead and (step % config.checkpoint_every == 0 or last):
                     last_checkpoint, saved = checkpoint(), step
     except KeyboardInterrupt:
+        losses.extend(torch.stack(pending).tolist() if pending else [])
         if lead and step > saved:
             last_checkpoint = checkpoint()
             log.info("interrupted: wrote %s (step %d)", last_checkpoint, step)

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import mapstream
-from mapstream.cli.train import Train
+from mapstream.cli.train import Train, parse_train
 from mapstream.train.checkpointing import latest_checkpoint, list_checkpoints, load_checkpoint
 from mapstream.train.config import TrainConfig, load_config
 from mapstream.train.forward import clip_forward
@@ -82,10 +82,15 @@ def test_the_schedule_warms_up_then_decays_to_the_floor():
 
 def test_a_yaml_file_sets_options_and_flags_override_it(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("frames: 3\nimage_hw: [28, 42]\nlr: 0.001\nloss:\n  depth: 2.0\n")
-    config = Train(config=path, lr=3e-4, steps=5, loss_camera=3.0).train_config()
+    path.write_text("frames: 3\nimage_hw: [28, 42]\nlr: 0.001\nprecision: bf16\nmore_image_hw: [[14, 28]]\n"
+                    "loss:\n  depth: 2.0\n  camera: 4.0\n")
+    config = parse_train(["--config", str(path), "--lr", "3e-4", "--steps", "5", "--loss-camera", "3.0"]).train_config()
     assert (config.frames, config.image_hw, config.lr, config.steps) == (3, (28, 42), 3e-4, 5)
-    assert (config.loss.depth, config.loss.camera) == (2.0, 3.0)
+    assert (config.loss.depth, config.loss.camera, config.more_image_hw) == (2.0, 3.0, ((14, 28),))
+    assert config.precision == "bf16"
+    # A flag given with its default value still overrides the file.
+    config = parse_train([f"--config={path}", "--precision", "fp32", "--loss-camera", "1.25"]).train_config()
+    assert (config.precision, config.loss.camera, config.lr) == ("fp32", 1.25, 0.001)
     assert load_config(path).lr == 0.001
     path.write_text("frams: 3\n")
     with pytest.raises(ValueError, match="unknown keys"):

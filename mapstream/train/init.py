@@ -1,0 +1,95 @@
+"""The initial weights of a network trained from scratch.
+
+A vision transformer of this kind trains best from small residual branches: linear layers
+drawn from a truncated normal of standard deviation 0.02, LayerScale factors at 0.01 so that
+every block starts close to the identity, normalisations at the identity, convolutions at
+He's scale for their ReLU activations. The camera head's last layer starts at the pose
+encoding of a camera that sits at the origin, looks forward and sees about one radian: its
+bias spreads that encoding over the head's iterations (the head adds up its deltas), so the
+very first iteration already has a live field of view (a ReLU'd output that starts at or below
+0 receives no gradient).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["LAYER_SCALE_INIT", "init_for_training_"]
+
+LAYER_SCALE_INIT = 0.01
+_LINEAR_STD = 0.02
+_TOKEN_STD = 0.02
+_FOV_RADIANS = 1.0
+
+
+def _trunc_normal_(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
+    values = torch.empty(tensor.shape, dtype=torch.float32)
+    nn.init.trunc_normal_(values, std=std, a=-2 * std, b=2 * std, generator=generator)
+    tensor.copy_(values.to(tensor.dtype))
+
+
+def _he_normal_(tensor: torch.Tensor, generator: torch.Generator) -> None:
+    values = torch.empty(tensor.shape, dtype=torch.float32)
+    nn.init.kaiming_normal_(values, nonlinearity="relu", generator=generator)
+    tensor.copy_(values.to(tensor.dtype))
+
+
+@torch.no_grad()
+def init_for_training_(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Draw `model`'s weights for training from scratch (deterministic given `seed`); returns it.
+
+    The draws follow the modules' order, so the same architecture and seed give the same
+    weights on every machine.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            _trunc_normal_(module.weight, _LINEAR_STD, generator)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
+            _he_normal_(module.weight, generator)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm2d)):
+            if module.weight is not None:
+                module.weight.fill_(1.0)
+            if module.bias is not None:
+                module.bias.zero_()
+    for name, param in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "gamma":
+            param.fill_(LAYER_SCALE_INIT)
+        elif "token" in leaf or leaf == "pos_embed":
+            if "empty_pose" in leaf:
+                param.zero_()  # the camera head's first input: no pose estimate yet
+            else:
+                _trunc_normal_(param, _TOKEN_STD, generator)
+    _start_camera_head(model)
+    _start_dense_heads(model)
+    return model
+
+
+def _start_dense_heads(model: nn.Module) -> None:
+    # A DPT head's outputs go through exp (depth, points) and 1 + exp (confidence): its last
+    # convolution starts near 0 so that depth starts near 1, the clip's normalised mean distance,
+    # instead of the exp of a He-scaled sum, which overflows.
+    for name in ("depth_head", "point_head"):
+        head = getattr(model, name, None)
+        if head is None:
+            continue
+        last = [m for m in head.modules() if isinstance(m, nn.Conv2d)][-1]
+        last.weight.mul_(0.01)
+
+
+def _start_camera_head(model: nn.Module) -> None:
+    head = getattr(model, "camera_head", None)
+    if head is None:
+        return
+    last = head.pose_branch.fc2
+    iterations = int(model.config.camera_num_iterations)
+    last.weight.mul_(0.1)  # small deltas at first: the head starts from the bias's camera
+    bias = torch.zeros_like(last.bias)
+    bias[6] = 1.0 / iterations  # quaternion (x, y, z, w): the identity rotation
+    bias[7:9] = _FOV_RADIANS / iterations
+    last.bias.copy_(bias)
