@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..attention.fused import plain_pytorch
 from ..layers import patch_positions_2d, rope2d
 from ..models.gct import GCTNetwork
 from ..validation import check_images, check_scale_frames
@@ -47,7 +48,15 @@ def clip_forward(
     seeing what it sees when streamed (module docstring). Returns pose_enc [B,S,9],
     pose_enc_list (per camera iteration), depth [B,S,H,W,1], depth_conf [B,S,H,W] (and world
     points with a point head), fp32 and differentiable. checkpoint_layers: recompute each
-    layer's activations in the backward pass instead of keeping them (memory for time)."""
+    layer's activations in the backward pass instead of keeping them (memory for time).
+
+    Runs PyTorch's own differentiable operations throughout (`plain_pytorch()`): the fused
+    kernels of the inference path have no backward."""
+    with plain_pytorch():
+        return _clip_forward(model, images, num_scale_frames, checkpoint_layers)
+
+
+def _clip_forward(model: GCTNetwork, images: torch.Tensor, num_scale_frames: int, checkpoint_layers: bool):
     images = check_images(images, model.config.patch_size, check_values=False)
     check_scale_frames(num_scale_frames)
     agg, c = model.aggregator, model.config
@@ -66,7 +75,8 @@ def clip_forward(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     def between(i, seq, q, k, v):
-        return agg.between_layers(i, seq, attend(q, k, v), per_frame, frame_rotary, global_rotary, streams=clips)
+        with plain_pytorch():  # again here: a checkpointed layer is recomputed in the backward pass
+            return agg.between_layers(i, seq, attend(q, k, v), per_frame, frame_rotary, global_rotary, streams=clips)
 
     layer = agg.enter_layer(0, tokens, frame_rotary, global_rotary, streams=clips)
     selected: dict[int, torch.Tensor] = {}
