@@ -24,7 +24,8 @@ def split(run: Path, out: Path, parts: int = 2) -> list[Path]:
     state = load_checkpoint(path)
     weights = state["model"]
     if "ema" in state:
-        weights = {k: state["ema"].get(k, v) for k, v in weights.items()}  # the EMA holds the parameters
+        shadow = state["ema"]["shadow"]  # the averaged parameters
+        weights = {k: shadow.get(k, v) for k, v in weights.items()}
     half = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
             for k, v in weights.items()}
     keys, total, files = sorted(half), sum(v.numel() * v.element_size() for v in half.values()), []

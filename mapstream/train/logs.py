@@ -36,10 +36,15 @@ def tensorboard_writer(out: Path):
     return SummaryWriter(str(out / "tensorboard"))
 
 
-def log_step(out: Path, writer, step: int, means: dict[str, float], lr: float, norm: float, seconds: float) -> None:
+def log_step(out: Path, writer, step: int, means: dict[str, float], lr: float, norm: float, seconds: float,
+             data_seconds: float) -> None:
+    """One log step's record; `seconds` is the whole step, `data_seconds` the part spent
+    producing its batch (rendering, reading)."""
     parts = " ".join(f"{k} {v:.4f}" for k, v in means.items() if k != "loss")
-    log.info("step %d loss %.4f (%s) lr %.3g grad-norm %.3g %.2f s/step", step, means["loss"], parts, lr, norm, seconds)
-    record = {"step": step, **means, "lr": lr, "grad_norm": norm, "step_seconds": seconds}
+    log.info("step %d loss %.4f (%s) lr %.3g grad-norm %.3g %.2f s/step (data %.2f s)", step, means["loss"], parts,
+             lr, norm, seconds, data_seconds)
+    record = {"step": step, **means, "lr": lr, "grad_norm": norm, "step_seconds": seconds,
+              "data_seconds": data_seconds}
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
     if writer is not None:
@@ -48,3 +53,4 @@ def log_step(out: Path, writer, step: int, means: dict[str, float], lr: float, n
         writer.add_scalar("train/lr", lr, step)
         writer.add_scalar("train/grad_norm", norm, step)
         writer.add_scalar("train/step_seconds", seconds, step)
+        writer.add_scalar("train/data_seconds", data_seconds, step)

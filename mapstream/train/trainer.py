@@ -168,6 +168,11 @@ def _mean_over_ranks(values: dict[str, torch.Tensor], world: int) -> tuple[list[
     return names, stacked
 
 
+def _wait_for(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _out_of_time(started: float, limit_minutes: float | None, world: int, device: torch.device) -> bool:
     """Whether the run's time is up; every rank gets the answer of the slowest one."""
     if limit_minutes is None:
@@ -263,8 +268,14 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     try:
         with bar:
             while step < min(stop_at, config.steps):
+                timed = (step + 1) % config.log_every == 0  # a log step: time the data and the step apart
+                if timed:
+                    _wait_for(device)
                 tick = time.perf_counter()
                 batch = next(batches)
+                if timed:
+                    _wait_for(device)
+                data_seconds = time.perf_counter() - tick
                 with autocast:
                     pred = forward(batch["images"])
                 loss, parts = total_loss(pred, batch, config.loss)
@@ -287,7 +298,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                     bar.set_postfix_str(f"loss {losses[-1]:.4f}")
                     if lead:
                         log_step(out, writer, step, dict(zip(names, stacked.tolist())), lr, float(norm),
-                                 time.perf_counter() - tick)
+                                 time.perf_counter() - tick, data_seconds)
                     if not last and _out_of_time(started, config.time_limit_minutes, world, device):
                         log.info("time limit of %s minutes reached at step %d", config.time_limit_minutes, step)
                         stop_at = step

@@ -136,3 +136,25 @@ def test_two_ddp_processes_train_as_one_with_the_doubled_batch(tmp_path):
     a, b = load_file(tmp_path / "ddp" / "model.safetensors"), load_file(one.weights)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def test_the_ema_forgets_its_start_during_its_warm_up():
+    from mapstream.train.ema import EMA
+
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    ema = EMA(model, 0.999)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ema.update(model)  # decay min(0.999, 1/10): 0.1 of the start is left
+    torch.testing.assert_close(ema.shadow["weight"], torch.full((1, 2), 0.9), rtol=0, atol=1e-7)
+    ema.update(model)  # decay 2/11 of what is left
+    torch.testing.assert_close(ema.shadow["weight"], torch.full((1, 2), 1 - 0.1 * 2 / 11), rtol=0, atol=1e-7)
+    assert ema.current_decay() == pytest.approx(3 / 12)
+    for _ in range(10000):
+        ema.updates += 1
+    assert ema.current_decay() == 0.999
+    again = EMA(model, 0.999)
+    again.load_state_dict(ema.state_dict())
+    assert again.updates == ema.updates and torch.equal(again.shadow["weight"], ema.shadow["weight"])
