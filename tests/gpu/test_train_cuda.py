@@ -27,7 +27,16 @@ def test_bf16_steps_train_every_weight_on_cuda(tmp_path):
     assert set(unchanged) <= {"aggregator.patch_embed.mask_token"}, unchanged
 
 
-def test_clip_forward_on_cuda_equals_the_cpu():
+@pytest.fixture
+def no_tf32():
+    # cuDNN convolutions run in TF32 by default (10-bit mantissa): fp32 on both sides here.
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_clip_forward_on_cuda_equals_the_cpu(no_tf32):
     model = mapstream.build_model("tiny")
     mapstream.fill_synthetic_(model)
     images = torch.rand(2, 5, 3, 28, 42, generator=torch.Generator().manual_seed(0))
