@@ -141,7 +141,7 @@ def test_attention_checks_every_usable_backend_and_names_the_others():
 
 def test_device_scripts_parse_and_name_files_that_exist():
     check = BENCHMARKS / "device_check.sh"
-    for script in (check, BENCHMARKS / "device_setup.sh"):
+    for script in (check, BENCHMARKS / "device_setup.sh", BENCHMARKS / "train_small_device.sh"):
         subprocess.run(["bash", "-n", str(script)], check=True)
     named = re.findall(r'"\$here/(\w+\.py)"', check.read_text())
     assert sorted(named) == ["profile_step.py", "trace_summary.py"]
@@ -161,3 +161,37 @@ def test_train_step_times_the_real_loop_and_reports_its_steps(tmp_path):
 
     model = mapstream.build_model("tiny")  # every weight but the ViT's unused mask token is trained
     assert result["trained_parameters"] == sum(p.numel() for p in model.parameters()) - model.aggregator.patch_embed.mask_token.numel()
+    assert 0 < result["data_seconds"] <= result["step_seconds"]
+
+
+def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(tmp_path):
+    import mapstream
+    import torch
+    from mapstream.train.config import TrainConfig
+    from mapstream.train.trainer import train
+
+    run = tmp_path / "run"
+    train(TrainConfig(model="tiny", frames=3, num_scale_frames=2, image_hw=(28, 42), batch_size=1, steps=2,
+                      ema_decay=0.9, out=run, tensorboard=False, log_every=1), progress=False)
+    module = _load("half_weights")
+    parts = module.split(run, tmp_path)
+    assert [p.name for p in parts] == ["weights-0.safetensors", "weights-1.safetensors"]
+    from safetensors.torch import load_file
+
+    halves = [load_file(str(p)) for p in parts]
+    assert not set(halves[0]) & set(halves[1])
+    joined = module.join(tmp_path, tmp_path / "joined.safetensors")
+    model = mapstream.load_model(str(joined), preset="tiny")
+    exported = load_file(str(run / "model.safetensors"))  # the EMA's weights, in fp32
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, exported[key].to(torch.float16).float(), rtol=0, atol=0)
+
+
+def test_plot_training_draws_a_runs_metrics(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s, "camera": 0.5, "camera_rotation": 0.2,
+                                           "camera_fov": 0.1, "depth": 0.3, "lr": 1e-4}) + "\n" for s in range(1, 9)))
+    target = _load("plot_training").plot(metrics, tmp_path / "curves.png")
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    smoothed = _load("plot_training").smooth(__import__("numpy").array([0.0, 10.0, 0.0, 0.0, 0.0]))
+    assert smoothed.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0]
