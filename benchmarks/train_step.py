@@ -50,17 +50,18 @@ def main(argv: list[str] | None = None) -> dict:
         summary = train(config, progress=False)
         records = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
     times = [r["step_seconds"] for r in records if "step_seconds" in r][1:]
-    data = [r["data_seconds"] for r in records if "data_seconds" in r][1:]
+    phases = {name: statistics.mean(r[f"{name}_seconds"] for r in records[1:])
+              for name in ("data", "forward", "loss", "backward", "optimizer")}
     result = {
         "preset": args.preset, "device": args.device, "precision": args.precision, "frames": args.frames,
         "hw": list(args.hw), "batch_size": args.batch_size, "checkpoint_layers": args.checkpoint_layers,
         "finetune": args.finetune, "trained_parameters": summary.trained_parameters,
-        "step_seconds": statistics.mean(times), "data_seconds": statistics.mean(data), "losses": list(summary.losses),
+        "step_seconds": statistics.mean(times), "phase_seconds": phases, "losses": list(summary.losses),
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else None,
     }
     peak = f", peak {result['peak_gpu_bytes'] / 2**30:.1f} GiB" if result["peak_gpu_bytes"] else ""
     print(f"{args.preset} {args.precision} {args.frames}x{args.hw[0]}x{args.hw[1]} batch {args.batch_size}: "
-          f"{result['step_seconds']:.3f} s/step (data {result['data_seconds']:.3f} s){peak}")
+          f"{result['step_seconds']:.3f} s/step ({', '.join(f'{k} {v:.3f}' for k, v in phases.items())}){peak}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return result

@@ -37,14 +37,15 @@ def tensorboard_writer(out: Path):
 
 
 def log_step(out: Path, writer, step: int, means: dict[str, float], lr: float, norm: float, seconds: float,
-             data_seconds: float) -> None:
-    """One log step's record; `seconds` is the whole step, `data_seconds` the part spent
-    producing its batch (rendering, reading)."""
+             phases: dict[str, float]) -> None:
+    """One log step's record; `seconds` is the whole step, `phases` its parts by name (data:
+    producing the batch, forward, loss, backward, optimizer), recorded as NAME_seconds."""
     parts = " ".join(f"{k} {v:.4f}" for k, v in means.items() if k != "loss")
-    log.info("step %d loss %.4f (%s) lr %.3g grad-norm %.3g %.2f s/step (data %.2f s)", step, means["loss"], parts,
-             lr, norm, seconds, data_seconds)
+    split = ", ".join(f"{k} {v:.3f}" for k, v in phases.items())
+    log.info("step %d loss %.4f (%s) lr %.3g grad-norm %.3g %.2f s/step%s", step, means["loss"], parts,
+             lr, norm, seconds, f" ({split})" if split else "")
     record = {"step": step, **means, "lr": lr, "grad_norm": norm, "step_seconds": seconds,
-              "data_seconds": data_seconds}
+              **{f"{k}_seconds": v for k, v in phases.items()}}
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
     if writer is not None:
@@ -53,4 +54,5 @@ def log_step(out: Path, writer, step: int, means: dict[str, float], lr: float, n
         writer.add_scalar("train/lr", lr, step)
         writer.add_scalar("train/grad_norm", norm, step)
         writer.add_scalar("train/step_seconds", seconds, step)
-        writer.add_scalar("train/data_seconds", data_seconds, step)
+        for key, value in phases.items():
+            writer.add_scalar(f"train/{key}_seconds", value, step)

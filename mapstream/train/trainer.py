@@ -168,9 +168,24 @@ def _mean_over_ranks(values: dict[str, torch.Tensor], world: int) -> tuple[list[
     return names, stacked
 
 
-def _wait_for(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class _PhaseClock:
+    """Seconds of each phase of a step (`mark(name)` ends the phase `name`), the device waited
+    for at each boundary so that its queued work counts where it was issued. Off (`timed`
+    False) it records nothing and never waits."""
+
+    def __init__(self, device: torch.device, timed: bool) -> None:
+        self.device, self.timed, self.seconds = device, timed, {}
+        self.start = self._last = self._now() if timed else time.perf_counter()
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        if self.timed:
+            now = self._now()
+            self.seconds[name], self._last = now - self._last, now
 
 
 def _out_of_time(started: float, limit_minutes: float | None, world: int, device: torch.device) -> bool:
@@ -268,25 +283,26 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     try:
         with bar:
             while step < min(stop_at, config.steps):
-                timed = (step + 1) % config.log_every == 0  # a log step: time the data and the step apart
-                if timed:
-                    _wait_for(device)
-                tick = time.perf_counter()
+                # A log step times its phases apart, waiting for the device at each boundary.
+                clock = _PhaseClock(device, timed=(step + 1) % config.log_every == 0)
+                tick = clock.start
                 batch = next(batches)
-                if timed:
-                    _wait_for(device)
-                data_seconds = time.perf_counter() - tick
+                clock.mark("data")
                 with autocast:
                     pred = forward(batch["images"])
+                clock.mark("forward")
                 loss, parts = total_loss(pred, batch, config.loss)
+                clock.mark("loss")
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                clock.mark("backward")
                 norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf)
                 lr = optimizer.param_groups[0]["lr"]
                 optimizer.step()
                 schedule.step()
                 if ema is not None:
                     ema.update(model)
+                clock.mark("optimizer")
                 step += 1
                 names, stacked = _mean_over_ranks(parts, world)
                 pending.append(stacked[names.index("loss")])
@@ -298,7 +314,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                     bar.set_postfix_str(f"loss {losses[-1]:.4f}")
                     if lead:
                         log_step(out, writer, step, dict(zip(names, stacked.tolist())), lr, float(norm),
-                                 time.perf_counter() - tick, data_seconds)
+                                 time.perf_counter() - tick, clock.seconds)
                     if not last and _out_of_time(started, config.time_limit_minutes, world, device):
                         log.info("time limit of %s minutes reached at step %d", config.time_limit_minutes, step)
                         stop_at = step

@@ -161,7 +161,9 @@ def test_train_step_times_the_real_loop_and_reports_its_steps(tmp_path):
 
     model = mapstream.build_model("tiny")  # every weight but the ViT's unused mask token is trained
     assert result["trained_parameters"] == sum(p.numel() for p in model.parameters()) - model.aggregator.patch_embed.mask_token.numel()
-    assert 0 < result["data_seconds"] <= result["step_seconds"]
+    phases = result["phase_seconds"]
+    assert list(phases) == ["data", "forward", "loss", "backward", "optimizer"]
+    assert all(v > 0 for v in phases.values()) and sum(phases.values()) <= result["step_seconds"]
 
 
 def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(tmp_path):
