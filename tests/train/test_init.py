@@ -1,0 +1,50 @@
+"""The initial weights of training from scratch (mapstream.train.init)."""
+from __future__ import annotations
+
+import torch
+
+import mapstream
+from mapstream.heads.camera import activate_pose
+from mapstream.train.forward import clip_forward
+from mapstream.train.init import LAYER_SCALE_INIT, init_for_training_
+
+
+def _fresh(seed: int = 0):
+    return init_for_training_(mapstream.build_model("tiny"), seed)
+
+
+def test_the_draw_depends_only_on_the_seed():
+    a, b, c = _fresh(3).state_dict(), _fresh(3).state_dict(), _fresh(4).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["aggregator.frame_blocks.0.attn.qkv.weight"], c["aggregator.frame_blocks.0.attn.qkv.weight"])
+
+
+def test_layers_start_at_their_rule():
+    model = _fresh()
+    state = model.state_dict()
+    qkv = state["aggregator.global_blocks.0.attn.qkv.weight"]
+    assert qkv.abs().max() <= 0.04 and abs(qkv.std().item() - 0.0176) < 0.002  # N(0, 0.02) cut at 2 std
+    assert torch.count_nonzero(state["aggregator.global_blocks.0.attn.qkv.bias"]) == 0
+    assert torch.all(state["aggregator.frame_blocks.1.ls2.gamma"] == LAYER_SCALE_INIT)
+    assert torch.all(state["aggregator.frame_blocks.1.norm1.weight"] == 1)
+    assert torch.count_nonzero(state["camera_head.empty_pose_tokens"]) == 0
+    n = model.config.camera_num_iterations
+    bias = state["camera_head.pose_branch.fc2.bias"]
+    expected = torch.zeros(9)
+    expected[6], expected[7:9] = 1.0 / n, 1.0 / n
+    torch.testing.assert_close(bias, expected, rtol=0, atol=0)
+
+
+def test_the_first_predictions_sit_where_the_targets_are():
+    """Depth near 1 (the normalised clip's scale), cameras near the identity with a field of
+    view near 1 rad, and a live (positive) field of view from the first iteration on."""
+    model = _fresh().eval()
+    images = torch.rand(1, 3, 3, 28, 42, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pred = clip_forward(model, images, num_scale_frames=2)
+    depth = pred["depth"]
+    assert torch.isfinite(depth).all() and 0.5 < depth.median() < 2.0
+    final = pred["pose_enc"]
+    assert final[..., :3].abs().max() < 0.2 and (final[..., 6] - 1).abs().max() < 0.2
+    assert ((final[..., 7:9] - 1).abs() < 0.3).all()
+    assert all((activate_pose(p)[..., 7:9] > 0).all() for p in pred["pose_enc_list"])
