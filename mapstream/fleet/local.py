@@ -1,0 +1,34 @@
+"""A job without Ray: its inputs one after another in this process, with one model."""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .worker import BeforeInput, ModelHolder, run_input
+
+if TYPE_CHECKING:  # the job imports this module when it runs one
+    from .job import Tracker
+
+__all__ = ["run_here"]
+
+log = logging.getLogger(__name__)
+
+
+def run_here(tracker: Tracker, before_input: BeforeInput | None = None) -> int:
+    """Run the tracker's inputs here, each until it succeeds or runs out of attempts. An
+    interrupt (Ctrl-C) or an exit stops the job: the input's folder keeps its finished
+    frames for a rerun. Returns the workers used (one)."""
+    holder = ModelHolder()
+    for item, opts in tracker.todo:
+        attempt = 1
+        while True:
+            try:
+                result = run_input(item, opts, holder, attempt, before_input)
+            except Exception as err:  # noqa: BLE001 - any failure of one input is that input's, told in the summary
+                if tracker.failed(item, attempt, f"{type(err).__name__}: {err}"):
+                    attempt += 1
+                    continue
+                break
+            tracker.succeeded(result)
+            break
+    return 1

@@ -1,0 +1,93 @@
+"""What one worker does: hold a model and run its inputs one after another with it.
+
+A worker (a Ray actor, or the job's own process without Ray) loads the model once and gives
+each input's `mapstream.pipeline.run` a fresh session of it, so an input's folder is the one a
+single `mapstream run` of it writes, without a load per input.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import StreamConfig
+from ..pipeline import RunOptions, run
+from ..pipeline.model_source import resolve_model
+from ..pipeline.run import OpenedSession
+from ..session import Session, resolve_precision
+from ..windowed import WindowedSession
+from .inputs import JobInput
+
+__all__ = ["InputResult", "ModelHolder", "run_input"]
+
+log = logging.getLogger(__name__)
+
+BeforeInput = Callable[[JobInput, int], None]
+"""Called in the worker with the input and its attempt (from 1) before each attempt: a hook
+for tests to make an attempt fail or the worker die."""
+
+
+@dataclass(frozen=True)
+class InputResult:
+    """One input's outcome. ``status``: ``done`` (run by this job), ``finished_before`` (a
+    finished run of the same settings was there already) or ``failed`` (``error`` says why,
+    after ``attempts`` attempts)."""
+
+    name: str
+    input: str
+    out: str
+    status: str
+    frames: int = 0
+    new_frames: int = 0
+    attempts: int = 0
+    seconds: float = 0.0
+    fps: float = 0.0
+    error: str | None = None
+
+
+class ModelHolder:
+    """The worker's model, loaded on its first input and kept for the next ones with the same
+    model settings (a job's inputs share them)."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._loaded: tuple[Any, str, list[str], str] | None = None
+
+    def open_session(self, opts: RunOptions, device: torch.device, stream: StreamConfig) -> OpenedSession:
+        """`run`'s ``open_session``: a session of the held model, as a single run opens one."""
+        precision = resolve_precision(stream.precision, device)
+        key = (opts.model, opts.checkpoint_file, str(device), opts.stream.backend, opts.camera_iterations,
+               opts.compile, precision, opts.low_precision_heads, opts.demo)
+        if key != self._key:
+            self._loaded = None  # the old model goes before the new one loads
+            model, desc, warnings = resolve_model(
+                opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo,
+                backend=opts.stream.backend, camera_num_iterations=opts.camera_iterations, compile=opts.compile,
+            )
+            if precision in ("bf16", "fp16"):
+                model.cast_for_inference(precision, heads=opts.low_precision_heads)
+            self._key, self._loaded = key, (model, desc, warnings, str(model.head_dtype).removeprefix("torch."))
+            log.info("worker loaded %s on %s", desc, device)
+        model, desc, warnings, heads = self._loaded
+        stream = stream.with_settings(precision=precision)
+        if opts.mode == "windowed":
+            session = WindowedSession(model, stream, output_device="cpu")
+        else:
+            session = Session(model, stream, output_device="cpu")
+        # A run adds its own warnings to the list it is given: each run gets its own copy.
+        return OpenedSession(session, desc, list(warnings), precision, heads, opts.camera_iterations)
+
+
+def run_input(item: JobInput, opts: RunOptions, holder: ModelHolder, attempt: int,
+              before_input: BeforeInput | None = None) -> InputResult:
+    """One attempt at one input with the worker's model; raises what the run raises."""
+    if before_input is not None:
+        before_input(item, attempt)
+    started = time.perf_counter()
+    summary = run(opts, progress=False, open_session=holder.open_session)
+    return InputResult(item.name, item.input, str(item.out), "done", summary.frames, summary.new_frames, attempt,
+                       time.perf_counter() - started, summary.fps)
