@@ -34,9 +34,9 @@ from .checkpointing import (
     save_checkpoint, set_rng_state,
 )
 from .config import TrainConfig, config_dict
-from .init import init_for_training_
 from .ema import EMA
 from .forward import clip_forward
+from .init import init_for_training_
 from .lora import add_lora, merged_state_dict, select_trainable
 from .logs import log_step, start_logs, tensorboard_writer
 from .losses import total_loss
@@ -247,7 +247,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
         start_step = int(state["step"])
         for group, base in zip(optimizer.param_groups, schedule.base_lrs):  # the schedule of this --steps
             group["lr"] = base * lr_factor(start_step, config.warmup_steps, config.steps, config.min_lr_ratio)
-        changed = {k for k, v in config_dict(config).items() if state["config"].get(k) != v} - {"steps", "resume", "time_limit_minutes"}
+        changed = {k for k, v in config_dict(config).items() if state["config"].get(k) != v}
+        changed -= {"steps", "resume", "time_limit_minutes"}  # how long this call runs, not what it trains
         log.info("resuming from %s (step %d)%s", resumed, start_step,
                  f"; settings changed since: {sorted(changed)}" if changed else "")
     if start_step >= config.steps:

@@ -2,6 +2,7 @@
 command line and its YAML file, and two DDP processes training as one with the doubled batch."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -158,3 +159,29 @@ def test_the_ema_forgets_its_start_during_its_warm_up():
     again = EMA(model, 0.999)
     again.load_state_dict(ema.state_dict())
     assert again.updates == ema.updates and torch.equal(again.shadow["weight"], ema.shadow["weight"])
+
+
+def test_a_time_limit_stops_at_a_log_step_and_the_same_command_continues(tmp_path):
+    whole = train(_config(tmp_path / "whole", steps=4, log_every=2), progress=False)
+    limited = _config(tmp_path / "legs", steps=4, log_every=2, time_limit_minutes=1e-9)
+    first = train(limited, progress=False)
+    assert (first.steps, first.weights) == (2, None)  # the first log step, with a checkpoint
+    assert first.checkpoint == latest_checkpoint(tmp_path / "legs") and first.checkpoint.stem.endswith("00000002")
+    second = train(dataclasses.replace(limited, time_limit_minutes=None), progress=False)
+    assert (second.start_step, second.steps) == (2, 4)
+    assert first.losses + second.losses == whole.losses
+    records = [json.loads(line) for line in (tmp_path / "legs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4]
+    assert all(set(r) >= {"data_seconds", "forward_seconds", "loss_seconds", "backward_seconds",
+                          "optimizer_seconds"} for r in records)
+
+
+def test_procedural_clips_take_their_sizes_in_turn():
+    from mapstream.train.data import ProceduralClips
+
+    clips = ProceduralClips(1, 2, [(28, 42), (14, 28)], num_batches=3)
+    shapes = [tuple(clips.batch(step)["images"].shape[-2:]) for step in range(3)]
+    assert shapes == [(28, 42), (14, 28), (28, 42)]
+    assert tuple(ProceduralClips(1, 2, (28, 42)).batch(0)["images"].shape[-2:]) == (28, 42)
+    with pytest.raises(ValueError, match="multiples of 14"):
+        ProceduralClips(1, 2, [(28, 42), (20, 28)])
