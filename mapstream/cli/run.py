@@ -11,6 +11,7 @@ import tyro
 from ..config import StreamConfig
 from ..export import ALL_FORMATS
 from ._cloud import CloudFlags, PointCloudFlags
+from ._fleet import FleetFlags
 from ._flags import as_flags
 
 
@@ -32,13 +33,14 @@ class Run:
 
     INPUT is an image folder, a video file, a glob ("frames/*.jpg"), a webcam index (0) or a
     stream URL. Without INPUT, --demo renders a short synthetic sequence and uses the official
-    weights if they are cached, else the tiny untrained preset (with a warning).
+    weights if they are cached, else the tiny untrained preset (with a warning). Several
+    inputs, a .txt file listing them, --many or --ray run one folder an input under --out.
     """
 
     ON_INTERRUPT: ClassVar[str] = "a run keeps the frames it finished and resumes from them when run again"
 
-    input: tyro.conf.Positional[Optional[str]] = None
-    """Image folder, video file, glob, webcam index or stream URL (leave out with --demo)."""
+    input: tyro.conf.Positional[tuple[str, ...]] = ()
+    """Image folder, video file, glob, webcam index or stream URL (leave out with --demo); several: see --many."""
     out: Path = Path("runs/latest")
     """Output folder (created; an interrupted run there is resumed)."""
     demo: bool = False
@@ -93,6 +95,7 @@ class Run:
     """Continue an interrupted run found in --out, keeping its finished frames (the stream restarts on the last of them, aligned by Sim(3): later frames differ from an uninterrupted run's); --no-resume starts over."""
     quiet: bool = False
     """No progress bar."""
+    fleet: Annotated[FleetFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=FleetFlags)
 
     def main(self) -> int:
         from ..pipeline import RunOptions, check_input, check_options, run
@@ -101,8 +104,11 @@ class Run:
             stream = self.stream.config()
         except ValueError as err:
             raise ValueError(as_flags(str(err), Run)) from err
+        many = self.fleet.wanted(self.input)
+        if not many and len(self.input) > 1:
+            raise ValueError(f"one input, or --many: got {len(self.input)}")
         opts = RunOptions(
-            input=self.input, out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
+            input=None if many or not self.input else self.input[0], out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
             image_size=self.image_size, preprocess=self.preprocess, rotate=self.rotate, fps=self.fps,
             stride=self.stride, first_k=self.first_k, stream=stream, camera_iterations=self.camera_iterations,
             device=self.device, formats=self.formats,
@@ -112,6 +118,8 @@ class Run:
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
         )
+        if many:
+            return self._run_many(opts)
         try:
             if self.view:  # the run's options and input first: no server for a run that cannot start
                 check_options(opts)
@@ -141,6 +149,22 @@ class Run:
         if view is not None:
             view.stop()
         return 0
+
+    def _run_many(self, opts) -> int:
+        """Every input into its own folder under --out; the job's table at the end. Exit
+        status 1 when an input failed."""
+        from ..fleet import run_many
+        from ._fleet import format_job
+
+        if self.view or self.demo:
+            raise ValueError("--view and --demo take one input; leave them out to run many")
+        try:
+            summary = run_many(self.input, opts, job=self.fleet.job_options(), progress=not self.quiet)
+        except ValueError as err:
+            raise ValueError(as_flags(str(err), Run)) from err
+        print(format_job(summary))
+        print(f"the job's summary: {summary.out / 'job.json'}")
+        return 1 if summary.failed else 0
 
     def _start_view(self):
         """The live view, serving, when --view is given (else None)."""
