@@ -120,9 +120,9 @@ def _folder_names(specs: list[str]) -> list[str]:
     every input shares at the end are left out and as many of the last remaining ones are
     joined (by ``_``) as tell the inputs apart."""
     parts = [_parts(s) for s in specs]
-    names = [p[-1] for p in parts]
-    if len(set(names)) == len(names):
-        return names
+    last = [p[-1] for p in parts]
+    if len(set(last)) == len(last):
+        return last
     shared = 0
     while all(len(p) > shared + 1 for p in parts) and len({p[-1 - shared] for p in parts}) == 1:
         shared += 1
@@ -131,4 +131,4 @@ def _folder_names(specs: list[str]) -> list[str]:
         names = ["_".join(r[-take:]) for r in rest]
         if len(set(names)) == len(names):
             return names
-    return names  # still equal: `expand_inputs` tells which two
+    return last  # the same path but for unsafe characters: `expand_inputs` tells which two

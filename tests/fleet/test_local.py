@@ -1,0 +1,90 @@
+"""A job without Ray: its inputs one after another here, each folder as a single run writes it;
+retries, the summary, reruns that skip finished inputs and resume interrupted ones, the
+command and `mapstream eval` over the job."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from fleet_helpers import assert_same_run, corrupt, options, scenes, solo
+from mapstream.cli.main import main
+from mapstream.fleet import JOB_RECORD, JobOptions, run_many
+from mapstream.pipeline import run
+
+
+def test_each_input_is_written_as_its_own_run_and_a_corrupt_one_is_reported(tmp_path):
+    good = scenes(tmp_path / "data", 2)
+    bad = corrupt(tmp_path / "data")
+    opts = options(tmp_path / "job")
+    summary = run_many([str(good[0]), str(bad), str(good[1])], opts, job=JobOptions(retries=1), progress=False)
+
+    assert [(r.name, r.status, r.attempts, r.frames) for r in summary.results] == [
+        ("s00", "done", 1, 3, ), ("bad", "failed", 2, 0), ("s01", "done", 1, 3)]
+    assert "cannot read image" in summary.results[1].error
+    assert (summary.backend, summary.workers, summary.frames) == ("local", 1, 6)
+    assert not (tmp_path / "job" / "bad").exists()  # a run that fails before its first frame leaves nothing
+    for folder, name in zip(good, ["s00", "s01"]):
+        assert_same_run(tmp_path / "job" / name, solo(folder, tmp_path / "solo" / name, opts))
+    record = json.loads((tmp_path / "job" / JOB_RECORD).read_text())
+    assert record == json.loads(json.dumps(summary.to_dict()))
+    assert {k: record[k] for k in ("inputs", "done", "finished_before", "failed", "frames", "new_frames")} == {
+        "inputs": 3, "done": 2, "finished_before": 0, "failed": 1, "frames": 6, "new_frames": 6}
+
+
+def test_a_rerun_skips_finished_inputs_and_resumes_an_interrupted_one(tmp_path):
+    one, two = scenes(tmp_path / "data", 2, frames=4)
+    opts = options(tmp_path / "job")
+
+    def stop_after_two(pred, frame, index):
+        if index == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # s01 interrupted after two of its four frames
+        run(options(tmp_path / "job" / "s01", input=str(two)), progress=False, on_frame=stop_after_two)
+    first = run_many([str(tmp_path / "data" / "*" / "rgb")], opts, progress=False)
+    assert [(r.name, r.status, r.frames, r.new_frames) for r in first.results] == [
+        ("s00", "done", 4, 4), ("s01", "done", 4, 2)]
+
+    records = {name: os.stat(tmp_path / "job" / name / "run.json").st_mtime_ns for name in ("s00", "s01")}
+    again = run_many([str(tmp_path / "data" / "*" / "rgb")], opts, progress=False)
+    assert [(r.name, r.status, r.frames, r.new_frames, r.attempts) for r in again.results] == [
+        ("s00", "finished_before", 4, 0, 0), ("s01", "finished_before", 4, 0, 0)]
+    assert (again.backend, again.workers) == ("none", 0)
+    assert records == {name: os.stat(tmp_path / "job" / name / "run.json").st_mtime_ns for name in records}
+
+    # Other settings are another job: every input runs again (its frames are kept, its outputs rewritten).
+    other = run_many([str(tmp_path / "data" / "*" / "rgb")], options(tmp_path / "job", formats=("npz",)),
+                     progress=False)
+    assert [(r.status, r.new_frames) for r in other.results] == [("done", 0), ("done", 0)]
+    assert not (tmp_path / "job" / "s00" / "trajectory_tum.txt").exists()
+
+
+def test_the_command_runs_a_glob_of_inputs_and_eval_scores_them_at_once(tmp_path, capsys):
+    scenes(tmp_path / "data", 2, frames=4)
+    corrupt(tmp_path / "data")
+    job = tmp_path / "job"
+    code = main(["run", str(tmp_path / "data" / "*" / "rgb"), "--many", "--out", str(job), "--model", "tiny",
+                 "--image-size", "42", "--num-scale-frames", "2", "--device", "cpu", "--formats", "npz", "tum",
+                 "--retries", "0", "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 1  # an input failed
+    rows = {line.split()[0]: line.split()[1] for line in printed.splitlines()[1:4]}
+    assert rows == {"bad": "failed", "s00": "done", "s01": "done"}
+    assert "3 inputs: 2 run, 0 finished before, 1 failed; 8 frames (8 new)" in printed
+    assert json.loads((job / JOB_RECORD).read_text())["failed"] == 1
+
+    assert main(["eval", str(job), "--gt", str(tmp_path / "data"), "--out", str(tmp_path / "eval.json")]) == 0
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert sorted(report["scenes"]) == ["s00", "s01"]
+    assert all(report["scenes"][s]["metrics"]["trajectory"] for s in ("s00", "s01"))
+    assert report["aggregate"]
+
+
+def test_the_command_refuses_a_glob_without_matches_and_the_demo_with_many_inputs(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "none*"), "--many", "--out", str(tmp_path / "job"), "--model", "tiny"]) == 2
+    assert "error: no input matches the glob" in capsys.readouterr().err
+    assert main(["run", str(tmp_path), "--many", "--demo", "--out", str(tmp_path / "job"), "--model", "tiny"]) == 2
+    assert "--view and --demo take one input" in capsys.readouterr().err
+    assert not (tmp_path / "job").exists()
