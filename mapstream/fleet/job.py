@@ -163,6 +163,8 @@ def run_many(inputs: Sequence[str], options: RunOptions, ray_address: str | None
     ``before_input``: a hook the worker calls before each attempt (for tests)."""
     if job is None:
         job = JobOptions(ray=bool(ray), ray_address=ray_address, workers=workers)
+    elif ray is not None or ray_address is not None or workers is not None:
+        raise ValueError("give ray, ray_address and workers either in job or as arguments, not both")
     if options.demo:
         raise ValueError("--demo renders one sequence of its own: give the inputs instead")
     root = Path(options.out)
