@@ -1,12 +1,14 @@
 """Fast paths for CUDA streaming: single-frame steps replayed from CUDA graphs, each form
-checked against the plain path."""
+checked against the plain path; and a batch of streams, one frame each, in the pieces
+form."""
 from __future__ import annotations
 
+from .batched import BatchedPiecewiseGraphs
 from .graphs import GraphedStep, StartedStep
 from .pieces import PiecewiseGraphs
 from .whole import WholeStepGraphs
 
-__all__ = ["GraphedStep", "PiecewiseGraphs", "StartedStep", "WholeStepGraphs", "graphed_step"]
+__all__ = ["BatchedPiecewiseGraphs", "GraphedStep", "PiecewiseGraphs", "StartedStep", "WholeStepGraphs", "graphed_step"]
 
 
 def graphed_step(model, image_hw: tuple[int, int], *, whole: bool, capture: bool = True,

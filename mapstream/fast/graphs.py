@@ -52,7 +52,7 @@ import torch
 
 from ..cache import DeviceStep, open_steps
 from ..layers import Rotary, patch_positions_2d, rope2d, rope3d_time_columns, rope3d_time_inv_freq
-from ..models.aggregator import kv_dtype
+from ..models.aggregator import kv_dtype, stack_rotary
 from ..models.gct import heads_without_autocast
 from ..validation import ValueCheck
 from .piece import Piece, conv_search
@@ -76,21 +76,23 @@ class GraphedStep:
 
     def __init__(
         self, model, image_hw: tuple[int, int], *, capture: bool = True, conv_search: bool = True,
+        streams: int = 1,
     ) -> None:
         """capture: capture and replay CUDA graphs (False: run the same decomposition eagerly,
         on any device). conv_search: let cuDNN time its convolution algorithms for the dense
         heads once per shape (its benchmark mode) instead of taking its heuristics' first
-        choice (`piece.conv_search`)."""
+        choice (`piece.conv_search`). streams: the batch of independent streams, one frame
+        each, that a step serves (`BatchedPiecewiseGraphs`; the static tensors are that wide)."""
         agg = model.aggregator
         c = model.config
         self.model, self.agg, self.config = model, agg, c
-        self.capture = capture
+        self.capture, self.streams = capture, streams
         device = agg.camera_token.device
         height, width = image_hw
         self.image_hw = image_hw
         grid_h, grid_w = height // c.patch_size, width // c.patch_size
         self.grid = (grid_h, grid_w)
-        self.frame = torch.zeros(1, 1, 3, height, width, device=device)
+        self.frame = torch.zeros(streams, 1, 3, height, width, device=device)
         if capture and kv_dtype(agg.camera_token) != agg.camera_token.dtype:
             log.warning(
                 "fast path: the aggregator's weights are %s under %s autocast, so every replayed step "
@@ -98,19 +100,24 @@ class GraphedStep:
                 "to the autocast dtype removes that", agg.camera_token.dtype, kv_dtype(agg.camera_token),
             )
         # After the scale phase every frame takes copy 1 of the camera, register and scale tokens.
-        self.special = agg.special_tokens(1, stored=1, num_frame_for_scale=1).detach().clone()
+        special = agg.special_tokens(1, stored=1, num_frame_for_scale=1).detach()
+        self.special = special.expand(streams, -1, -1).clone()
         self.pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, device)
         self.frame_rotary = rope2d(self.pos2d, c.head_dim, c.rope2d_frequency)
         self.tokens_per_frame = self.pos2d.shape[0]
-        self.global_rotary: Rotary | None = agg.global_rotary(0, 1, grid_h, grid_w, self.pos2d)
-        # The 3D RoPE's time frequencies, kept, and the frame's time index as a device scalar:
-        # the graphs rewrite the table's time columns from it (`_rotate_to_time`).
+        # One table per stream ([streams, 1, tokens, D/2]; each stream has its own time).
+        self.global_rotary: Rotary | None = stack_rotary(
+            [agg.global_rotary(0, 1, grid_h, grid_w, self.pos2d) for _ in range(streams)]
+        )
+        # The 3D RoPE's time frequencies, kept, and each frame's time index on the device (a
+        # scalar, or [streams, 1, 1, 1] to broadcast over a stacked table): the graphs rewrite
+        # the table's time columns from it (`_rotate_to_time`).
         self._time_inv_freq = (
             rope3d_time_inv_freq(c.rope3d_dims, c.rope3d_theta, device)
             if self.global_rotary is not None and c.enable_3d_rope else None
         )
-        self._time = torch.zeros((), dtype=torch.float64, device=device)
-        self._time_value = 0  # what `_time` holds (host mirror)
+        self._time = torch.zeros(() if streams == 1 else (streams, 1, 1, 1), dtype=torch.float64, device=device)
+        self._time_value: tuple[int, ...] = (0,) * streams  # what `_time` holds (host mirror)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.camera_device_step = DeviceStep(1, device)
         # The second stream: the camera head beside the dense heads, and the session's value
@@ -127,19 +134,25 @@ class GraphedStep:
         return [table for head in heads if head is not None for table in head.position_tables()]
 
     # ------------------------------------------------------------------ per-frame inputs
-    def _load_frame(self, frame: torch.Tensor, cache) -> None:
-        """Copy the frame and its time index (frames stored so far) into the static inputs of
-        the first graph."""
+    def _load_frame(self, frame: torch.Tensor, caches) -> None:
+        """Copy the frames (one a stream) and their time indices (each cache's frames stored
+        so far) into the static inputs of the first graph."""
         self.frame.copy_(frame)
-        self._set_time(cache.frames_stored)
+        self._set_time([cache.frames_stored for cache in caches])
 
-    def _set_time(self, frames_stored: int) -> None:
-        """Make `_time` hold `frames_stored`. Each step sets it for the next frame once its
-        own cache step is planned, while the GPU is busy (`StartedStep`): the next start
-        then skips the fill unless a reset or a later keyframe decision changed the count."""
-        if frames_stored != self._time_value:
-            self._time.fill_(float(frames_stored))
-            self._time_value = frames_stored
+    def _set_time(self, frames_stored: list[int]) -> None:
+        """Make `_time` hold `frames_stored` (one count a stream). Each step sets it for the
+        next frame once its own cache step is planned, while the GPU is busy (`StartedStep`):
+        the next start then skips the fill unless a reset or a later keyframe decision changed
+        the count."""
+        value = tuple(frames_stored)
+        if value == self._time_value:
+            return
+        if self.streams == 1:
+            self._time.fill_(float(value[0]))
+        else:
+            self._time.copy_(torch.tensor(value, dtype=torch.float64).view_as(self._time))
+        self._time_value = value
 
     @property
     def first_graph_captured(self) -> bool:
@@ -154,28 +167,29 @@ class GraphedStep:
         if self._time_inv_freq is None:
             return  # no global RoPE, or a 2D one: the table is the same for every frame
         cos, sin = rope3d_time_columns(self._time, self._time_inv_freq)
-        self.global_rotary.cos[:, : cos.numel()].copy_(cos)
-        self.global_rotary.sin[:, : sin.numel()].copy_(sin)
+        self.global_rotary.cos[..., : cos.shape[-1]].copy_(cos)
+        self.global_rotary.sin[..., : sin.shape[-1]].copy_(sin)
 
     # ------------------------------------------------------------------ the first graph
     def _first(self) -> tuple:
         self._rotate_to_time()
         tokens = self.agg.embed(self.frame, self.special)
-        return self.agg.enter_layer(0, tokens, self.frame_rotary, self.global_rotary)
+        return self.agg.enter_layer(0, tokens, self.frame_rotary, self.global_rotary, streams=self.streams)
 
     def _camera_token(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> torch.Tensor:
-        """The camera head's input [1, 1, 2C]: the camera token of the last selected layer,
+        """The camera head's input [streams, 1, 2C]: the camera token of the last selected layer,
         frame and global outputs side by side (what `_selected_layers` holds at token 0),
         built by the camera head's own graph so that it starts before the dense heads' input
         layers are assembled."""
         last = self.config.selected_layers[-1]
-        token = globals_[last].view(1, 1, self.tokens_per_frame, -1)[:, :, 0]
+        token = globals_[last].view(self.streams, 1, self.tokens_per_frame, -1)[:, :, 0]
         return torch.cat((frames[last][:, :, 0], token), dim=-1).to(self.model.head_dtype)
 
     def _selected_layers(self, frames: list[torch.Tensor], globals_: list[torch.Tensor]) -> list[torch.Tensor]:
         """The layers the heads read: frame and global outputs side by side, heads' dtype."""
         return [
-            torch.cat((frames[i], globals_[i].view(1, 1, self.tokens_per_frame, -1)), dim=-1).to(self.model.head_dtype)
+            torch.cat((frames[i], globals_[i].view(self.streams, 1, self.tokens_per_frame, -1)), dim=-1)
+            .to(self.model.head_dtype)
             for i in self.config.selected_layers
         ]
 
@@ -239,7 +253,7 @@ class GraphedStep:
 
     def _begin(self, frame: torch.Tensor, state) -> tuple:
         """Load the frame (marking `_frame_loaded`) and launch the first graph."""
-        self._load_frame(frame, state.aggregator)
+        self._load_frame(frame, [state.aggregator])
         if self._frame_loaded is not None:
             self._frame_loaded.record()
         return self._first_piece()
@@ -250,10 +264,14 @@ class GraphedStep:
 
     def _open_step(self, cache, store: bool):
         """Open the aggregator cache's step for the frame (a context manager yielding [step])."""
-        layout = self.agg.cache_layout(self.tokens_per_frame, cache, self.grid)
+        return self._open_steps([cache], [store])
+
+    def _open_steps(self, caches, stores):
+        """Open each stream's aggregator cache step for its frame (a context manager yielding
+        the steps, in stream order)."""
         return open_steps(
-            [cache], [store], num_frames=1, layout=lambda _: layout, dtype=kv_dtype(self.special),
-            device=self.frame.device,
+            caches, stores, num_frames=1, layout=lambda cache: self.agg.cache_layout(self.tokens_per_frame, cache, self.grid),
+            dtype=kv_dtype(self.special), device=self.frame.device,
         )
 
     def finish(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
@@ -300,7 +318,7 @@ class StartedStep:
             out = g.finish(self._first, state, store, backend)
             # Queued behind this step's work, off the next step's start (graph 0 of this
             # step has read `_time` already: same stream).
-            g._set_time(state.aggregator.frames_stored)
+            g._set_time([state.aggregator.frames_stored])
         return out
 
 

@@ -15,10 +15,12 @@ __all__ = ["PiecewiseGraphs"]
 class PiecewiseGraphs(GraphedStep):
     """Graph 0, the aggregator's cache attentions eagerly (exact key ranges, any backend's
     kernel) with a graph between each two, then the dense heads' graph beside the camera
-    head's."""
+    head's. The trunk serves a batch of streams (`BatchedPiecewiseGraphs`): one is the case
+    of a session's own step."""
 
-    def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True, conv_search: bool = True) -> None:
-        super().__init__(model, image_hw, capture=capture, conv_search=conv_search)
+    def __init__(self, model, image_hw: tuple[int, int], *, capture: bool = True, conv_search: bool = True,
+                 streams: int = 1) -> None:
+        super().__init__(model, image_hw, capture=capture, conv_search=conv_search, streams=streams)
         depth = self.config.depth
         self.attended: list[torch.Tensor | None] = [None] * depth
         self.pieces = [self._first_piece]
@@ -35,10 +37,36 @@ class PiecewiseGraphs(GraphedStep):
         )
         self._outputs: list[tuple] = []
 
+    def _run_trunk(self, first: tuple, steps: list, backend) -> None:
+        """The trunk after graph 0 (whose outputs are `first`): each layer's cache attention
+        eagerly, stream b (row b of the batch) against `steps[b]` only, then the piece that
+        reads the results. Fills `_outputs`."""
+        # The copies that do not involve this frame (window eviction into the trajectory
+        # memory), for all layers at once: one kernel a cache instead of one between every layer.
+        for step in steps:
+            step.apply_moves()
+        self._outputs = [first]
+        key_norms = self.agg.key_norms()
+        for i in range(self.config.depth):
+            q, k, v = self._qkv(i)
+            attend = functools.partial(backend.attend, key_norm=key_norms[i])
+            if self.attended[i] is None or not self.capture:
+                rows = [step.attend(i, q[b : b + 1], k[b : b + 1], v[b : b + 1], attend, moves_done=True)
+                        for b, step in enumerate(steps)]
+                self.attended[i] = _static_rows(rows) if self.capture else _joined(rows)
+            else:  # straight into the static input of the graph that reads it
+                for b, step in enumerate(steps):
+                    into = self.attended[i][b : b + 1]
+                    step.attend(i, q[b : b + 1], k[b : b + 1], v[b : b + 1],
+                                lambda q, k, v: backend.attend_into(q, k, v, into, key_norm=key_norms[i]),
+                                moves_done=True)
+            self._outputs.append(self.pieces[i + 1]())
+
     def _make_middle(self, i: int) -> Callable[[], tuple]:
         def middle() -> tuple:
             return self.agg.between_layers(
-                i, self._seq(i - 1), self.attended[i - 1], self.tokens_per_frame, self.frame_rotary, self.global_rotary
+                i, self._seq(i - 1), self.attended[i - 1], self.tokens_per_frame, self.frame_rotary,
+                self.global_rotary, streams=self.streams,
             )
 
         return middle
@@ -71,23 +99,8 @@ class PiecewiseGraphs(GraphedStep):
         # Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache: launched
         # by `start`, the GPU works on it while the host plans the cache step below, whose
         # copies queue behind it and still precede the first attention.
-        with self._open_step(state.aggregator, store) as (step,):
-            # The copies that do not involve this frame (window eviction into the trajectory
-            # memory), for all layers at once: one kernel instead of one between every layer.
-            step.apply_moves()
-            self._outputs = [first]
-            key_norms = self.agg.key_norms()
-            for i in range(self.config.depth):
-                q, k, v = self._qkv(i)
-                hint = key_norms[i]
-                if self.attended[i] is None or not self.capture:
-                    result = step.attend(i, q, k, v, functools.partial(backend.attend, key_norm=hint), moves_done=True)
-                    self.attended[i] = result if not self.capture else result.clone()
-                else:  # straight into the static input of the graph that reads it
-                    into = self.attended[i]
-                    step.attend(i, q, k, v, lambda q, k, v: backend.attend_into(q, k, v, into, key_norm=hint),
-                                moves_done=True)
-                self._outputs.append(self.pieces[i + 1]())
+        with self._open_step(state.aggregator, store) as steps:
+            self._run_trunk(first, steps, backend)
         if self.model.camera_head is None:
             (heads,) = self._dense_piece()
             return {k: v.clone() for k, v in heads.items()}
@@ -98,3 +111,18 @@ class PiecewiseGraphs(GraphedStep):
             poses = [p.clone() for p in poses]
         out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
         return out
+
+
+def _joined(rows: list[torch.Tensor]) -> torch.Tensor:
+    """The streams' attention results [1, H, P, D] as one batch (`attend_streams`'s join)."""
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
+def _static_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """A buffer of its own holding the streams' attention results, for a graph to read and
+    the later steps' attentions to write into. Row b is laid out as a kernel writes one
+    stream's result (token-major, what `attend_into` fills without a copy): a single row
+    keeps its own strides, several are stacked token-major."""
+    if len(rows) == 1:
+        return rows[0].clone()
+    return torch.cat([row.transpose(1, 2) for row in rows]).transpose(1, 2)
