@@ -9,20 +9,38 @@ keyframe decisions; values equal up to the rounding of batched matrix products).
 per-frame work (ViT, frame blocks, projections, MLPs, heads) runs once for the whole batch;
 the global and camera-head attention still read each stream's own cache. Sessions still in
 their scale phase, or whose model, frame size, device, precision or attention backend differ from the others',
-are stepped on their own. Batched steps run eagerly (no CUDA graphs): the gain is that one
-pass of launches serves N streams.
+are stepped on their own.
+
+A batch whose sessions all have the fast path on (`fast`) runs in the pieces form of
+`mapstream.fast`, N frames wide (`BatchedPiecewiseGraphs`: CUDA graphs between each stream's
+eager cache attentions; on a CPU the same decomposition eagerly), once the group has had the
+same number of sessions twice in a row: a group whose size changes every call would capture
+graphs it never replays. Each (model, frame size, device, precision, attention backend)
+keeps the graphs of its latest group size, replayed for every batch of that size. Otherwise a
+batch runs the eager batched forward (`GCTNetwork.forward_streams`); the reason is logged
+at debug level.
 """
 from __future__ import annotations
 
+import logging
+import weakref
 from typing import Sequence
 
 import torch
 
+from .fast import BatchedPiecewiseGraphs
 from .models.aggregator import kv_dtype
 from .session import FramePrediction, Session, _autocast
 from .validation import keyframe_flag
 
 __all__ = ["step_together"]
+
+log = logging.getLogger(__name__)
+
+# model -> {(frame size, device, precision, backend): the group size last seen} and
+# model -> {the same key: (group size, its batched graphs)}; gone with the model.
+_last_sizes: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+_graphs: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
 @torch.no_grad()
@@ -93,13 +111,42 @@ def _step_batch(sessions, frames, keyframes, names) -> list[list[FramePrediction
     lead = sessions[0]
     plans = [s._plan(k, n) for s, k, n in zip(sessions, keyframes, names)]
     batch = torch.cat(frames).to(lead.device, non_blocking=True)  # [N, 1, 3, H, W]
+    states, stores = [s.state for s in sessions], [p.store for p in plans]
+    graphs = _batched_graphs(sessions, tuple(batch.shape[-2:]))
     with _autocast(lead.device, lead.precision):
-        out = lead.model.forward_streams(
-            batch, [s.state for s in sessions], stores=[p.store for p in plans],
-            num_frame_for_scale=[s._scale for s in sessions], backend=lead.backend_for(kv_dtype(batch)),
-            validate=False,
-        )
+        backend = lead.backend_for(kv_dtype(batch))
+        if graphs is not None:
+            out = graphs(batch, states, stores=stores, backend=backend)
+        else:
+            out = lead.model.forward_streams(
+                batch, states, stores=stores, num_frame_for_scale=[s._scale for s in sessions], backend=backend,
+                validate=False,
+            )
     return [
         session._complete(plan, session._to_output({k: v[row : row + 1] for k, v in out.items()}))
         for row, (session, plan) in enumerate(zip(sessions, plans))
     ]
+
+
+def _batched_graphs(sessions: Sequence[Session], image_hw: tuple[int, int]) -> BatchedPiecewiseGraphs | None:
+    """The batched fast step for this group (sessions sharing model, frame size, device,
+    precision and backend), or None for the eager batched forward (module docstring)."""
+    lead, count = sessions[0], len(sessions)
+    if not all(s.fast for s in sessions):
+        log.debug("step_together: %d sessions run the eager batched forward: the fast path is off in "
+                  "at least one of them", count)
+        return None
+    key = (image_hw, lead.device, lead.precision, lead.config.backend)
+    kept = _graphs.setdefault(lead.model, {})
+    if key in kept and kept[key][0] == count:
+        return kept[key][1]
+    sizes = _last_sizes.setdefault(lead.model, {})
+    previous, sizes[key] = sizes.get(key), count
+    if previous != count:
+        log.debug("step_together: %d sessions run the eager batched forward: the group had %s sessions "
+                  "last time (graphs are built once a group size repeats)", count, previous)
+        return None
+    with _autocast(lead.device, lead.precision):
+        graphs = BatchedPiecewiseGraphs(lead.model, image_hw, streams=count, capture=lead.device.type == "cuda")
+    kept[key] = (count, graphs)  # replaces the graphs of another group size
+    return graphs
