@@ -36,6 +36,17 @@ def test_multistream_gives_every_stream_the_same_predictions_batched_or_not(tmp_
     assert json.loads(out.read_text())["depth_rel_err_max"] == result["depth_rel_err_max"]
 
 
+def test_multistream_graphed_also_times_the_batched_fast_step_with_the_same_predictions(tmp_path):
+    out = tmp_path / "multistream.json"
+    result = _load("multistream").main(SMALL + ["--streams", "2", "--frames", "9", "--graphed", "--out", str(out)])
+    graphed = result["step_together_graphed"]
+    assert graphed["all_finite"]
+    assert graphed["depth_rel_err_max"] < 1e-5 and graphed["pose_enc_rel_err_max"] < 1e-5
+    assert graphed["stream_frames_per_s"] == pytest.approx(2 * 1e3 / graphed["median_ms_per_round"])
+    assert json.loads(out.read_text())["step_together_graphed"] == graphed
+    assert "step_together_graphed" not in _load("multistream").main(SMALL + ["--streams", "2", "--frames", "7"])
+
+
 def test_multistream_refuses_too_few_frames_for_a_steady_median():
     with pytest.raises(SystemExit):
         _load("multistream").main(SMALL + ["--frames", "6"])  # 2 scale + 4 warm-up steps leave none
