@@ -45,7 +45,9 @@ class BatchedPiecewiseGraphs(PiecewiseGraphs):
         if tuple(frames.shape) != tuple(self.frame.shape):
             raise ValueError(f"this batched step takes frames {list(self.frame.shape)}, got {list(frames.shape)}")
         if not len(states) == len(stores) == self.streams:
-            raise ValueError(f"a batched step of {self.streams} streams got {len(states)} states, {len(stores)} store flags")
+            raise ValueError(
+                f"a batched step of {self.streams} streams got {len(states)} states, {len(stores)} store flags"
+            )
         if len({id(state) for state in states}) != self.streams:
             raise ValueError("each stream needs its own cache (the same state appears twice)")
         with self._on_device(), contextlib.ExitStack() as scopes:

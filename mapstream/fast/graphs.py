@@ -269,10 +269,11 @@ class GraphedStep:
     def _open_steps(self, caches, stores):
         """Open each stream's aggregator cache step for its frame (a context manager yielding
         the steps, in stream order)."""
-        return open_steps(
-            caches, stores, num_frames=1, layout=lambda cache: self.agg.cache_layout(self.tokens_per_frame, cache, self.grid),
-            dtype=kv_dtype(self.special), device=self.frame.device,
-        )
+        def layout(cache):
+            return self.agg.cache_layout(self.tokens_per_frame, cache, self.grid)
+
+        return open_steps(caches, stores, num_frames=1, layout=layout, dtype=kv_dtype(self.special),
+                          device=self.frame.device)
 
     def finish(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
         """The step after the first graph (whose outputs are `first`): the cache attentions

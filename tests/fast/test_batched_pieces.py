@@ -18,6 +18,7 @@ import torch
 
 import mapstream
 from mapstream.fast import BatchedPiecewiseGraphs
+from stream_helpers import started_states
 
 CACHE = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=4)
 SCALE = 2
@@ -37,15 +38,6 @@ def model():
 def streams_of(count, frames, h=28, w=42):
     g = torch.Generator().manual_seed(7)
     return torch.rand(count, frames, 3, h, w, generator=g)
-
-
-def started_states(model, images):
-    """One state a stream, each past its scale phase on its own first SCALE frames."""
-    states = [model.new_state(model.stream_config.with_settings(**CACHE)) for _ in range(images.shape[0])]
-    with torch.no_grad():
-        for state, frames in zip(states, images):
-            model(frames[:SCALE], state, store=True, num_frame_for_scale=SCALE)
-    return states
 
 
 def visible_cache(state):
@@ -70,7 +62,7 @@ def test_batched_pieces_equal_the_eager_batched_forward_and_each_stream_alone(ov
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny", **overrides)).eval()
     count, steps = 3, len(STORES)
     images = streams_of(count, SCALE + steps)
-    batched_states, eager_states, solo_states = (started_states(model, images) for _ in range(3))
+    batched_states, eager_states, solo_states = (started_states(model, images, SCALE, **CACHE) for _ in range(3))
     graphs = BatchedPiecewiseGraphs(model, (28, 42), streams=count, capture=False)
     backend = model.attention_backend(images.device, torch.float32)
     with torch.no_grad():
@@ -93,7 +85,7 @@ def test_batched_pieces_equal_the_eager_batched_forward_and_each_stream_alone(ov
 def test_one_stream_is_the_single_stream_pieces_step(model):
     """streams=1 is a session's own pieces step: the same outputs for the same frames."""
     images = streams_of(1, SCALE + 3)
-    ours, theirs = started_states(model, images), started_states(model, images)
+    ours, theirs = started_states(model, images, SCALE, **CACHE), started_states(model, images, SCALE, **CACHE)
     batched = BatchedPiecewiseGraphs(model, (28, 42), streams=1, capture=False)
     single = mapstream.fast.graphed_step(model, (28, 42), whole=False, capture=False)
     backend = model.attention_backend(images.device, torch.float32)
@@ -110,7 +102,7 @@ def test_one_stream_is_the_single_stream_pieces_step(model):
 
 def test_a_batched_step_refuses_batches_of_another_shape(model):
     images = streams_of(2, SCALE + 1)
-    states = started_states(model, images)
+    states = started_states(model, images, SCALE, **CACHE)
     graphs = BatchedPiecewiseGraphs(model, (28, 42), streams=2, capture=False)
     backend = model.attention_backend(images.device, torch.float32)
     with pytest.raises(ValueError, match="takes frames"):

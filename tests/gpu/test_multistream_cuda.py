@@ -9,20 +9,13 @@ import torch
 import mapstream
 from mapstream import multistream
 from mapstream.fast import BatchedPiecewiseGraphs
+from stream_helpers import started_states
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 CACHE = dict(cache_scale_frames=2, sliding_window=3, trajectory_capacity=4)
 SCALE, STREAMS, HW = 2, 3, (56, 70)
 STORES = [[True, False, True], [False, True, True], [True, True, False], [True, False, False], [False, True, True]]
-
-
-def _started_states(model, images):
-    states = [model.new_state(model.stream_config.with_settings(**CACHE)) for _ in range(images.shape[0])]
-    with torch.no_grad():
-        for state, frames in zip(states, images):
-            model(frames[:SCALE], state, store=True, num_frame_for_scale=SCALE)
-    return states
 
 
 def test_replayed_batched_graphs_equal_their_eager_decomposition_and_forward_streams():
@@ -32,7 +25,7 @@ def test_replayed_batched_graphs_equal_their_eager_decomposition_and_forward_str
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).cuda().eval()
     g = torch.Generator(device="cuda").manual_seed(0)
     images = torch.rand(STREAMS, SCALE + len(STORES), 3, *HW, device="cuda", generator=g)
-    graphed_states, decomposed_states, eager_states = (_started_states(model, images) for _ in range(3))
+    graphed_states, decomposed_states, eager_states = (started_states(model, images, SCALE, **CACHE) for _ in range(3))
     graphed = BatchedPiecewiseGraphs(model, HW, streams=STREAMS, capture=True, conv_search=False)
     decomposed = BatchedPiecewiseGraphs(model, HW, streams=STREAMS, capture=False)
     backend = model.attention_backend(images.device, torch.float32)

@@ -56,7 +56,7 @@ def assert_same(got, want):
 def test_fast_sessions_stepped_together_match_the_eager_batch_and_their_solo_steps(model, batched_calls):
     n, count = 9, 3
     streams = [frames_of(n, seed=b) for b in range(count)]
-    fast, eager, alone = sessions_of(model, count, True), sessions_of(model, count, False), sessions_of(model, count, False)
+    fast, eager, alone = (sessions_of(model, count, on) for on in (True, False, False))
     for i in range(n):
         frames = [s[i] for s in streams]
         got = mapstream.step_together(fast, frames)
