@@ -62,9 +62,16 @@ def run_on_ray(tracker: Tracker, job: JobOptions, before_input: BeforeInput | No
 def _actor_class(ray, job: JobOptions, device: str) -> tuple[Any, int]:
     """The actor class with its resources, and how many actors the job takes: one a GPU of the
     cluster when the run may use one, else one (or ``job.workers``)."""
-    gpus = int(ray.cluster_resources().get("GPU", 0))
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
     on_gpu = gpus > 0 and not device.startswith("cpu")
     count = job.workers or (gpus if on_gpu else 1)
+    # An actor holds its resources for its life: one the cluster cannot place would never run.
+    room = gpus if on_gpu else int(resources.get("CPU", 0)) // job.cpus_per_worker
+    if count > room:
+        log.warning("the Ray cluster has room for %d workers of this size, not %d: taking %d", room, count,
+                    max(room, 1))
+        count = max(room, 1)
     options = {"num_cpus": job.cpus_per_worker, "num_gpus": 1 if on_gpu else 0, "max_restarts": 0}
     log.info("%d Ray workers, each with %d CPU%s%s", count, job.cpus_per_worker,
              "" if job.cpus_per_worker == 1 else "s", " and one GPU" if on_gpu else "")
@@ -76,6 +83,7 @@ def _run(ray, tracker: Tracker, job: JobOptions, before_input: BeforeInput | Non
     Actor, count = _actor_class(ray, job, device)
     count = min(count, len(tracker.todo))
     idle = [Actor.remote(job.cpus_per_worker) for _ in range(count)]
+    made = list(idle)
     queue = collections.deque((item, opts, 1) for item, opts in tracker.todo)
     running: dict[Any, tuple[Any, Any, Any, int]] = {}
     try:
@@ -94,15 +102,21 @@ def _run(ray, tracker: Tracker, job: JobOptions, before_input: BeforeInput | Non
                 error = f"the worker died: {_first_line(err)}"
                 ray.kill(actor)
                 idle.append(Actor.remote(job.cpus_per_worker))
+                made.append(idle[-1])
             except ray.exceptions.RayTaskError as err:
                 cause = err.cause if err.cause is not None else err
                 error = f"{type(cause).__name__}: {cause}"
                 idle.append(actor)
+            except ray.exceptions.RayError as err:  # the result lost on the way (a node gone), say
+                error = f"{type(err).__name__}: {_first_line(err)}"
+                idle.append(actor)
             if tracker.failed(item, attempt, error):
                 queue.append((item, opts, attempt + 1))
     finally:
-        for ref in running:
-            ray.cancel(ref, force=True)
+        # The actors go with the job, also when it is interrupted: a caller's Ray keeps running
+        # without them, and the folders of unfinished inputs keep their frames for a rerun.
+        for actor in made:
+            ray.kill(actor)
     return count
 
 
