@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ..io.images import IMAGE_EXTENSIONS
+
 __all__ = ["JOB_RECORD", "JobInput", "expand_inputs", "is_list_file"]
 
 JOB_RECORD = "job.json"  # the job's summary, beside the inputs' folders
@@ -40,13 +42,20 @@ def expand_inputs(specs: Sequence[str], out_root: str | Path) -> list[JobInput]:
     URL), a glob whose matches are inputs, or a ``.txt`` file listing inputs one a line
     (blank lines and lines starting with ``#`` skipped; relative paths are relative to the
     list's folder). Raises ValueError for a list file that is missing, a glob that matches
-    nothing, a path that does not exist, an input given twice, no input at all, or two inputs
-    whose folders would have one name."""
+    nothing, a path that does not exist, an image file (a shell's expansion of an unquoted
+    glob of frames, most likely), an input given twice, no input at all, or two inputs whose
+    folders would have one name."""
     found: list[str] = []
     for spec in specs:
         found.extend(_expand(str(spec)))
     if not found:
         raise ValueError("no inputs given: name folders, videos, globs or a .txt file listing them")
+    images = [spec for spec in found if "://" not in spec and Path(spec).suffix.lower() in IMAGE_EXTENSIONS]
+    if images:
+        raise ValueError(
+            f"the input {images[0]} is an image: a job's inputs are folders, videos or streams, each one sequence; "
+            "for one sequence of images give their folder, or their glob in quotes without --many"
+        )
     seen: dict[str, str] = {}
     for spec in found:
         key = _identity(spec)

@@ -60,9 +60,10 @@ def test_a_list_file_names_inputs_relative_to_itself(tmp_path):
     ("same_folder", "would both write to the folder a_b"),
     ("summary_name", "would both write to the folder job.json"),
     ("nothing", "no inputs given"),
+    ("image", "is an image: a job's inputs are folders, videos or streams"),
 ])
 def test_mistakes_are_refused_before_anything_runs(tmp_path, case, message):
-    _make(tmp_path, "x/a b", "x/a_b", "y/job.json.mp4", "ok")
+    _make(tmp_path, "x/a b", "x/a_b", "y/job.json.mp4", "ok", "frames/1.JPG", "frames/2.JPG")
     (tmp_path / "empty.txt").write_text("# nothing\n")
     specs = {
         "no_match": [str(tmp_path / "nothing*/rgb")], "missing_list": [str(tmp_path / "gone.txt")],
@@ -70,6 +71,7 @@ def test_mistakes_are_refused_before_anything_runs(tmp_path, case, message):
         "twice": [str(tmp_path / "ok"), str(tmp_path / "x/../ok")],
         "same_folder": [str(tmp_path / "x/a b"), str(tmp_path / "x/a_b")],
         "summary_name": [str(tmp_path / "y/job.json.mp4")], "nothing": [],
+        "image": [str(tmp_path / "frames" / "*.JPG")],
     }[case]
     with pytest.raises(ValueError, match=message):
         expand_inputs(specs, tmp_path / "out")

@@ -88,3 +88,30 @@ def test_the_command_refuses_a_glob_without_matches_and_the_demo_with_many_input
     assert main(["run", str(tmp_path), "--many", "--demo", "--out", str(tmp_path / "job"), "--model", "tiny"]) == 2
     assert "--view and --demo take one input" in capsys.readouterr().err
     assert not (tmp_path / "job").exists()
+
+
+def test_the_flags_choose_one_run_or_a_job_and_its_options():
+    from mapstream.cli._fleet import FleetFlags
+
+    assert not FleetFlags().wanted(("frames",)) and not FleetFlags().wanted(("frames/*.jpg",))
+    assert not FleetFlags().wanted(())  # --demo
+    assert FleetFlags().wanted(("a", "b")) and FleetFlags().wanted(("inputs.txt",))
+    assert FleetFlags(many=True).wanted(("data/*/rgb",)) and FleetFlags(ray=True).wanted(("a",))
+    assert FleetFlags(ray_address="auto").wanted(("a",))
+    flags = FleetFlags(ray_address="10.0.0.1:6379", ray_workers=3, ray_cpus_per_worker=2, retries=0)
+    assert flags.job_options() == JobOptions(ray=False, ray_address="10.0.0.1:6379", workers=3, cpus_per_worker=2,
+                                             retries=0)
+    assert flags.job_options().uses_ray
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        JobOptions(workers=0)
+    with pytest.raises(ValueError, match="retries must be >= 0"):
+        JobOptions(retries=-1)
+
+
+def test_the_api_refuses_the_demo_and_settings_given_twice(tmp_path):
+    folder, = scenes(tmp_path / "data", 1)
+    with pytest.raises(ValueError, match="--demo renders one sequence"):
+        run_many([str(folder)], options(tmp_path / "job", demo=True))
+    with pytest.raises(ValueError, match="not both"):
+        run_many([str(folder)], options(tmp_path / "job"), workers=2, job=JobOptions())
+    assert not (tmp_path / "job").exists()
