@@ -37,10 +37,12 @@ __all__ = ["step_together"]
 
 log = logging.getLogger(__name__)
 
-# model -> {(frame size, device, precision, backend): the group size last seen} and
-# model -> {the same key: (group size, its batched graphs)}; gone with the model.
+# model -> {(frame size, device, precision, backend): the group size last seen}, gone with the model.
 _last_sizes: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-_graphs: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+# (id(model), the same key) -> the batched graphs kept for it. The sessions that use them hold
+# them (`Session._batched`), so they live as long as one of those sessions (and with them the
+# model, whose id stays valid), and no longer: the graphs hold the model.
+_graphs: "weakref.WeakValueDictionary[tuple, BatchedPiecewiseGraphs]" = weakref.WeakValueDictionary()
 
 
 @torch.no_grad()
@@ -137,9 +139,9 @@ def _batched_graphs(sessions: Sequence[Session], image_hw: tuple[int, int]) -> B
                   "at least one of them", count)
         return None
     key = (image_hw, lead.device, lead.precision, lead.config.backend)
-    kept = _graphs.setdefault(lead.model, {})
-    if key in kept and kept[key][0] == count:
-        return kept[key][1]
+    graphs = _graphs.get((id(lead.model), key))
+    if graphs is not None and graphs.streams == count:
+        return _held(sessions, graphs)
     sizes = _last_sizes.setdefault(lead.model, {})
     previous, sizes[key] = sizes.get(key), count
     if previous != count:
@@ -148,5 +150,12 @@ def _batched_graphs(sessions: Sequence[Session], image_hw: tuple[int, int]) -> B
         return None
     with _autocast(lead.device, lead.precision):
         graphs = BatchedPiecewiseGraphs(lead.model, image_hw, streams=count, capture=lead.device.type == "cuda")
-    kept[key] = (count, graphs)  # replaces the graphs of another group size
+    _graphs[(id(lead.model), key)] = graphs  # replaces the graphs of another group size
+    return _held(sessions, graphs)
+
+
+def _held(sessions: Sequence[Session], graphs: BatchedPiecewiseGraphs) -> BatchedPiecewiseGraphs:
+    """`graphs`, now held by each of `sessions` (what keeps them alive)."""
+    for session in sessions:
+        session._batched = graphs
     return graphs

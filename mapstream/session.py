@@ -150,6 +150,9 @@ class Session:
         self.provisional = self.config.provisional
         self.fast = self._resolve_fast(self.config.fast)
         self._graphed: dict[tuple[int, int], GraphedStep] = {}  # frame size -> its graphed step
+        # The batched fast step of this session's `step_together` group, which its sessions
+        # hold (mapstream.multistream keeps only a weak reference).
+        self._batched = None
         self._owns_state = state is None
         self.state = state if state is not None else model.new_state(self.config)
         self._closed = False
@@ -194,6 +197,7 @@ class Session:
         else:
             self.state.reset()
         self._clear()
+        self._batched = None
         self._closed = True
 
     def __enter__(self) -> "Session":

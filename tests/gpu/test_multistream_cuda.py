@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import mapstream
-from mapstream import multistream
 from mapstream.fast import BatchedPiecewiseGraphs
 from stream_helpers import started_states
 
@@ -45,10 +44,11 @@ def test_replayed_batched_graphs_equal_their_eager_decomposition_and_forward_str
     assert all(piece.graph is not None for piece in graphed.pieces)
 
 
-def _kept_graphs(model):
-    """The batched step `step_together` keeps for `model` and the graphs its pieces hold."""
-    (size, graphs), = multistream._graphs[model].values()
-    return size, graphs, [piece.graph for piece in (*graphs.pieces, graphs._dense_piece)]
+def _kept_graphs(sessions):
+    """The batched step `step_together` keeps for `sessions` and the graphs its pieces hold."""
+    graphs = sessions[0]._batched
+    assert all(s._batched is graphs for s in sessions)
+    return graphs.streams, graphs, [piece.graph for piece in (*graphs.pieces, graphs._dense_piece)]
 
 
 def test_step_together_captures_the_batched_graphs_once_and_replays_them():
@@ -70,10 +70,10 @@ def test_step_together_captures_the_batched_graphs_once_and_replays_them():
                     assert float((x - y).norm() / y.norm()) < 2e-2, (i, b, key)  # bf16 rounding
         # Steps 0-1: the scale phase; step 2: the group size seen first (eager); step 3 captures.
         if i == SCALE + 1:
-            first = _kept_graphs(model)
+            first = _kept_graphs(fast)
             assert first[0] == STREAMS and all(graph is not None for graph in first[2])
         elif i > SCALE + 1:
-            size, graphs, held = _kept_graphs(model)
+            size, graphs, held = _kept_graphs(fast)
             assert graphs is first[1] and all(a is b for a, b in zip(held, first[2]))  # replayed, never recaptured
     for s in fast + eager:
         s.close()
