@@ -82,7 +82,7 @@ class JobSummary:
     def to_dict(self) -> dict[str, Any]:
         return {
             "inputs": len(self.results), "done": self.count("done"), "finished_before": self.count("finished_before"),
-            "failed": self.count("failed"), "frames": self.frames, "new_frames": self.new_frames,
+            "failed": self.count("failed"), "not_run": self.count("not_run"), "frames": self.frames, "new_frames": self.new_frames,
             "seconds": self.seconds, "fps": self.new_frames / max(self.seconds, 1e-9), "backend": self.backend,
             "workers": self.workers, "results": [asdict(r) for r in self.results],
         }
@@ -183,22 +183,23 @@ def run_many(inputs: Sequence[str], options: RunOptions, ray_address: str | None
     todo = [(item, opts) for item, opts in planned if item.name not in before]
     log.info("%d inputs: %d finished before, %d to run", len(items), len(before), len(todo))
     tracker = Tracker(todo, job.retries, total=len(items), initial=len(before), progress=progress)
+    backend, used = ("ray" if job.uses_ray else "local") if todo else "none", 0
     try:
-        if not todo:
-            backend, used = "none", 0
-        elif job.uses_ray:
+        if todo and job.uses_ray:
             from .ray_backend import run_on_ray
 
-            backend, used = "ray", run_on_ray(tracker, job, before_input)
-        else:
+            used = run_on_ray(tracker, job, before_input)
+        elif todo:
             from .local import run_here
 
-            backend, used = "local", run_here(tracker, before_input)
+            used = run_here(tracker, before_input)
     finally:
+        # Also when the job is stopped (Ctrl-C): the summary then lists the inputs it did not reach.
         tracker.close()
-    results = {**before, **tracker.results}
-    summary = JobSummary(root, tuple(results[item.name] for item in items if item.name in results),
-                         time.perf_counter() - started, backend, used)
-    root.mkdir(parents=True, exist_ok=True)
-    write_run_json(summary.to_dict(), root / JOB_RECORD)
+        results = {**before, **tracker.results}
+        summary = JobSummary(root, tuple(
+            results.get(item.name) or InputResult(item.name, item.input, str(item.out), "not_run") for item in items
+        ), time.perf_counter() - started, backend, used)
+        root.mkdir(parents=True, exist_ok=True)
+        write_run_json(summary.to_dict(), root / JOB_RECORD)
     return summary

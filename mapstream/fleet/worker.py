@@ -34,8 +34,8 @@ for tests to make an attempt fail or the worker die."""
 @dataclass(frozen=True)
 class InputResult:
     """One input's outcome. ``status``: ``done`` (run by this job), ``finished_before`` (a
-    finished run of the same settings was there already) or ``failed`` (``error`` says why,
-    after ``attempts`` attempts)."""
+    finished run of the same settings was there already), ``failed`` (``error`` says why,
+    after ``attempts`` attempts) or ``not_run`` (the job was stopped before it)."""
 
     name: str
     input: str

@@ -115,3 +115,22 @@ def test_the_api_refuses_the_demo_and_settings_given_twice(tmp_path):
     with pytest.raises(ValueError, match="not both"):
         run_many([str(folder)], options(tmp_path / "job"), workers=2, job=JobOptions())
     assert not (tmp_path / "job").exists()
+
+
+def test_a_stopped_job_says_what_it_did_not_reach_and_a_rerun_completes_it(tmp_path):
+    scenes(tmp_path / "data", 3)
+    inputs = [str(tmp_path / "data" / "*" / "rgb")]
+
+    def interrupt_at_s01(item, attempt):
+        if item.name == "s01":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_many(inputs, options(tmp_path / "job"), progress=False, before_input=interrupt_at_s01)
+    record = json.loads((tmp_path / "job" / JOB_RECORD).read_text())
+    assert [(r["name"], r["status"]) for r in record["results"]] == [
+        ("s00", "done"), ("s01", "not_run"), ("s02", "not_run")]
+    assert (record["done"], record["not_run"]) == (1, 2)
+
+    again = run_many(inputs, options(tmp_path / "job"), progress=False)
+    assert [(r.name, r.status) for r in again.results] == [("s00", "finished_before"), ("s01", "done"), ("s02", "done")]
