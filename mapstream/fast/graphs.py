@@ -147,12 +147,11 @@ class GraphedStep:
         the next start then skips the fill unless a reset or a later keyframe decision changed
         the count."""
         value = tuple(frames_stored)
-        if value == self._time_value:
-            return
-        if self.streams == 1:
-            self._time.fill_(float(value[0]))
-        else:
-            self._time.copy_(torch.tensor(value, dtype=torch.float64).view_as(self._time))
+        # A fill a changed count: queued kernels, where a copy from host memory would make
+        # the host wait for the GPU's queue.
+        for b, (now, before) in enumerate(zip(value, self._time_value)):
+            if now != before:
+                (self._time if self.streams == 1 else self._time[b]).fill_(float(now))
         self._time_value = value
 
     @property
