@@ -104,11 +104,10 @@ class Run:
             stream = self.stream.config()
         except ValueError as err:
             raise ValueError(as_flags(str(err), Run)) from err
-        many = self.fleet.wanted(self.input)
-        if not many and len(self.input) > 1:
-            raise ValueError(f"one input, or --many: got {len(self.input)}")
+        many = self.fleet.wanted(self.input)  # several inputs always are
         opts = RunOptions(
-            input=None if many or not self.input else self.input[0], out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
+            input=None if many or not self.input else self.input[0],
+            out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
             image_size=self.image_size, preprocess=self.preprocess, rotate=self.rotate, fps=self.fps,
             stride=self.stride, first_k=self.first_k, stream=stream, camera_iterations=self.camera_iterations,
             device=self.device, formats=self.formats,

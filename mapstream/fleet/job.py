@@ -82,7 +82,8 @@ class JobSummary:
     def to_dict(self) -> dict[str, Any]:
         return {
             "inputs": len(self.results), "done": self.count("done"), "finished_before": self.count("finished_before"),
-            "failed": self.count("failed"), "not_run": self.count("not_run"), "frames": self.frames, "new_frames": self.new_frames,
+            "failed": self.count("failed"), "not_run": self.count("not_run"), "frames": self.frames,
+            "new_frames": self.new_frames,
             "seconds": self.seconds, "fps": self.new_frames / max(self.seconds, 1e-9), "backend": self.backend,
             "workers": self.workers, "results": [asdict(r) for r in self.results],
         }

@@ -36,7 +36,8 @@ def test_folders_are_named_by_what_tells_the_inputs_apart(tmp_path):
     names = [i.name for i in expand_inputs([str(tmp_path / s) for s in ("p/x/one", "q/x/one", "q/y/one")], "o")]
     assert names == ["p_x", "q_x", "q_y"]
     # The names do not depend on how a path is spelled, and stay the same on every call.
-    again = [i.name for i in expand_inputs([str(tmp_path / "data/desk/rgb/../rgb"), str(tmp_path / "data/room/rgb")], "o")]
+    respelled = [str(tmp_path / "data/desk/rgb/../rgb"), str(tmp_path / "data/room/rgb")]
+    again = [i.name for i in expand_inputs(respelled, "o")]
     assert again == ["desk", "room"]
 
 
