@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import mapstream
-from mapstream.cli.train import Train, parse_train
+from mapstream.cli.train import parse_train
 from mapstream.train.checkpointing import latest_checkpoint, list_checkpoints, load_checkpoint
 from mapstream.train.config import TrainConfig, load_config
 from mapstream.train.forward import clip_forward
