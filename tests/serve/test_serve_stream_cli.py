@@ -27,11 +27,12 @@ def photos(tmp_path):
 
 
 def _files(folder):
-    """The run's files, less its frame store's shards: how a run cuts its frames into shards
-    follows the time it takes (a slow machine writes more, smaller shards), and the frames
-    themselves are compared through predictions.npz and the exports."""
+    """The run's files, less its frame store (the shards and progress.json, which lists them):
+    how a run cuts its frames into shards follows the time it takes (a slow machine writes
+    more, smaller shards), and the frames themselves are compared through predictions.npz and
+    the exports."""
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.relative_to(folder).parts[0] != ".frames"}
+            if p.is_file() and p.relative_to(folder).parts[0] not in (".frames", "progress.json")}
 
 
 def test_a_remote_run_writes_the_files_of_a_local_run(photos, tmp_path, capsys):
