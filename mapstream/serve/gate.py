@@ -22,23 +22,12 @@ from typing import Any
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
+from ..viewer.origin_guard import check_origin_url
 from .metrics import Metrics
 
-__all__ = ["Gate", "normal_origin"]
+__all__ = ["Gate"]
 
 log = logging.getLogger(__name__)
-
-
-def normal_origin(origin: str) -> str:
-    """``origin`` as browsers send it (scheme://host[:port], lower case), or a ValueError."""
-    parts = urllib.parse.urlsplit(origin.strip())
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError as err:
-        raise ValueError(f"origin {origin!r} has a bad port; give it as http://HOST:PORT") from err
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
-        raise ValueError(f"origin {origin!r} is not a web page's origin; give it as http://HOST:PORT")
-    return f"{parts.scheme}://{parts.netloc.lower()}"
 
 
 class Gate:
@@ -49,7 +38,7 @@ class Gate:
     def __init__(self, token: str | None, allowed_origins: Iterable[str], metrics: Metrics,
                  refusal: Callable[[], tuple[str, str] | None], draining: Callable[[], bool]) -> None:
         self._token = token.encode() if token is not None else None
-        self.allowed_origins = frozenset(normal_origin(o) for o in allowed_origins)
+        self.allowed_origins = frozenset(check_origin_url(o) for o in allowed_origins)
         self._metrics = metrics
         self._refusal = refusal
         self._draining = draining
@@ -85,7 +74,7 @@ class Gate:
 
     def _origin_allowed(self, origin: str) -> bool:
         try:
-            return normal_origin(origin) in self.allowed_origins
+            return check_origin_url(origin) in self.allowed_origins
         except ValueError:  # "null" (a sandboxed page or a local file), or garbage
             return False
 
