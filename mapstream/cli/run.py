@@ -13,6 +13,7 @@ from ..export import ALL_FORMATS
 from ._cloud import CloudFlags, PointCloudFlags
 from ._fleet import FleetFlags
 from ._flags import as_flags
+from ._input import InputFlags
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,7 @@ class Run:
     """File inside the repo/folder given by --model."""
     mode: Literal["streaming", "windowed"] = "streaming"
     """streaming: one cache over the whole input; windowed: overlapping windows joined by Sim(3) (docs/WINDOWED.md)."""
-    image_size: int = 518
-    """Target width (crop mode); sides become multiples of 14."""
-    preprocess: Literal["crop", "pad"] = "crop"
-    """crop: width --image-size, taller frames centre-cropped to square; pad: longest side, padded white to square."""
-    rotate: Literal[0, 90, 180, 270] = 0
-    """Turn every frame clockwise by this many degrees first (the reference's --rotate_clockwise_90 is 90)."""
-    fps: Optional[float] = 10.0
-    """Video sampling rate (frames per second kept; None keeps every frame)."""
-    stride: int = 1
-    """Keep every n-th frame (after --fps sampling for videos)."""
-    first_k: Optional[int] = None
-    """Keep at most this many frames (counted after --stride)."""
+    frames: Annotated[InputFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=InputFlags)
     stream: Annotated[StreamFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=StreamFlags)
     """The stream's settings (mapstream.StreamConfig): scale frames, what the cache keeps, keyframes,
     precision, attention backend, CUDA graphs, windows."""
@@ -108,8 +98,7 @@ class Run:
         opts = RunOptions(
             input=None if many or not self.input else self.input[0],
             out=self.out, model=self.model, checkpoint_file=self.checkpoint_file, mode=self.mode,
-            image_size=self.image_size, preprocess=self.preprocess, rotate=self.rotate, fps=self.fps,
-            stride=self.stride, first_k=self.first_k, stream=stream, camera_iterations=self.camera_iterations,
+            **self.frames.options(), stream=stream, camera_iterations=self.camera_iterations,
             device=self.device, formats=self.formats,
             conf_threshold=self.cloud.conf_threshold, conf_percentile=self.cloud.conf_percentile,
             voxel_size=self.cloud.voxel_size, drop_black_background=self.cloud.drop_black_background,

@@ -4,13 +4,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal, Optional
+from typing import Annotated, ClassVar, Literal, Optional
 
 import tyro
 
 from ..export import ALL_FORMATS
 from ._cloud import CloudFlags, PointCloudFlags
 from ._flags import as_flags
+from ._input import InputFlags
 
 
 @dataclass
@@ -32,18 +33,7 @@ class Stream:
     """Output folder (created; an interrupted run there is resumed)."""
     token_file: Optional[Path] = None
     """File holding the server's token (default: $MAPSTREAM_TOKEN; none for a server run with --no-auth)."""
-    image_size: int = 518
-    """Target width (crop mode); sides become multiples of 14."""
-    preprocess: Literal["crop", "pad"] = "crop"
-    """crop: width --image-size, taller frames centre-cropped to square; pad: longest side, padded white to square."""
-    rotate: Literal[0, 90, 180, 270] = 0
-    """Turn every frame clockwise by this many degrees first."""
-    fps: Optional[float] = 10.0
-    """Video sampling rate (frames per second kept; None keeps every frame)."""
-    stride: int = 1
-    """Keep every n-th frame (after --fps sampling for videos)."""
-    first_k: Optional[int] = None
-    """Keep at most this many frames (counted after --stride)."""
+    frames: Annotated[InputFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=InputFlags)
     num_scale_frames: int = 8
     """Frames that open the sequence together and stay its anchors."""
     cache_scale_frames: Optional[int] = None
@@ -76,9 +66,8 @@ class Stream:
                 trajectory_capacity=self.trajectory_capacity,
             )
             opts = RunOptions(
-                input=self.input, out=self.out, model=self.to, image_size=self.image_size,
-                preprocess=self.preprocess, rotate=self.rotate, fps=self.fps, stride=self.stride,
-                first_k=self.first_k, stream=stream, device="cpu", formats=self.formats,
+                input=self.input, out=self.out, model=self.to, **self.frames.options(),
+                stream=stream, device="cpu", formats=self.formats,
                 conf_threshold=self.cloud.conf_threshold, conf_percentile=self.cloud.conf_percentile,
                 voxel_size=self.cloud.voxel_size, drop_black_background=self.cloud.drop_black_background,
                 drop_white_background=self.cloud.drop_white_background, max_points=self.cloud.max_points,
