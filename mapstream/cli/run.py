@@ -120,13 +120,7 @@ class Run:
                 summary = run(opts, progress=not self.quiet, on_frame=None if view is None else view.add)
             except ValueError as err:
                 raise ValueError(as_flags(str(err), Run)) from err
-            for warning in summary.warnings:
-                print(f"WARNING: {warning}")
-            print(
-                f"{summary.frames} frame{'' if summary.frames == 1 else 's'} ({summary.new_frames} new) at "
-                f"{summary.fps:.2f} FPS with {summary.model}\n"
-                f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
-            )
+            print_run_summary(summary)
             if view is not None and self.keep_view:
                 print(f"the live view stays at {view.url} (every control: mapstream view {summary.out}); press Ctrl-C to stop")
                 view.wait()
@@ -172,3 +166,14 @@ class Run:
         ).start()
         print(f"live view at {view.url}")
         return view
+
+
+def print_run_summary(summary, where: str = "") -> None:
+    """A finished run's warnings, frames, speed and outputs; `where`: the server that predicted them."""
+    for warning in summary.warnings:
+        print(f"WARNING: {warning}")
+    print(
+        f"{summary.frames} frame{'' if summary.frames == 1 else 's'} ({summary.new_frames} new) at "
+        f"{summary.fps:.2f} FPS with {summary.model}{f' on {where}' if where else ''}\n"
+        f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
+    )

@@ -12,6 +12,7 @@ from ..export import ALL_FORMATS
 from ._cloud import CloudFlags, PointCloudFlags
 from ._flags import as_flags
 from ._input import InputFlags
+from .run import print_run_summary
 
 
 @dataclass
@@ -76,13 +77,7 @@ class Stream:
             summary = remote_run(opts, self.to, token=self._token(), encoding=self.encoding, progress=not self.quiet)
         except ValueError as err:
             raise ValueError(as_flags(str(err), Stream)) from err
-        for warning in summary.warnings:
-            print(f"WARNING: {warning}")
-        print(
-            f"{summary.frames} frame{'' if summary.frames == 1 else 's'} ({summary.new_frames} new) at "
-            f"{summary.fps:.2f} FPS with {summary.model} on {self.to}\n"
-            f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
-        )
+        print_run_summary(summary, where=self.to)
         return 0
 
     def _token(self) -> str | None:
