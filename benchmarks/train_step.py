@@ -5,12 +5,14 @@
 
 Runs a few optimizer steps of the real loop on procedural clips (random weights: the time
 and memory of a step do not depend on their values) and reports the mean time of the steps
-after the first (which pays for warm-up and allocation) and the peak GPU memory. Writes JSON
-with `--out`; prints one line.
+after the first (which pays for warm-up, compilation and allocation) and the peak GPU memory.
+`--kernels K` also profiles the run and lists the K GPU kernels that take the most time, per
+step. Writes JSON with `--out`; prints one line (and the kernel table).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -18,6 +20,22 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+
+@contextlib.contextmanager
+def _kernel_profile(top: int, steps: int):
+    """Yields a dict that, on exit, holds the `top` GPU kernels by total time (ms per step)."""
+    kernels: dict[str, float] = {}
+    if top <= 0 or not torch.cuda.is_available():
+        yield kernels
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        yield kernels
+    rows = [(e.key, e.device_time_total) for e in prof.key_averages() if e.device_time_total > 0]
+    for name, micros in sorted(rows, key=lambda r: -r[1])[:top]:
+        kernels[name[:110]] = micros / 1e3 / steps
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -34,6 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--checkpoint-layers", action="store_true")
     ap.add_argument("--finetune", choices=("full", "heads", "lora"), default="full")
+    ap.add_argument("--attention", choices=("auto", "sdpa", "flex"), default="auto")
+    ap.add_argument("--kernels", type=int, default=0, help="list this many of the costliest GPU kernels")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.steps < 2:
@@ -43,11 +63,12 @@ def main(argv: list[str] | None = None) -> dict:
             model=args.preset, device=args.device, precision=args.precision, frames=args.frames,
             image_hw=tuple(args.hw), batch_size=args.batch_size, steps=args.steps, warmup_steps=1,
             checkpoint_layers=args.checkpoint_layers, finetune=args.finetune, out=Path(folder),
-            checkpoint_every=args.steps, log_every=1, tensorboard=False,
+            checkpoint_every=args.steps, log_every=1, tensorboard=False, attention=args.attention,
         )
         if torch.cuda.is_available() and args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        summary = train(config, progress=False)
+        with _kernel_profile(args.kernels, args.steps) as kernels:
+            summary = train(config, progress=False)
         records = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
     times = [r["step_seconds"] for r in records if "step_seconds" in r][1:]
     phases = {name: statistics.mean(r[f"{name}_seconds"] for r in records[1:])
@@ -55,13 +76,16 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "preset": args.preset, "device": args.device, "precision": args.precision, "frames": args.frames,
         "hw": list(args.hw), "batch_size": args.batch_size, "checkpoint_layers": args.checkpoint_layers,
-        "finetune": args.finetune, "trained_parameters": summary.trained_parameters,
+        "finetune": args.finetune, "attention": args.attention, "kernels_ms_per_step": kernels,
+        "trained_parameters": summary.trained_parameters,
         "step_seconds": statistics.mean(times), "phase_seconds": phases, "losses": list(summary.losses),
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else None,
     }
     peak = f", peak {result['peak_gpu_bytes'] / 2**30:.1f} GiB" if result["peak_gpu_bytes"] else ""
     print(f"{args.preset} {args.precision} {args.frames}x{args.hw[0]}x{args.hw[1]} batch {args.batch_size}: "
           f"{result['step_seconds']:.3f} s/step ({', '.join(f'{k} {v:.3f}' for k, v in phases.items())}){peak}")
+    for name, ms in kernels.items():
+        print(f"  {ms:9.2f} ms/step  {name}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return result

@@ -64,6 +64,8 @@ class TrainConfig:
     """bf16: the forward in bfloat16 autocast (CUDA only; losses, optimizer and weights stay fp32)."""
     checkpoint_layers: bool = False
     """Recompute each trunk layer's activations in the backward pass instead of keeping them: less memory, about a third more time."""
+    attention: Literal["auto", "sdpa", "flex"] = "auto"
+    """Global attention of the training forward: flex (compiled FlexAttention, which skips the blocks the block-causal mask hides), sdpa (a dense mask), or auto (flex on CUDA, sdpa elsewhere)."""
     ema_decay: Optional[float] = None
     """Keep an exponential moving average of the trained weights with this decay (e.g. 0.999); the exported weights are the average's."""
     finetune: Literal["full", "heads", "lora"] = "full"
@@ -125,6 +127,8 @@ def check_train_config(c: TrainConfig) -> None:
         raise ValueError(f"finetune must be one of {FINETUNE_MODES}, got {c.finetune!r}")
     if c.precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {c.precision!r}")
+    if c.attention not in ("auto", "sdpa", "flex"):
+        raise ValueError(f"attention must be auto, sdpa or flex, got {c.attention!r}")
     if not c.lora_alpha > 0:
         raise ValueError(f"lora_alpha must be > 0, got {c.lora_alpha}")
 

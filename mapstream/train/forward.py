@@ -14,7 +14,8 @@ frame f being f) is the network's own code, called here without a cache.
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,9 @@ from ..layers import patch_positions_2d, rope2d
 from ..models.gct import GCTNetwork
 from ..validation import check_images, check_scale_frames
 
-__all__ = ["clip_forward", "visibility_mask"]
+__all__ = ["ATTENTION_KINDS", "clip_forward", "resolve_attention", "visibility_mask"]
+
+ATTENTION_KINDS = ("auto", "sdpa", "flex")
 
 
 def visibility_mask(num_frames: int, num_scale_frames: int, tokens_per_frame: int, device) -> torch.Tensor:
@@ -37,26 +40,77 @@ def visibility_mask(num_frames: int, num_scale_frames: int, tokens_per_frame: in
     return visible.repeat_interleave(tokens_per_frame, 0).repeat_interleave(tokens_per_frame, 1)
 
 
+def resolve_attention(kind: str, device: torch.device) -> str:
+    """The global attention `kind` ("auto": FlexAttention on CUDA, SDPA elsewhere) names.
+
+    SDPA with a dense mask cannot use the flash kernels and computes every masked block;
+    compiled FlexAttention skips the blocks the block-causal mask hides entirely (about half at
+    long clips). On the CPU compiling costs more than it saves, and FlexAttention uncompiled
+    computes the full score matrix as SDPA does."""
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {kind!r}")
+    on_cuda = torch.device(device).type == "cuda"
+    if kind == "auto":
+        return "flex" if on_cuda else "sdpa"
+    if kind == "flex" and not on_cuda and torch.is_grad_enabled():
+        raise ValueError("attention 'flex' has no backward pass on the CPU in PyTorch: train there with 'sdpa' "
+                         "(or 'auto')")
+    return kind
+
+
+@functools.cache
+def _compiled_flex() -> Callable:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _block_mask(num_frames: int, num_scale_frames: int, tokens_per_frame: int, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def visible(b, h, q_index, kv_index):  # visibility_mask's rule, token by token
+        fq, fk = q_index // tokens_per_frame, kv_index // tokens_per_frame
+        return (fk <= fq) | ((fq < num_scale_frames) & (fk < num_scale_frames))
+
+    length = num_frames * tokens_per_frame
+    return create_block_mask(visible, None, None, length, length, device=device)
+
+
+def _masked_attention(kind: str, num_frames: int, scale: int, per_frame: int, device) -> Callable:
+    """attend(q, k, v) over [B, heads, S*P, D] with the block-causal visibility."""
+    if kind == "flex":
+        flex, blocks = _compiled_flex(), _block_mask(num_frames, scale, per_frame, torch.device(device))
+        return lambda q, k, v: flex(q, k, v, block_mask=blocks)
+    mask = visibility_mask(num_frames, scale, per_frame, device)
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def clip_forward(
     model: GCTNetwork,
     images: torch.Tensor,
     *,
     num_scale_frames: int,
     checkpoint_layers: bool = False,
+    attention: str = "sdpa",
 ) -> dict[str, Any]:
     """The network on whole clips `images` [B, S, 3, H, W] (B independent clips), every frame
     seeing what it sees when streamed (module docstring). Returns pose_enc [B,S,9],
     pose_enc_list (per camera iteration), depth [B,S,H,W,1], depth_conf [B,S,H,W] (and world
     points with a point head), fp32 and differentiable. checkpoint_layers: recompute each
     layer's activations in the backward pass instead of keeping them (memory for time).
+    attention: the global layers' attention, "sdpa", "flex" or "auto" (`resolve_attention`);
+    both compute the same function.
 
     Runs PyTorch's own differentiable operations throughout (`plain_pytorch()`): the fused
     kernels of the inference path have no backward."""
     with plain_pytorch():
-        return _clip_forward(model, images, num_scale_frames, checkpoint_layers)
+        return _clip_forward(model, images, num_scale_frames, checkpoint_layers,
+                             resolve_attention(attention, images.device))
 
 
-def _clip_forward(model: GCTNetwork, images: torch.Tensor, num_scale_frames: int, checkpoint_layers: bool):
+def _clip_forward(model: GCTNetwork, images: torch.Tensor, num_scale_frames: int, checkpoint_layers: bool,
+                  attention: str):
     images = check_images(images, model.config.patch_size, check_values=False)
     check_scale_frames(num_scale_frames)
     agg, c = model.aggregator, model.config
@@ -69,10 +123,7 @@ def _clip_forward(model: GCTNetwork, images: torch.Tensor, num_scale_frames: int
     pos2d = patch_positions_2d(grid_h, grid_w, c.num_special_tokens, tokens.device)
     frame_rotary = rope2d(pos2d, c.head_dim, c.rope2d_frequency)
     global_rotary = agg.global_rotary(0, num_frames, grid_h, grid_w, pos2d)
-    mask = visibility_mask(num_frames, scale, per_frame, tokens.device)
-
-    def attend(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    attend = _masked_attention(attention, num_frames, scale, per_frame, tokens.device)
 
     def between(i, seq, q, k, v):
         with plain_pytorch():  # again here: a checkpointed layer is recomputed in the backward pass

@@ -110,13 +110,14 @@ def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
 class _Clips(nn.Module):
     """The clip forward as a module, so that DDP sees (and synchronises) its forward."""
 
-    def __init__(self, model: nn.Module, num_scale_frames: int, checkpoint_layers: bool) -> None:
+    def __init__(self, model: nn.Module, num_scale_frames: int, checkpoint_layers: bool, attention: str) -> None:
         super().__init__()
         self.model, self.num_scale_frames, self.checkpoint_layers = model, num_scale_frames, checkpoint_layers
+        self.attention = attention
 
     def forward(self, images: torch.Tensor) -> dict[str, Any]:
         return clip_forward(self.model, images, num_scale_frames=self.num_scale_frames,
-                            checkpoint_layers=self.checkpoint_layers)
+                            checkpoint_layers=self.checkpoint_layers, attention=self.attention)
 
 
 def _data(config: TrainConfig, rank: int, world: int, device: torch.device, start_step: int):
@@ -254,7 +255,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     if start_step >= config.steps:
         log.info("%s already holds step %d of %d: nothing to train", out, start_step, config.steps)
 
-    forward: nn.Module = _Clips(model, config.num_scale_frames, config.checkpoint_layers)
+    forward: nn.Module = _Clips(model, config.num_scale_frames, config.checkpoint_layers, config.attention)
     if world > 1:
         forward = nn.parallel.DistributedDataParallel(
             forward, device_ids=[device.index] if device.type == "cuda" else None)

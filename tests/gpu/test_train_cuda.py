@@ -44,3 +44,21 @@ def test_clip_forward_on_cuda_equals_the_cpu(no_tf32):
     gpu = clip_forward(model.cuda(), images.cuda(), num_scale_frames=2)
     for key in ("pose_enc", "depth", "depth_conf"):
         torch.testing.assert_close(gpu[key].cpu(), cpu[key], atol=2e-4, rtol=2e-4)
+
+
+def test_compiled_flex_attention_equals_masked_sdpa_on_cuda_with_its_gradients(no_tf32):
+    model = mapstream.build_model("tiny").cuda()
+    mapstream.fill_synthetic_(model)
+    images = torch.rand(2, 6, 3, 42, 56, generator=torch.Generator().manual_seed(1)).cuda()
+    results = {}
+    for kind in ("sdpa", "flex"):
+        model.zero_grad(set_to_none=True)
+        out = clip_forward(model, images, num_scale_frames=2, attention=kind)
+        (out["depth"].square().mean() + out["pose_enc"].square().mean()).backward()
+        results[kind] = out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    (sdpa, sdpa_grads), (flex, flex_grads) = results["sdpa"], results["flex"]
+    for key in ("pose_enc", "depth", "depth_conf"):
+        torch.testing.assert_close(flex[key], sdpa[key], atol=2e-4, rtol=2e-4)
+    assert sdpa_grads.keys() == flex_grads.keys() and len(sdpa_grads) > 10
+    for name, grad in sdpa_grads.items():
+        torch.testing.assert_close(flex_grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)

@@ -120,3 +120,34 @@ def test_the_small_preset_fits_its_budget_and_loads_what_training_exports(tmp_pa
     with torch.no_grad():
         torch.testing.assert_close(loaded.inference_streaming(x, num_scale_frames=2)["depth"],
                                    model.inference_streaming(x, num_scale_frames=2)["depth"])
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_computes_the_masked_sdpa_function(tiny, monkeypatch):
+    # Uncompiled FlexAttention runs the same block mask eagerly (compiled, and with gradients,
+    # on CUDA: tests/gpu/test_train_cuda.py).
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import mapstream.train.forward as forward
+
+    monkeypatch.setattr(forward, "_compiled_flex", lambda: flex_attention)
+    x = torch.stack([_frames(5, seed=3), _frames(5, seed=4)])
+    with torch.no_grad():
+        sdpa = clip_forward(tiny, x, num_scale_frames=2, attention="sdpa")
+        flex = clip_forward(tiny, x, num_scale_frames=2, attention="flex")
+    for key in ("pose_enc", "depth", "depth_conf"):
+        torch.testing.assert_close(flex[key], sdpa[key], rtol=1e-5, atol=1e-5)
+
+
+def test_auto_attention_is_flex_on_cuda_only_and_unknown_kinds_are_refused():
+    from mapstream.train.forward import resolve_attention
+
+    assert resolve_attention("auto", torch.device("cuda", 0)) == "flex"
+    assert resolve_attention("auto", torch.device("cpu")) == "sdpa"
+    assert resolve_attention("sdpa", torch.device("cuda")) == "sdpa"
+    with pytest.raises(ValueError, match="attention must be one of"):
+        resolve_attention("flash", torch.device("cpu"))
+    with pytest.raises(ValueError, match="no backward pass on the CPU"):
+        resolve_attention("flex", torch.device("cpu"))
+    with torch.no_grad():
+        assert resolve_attention("flex", torch.device("cpu")) == "flex"
