@@ -40,6 +40,8 @@ class TrainConfig:
     """Height and width of procedural clips (multiples of 14); a folder's frames take the width and their own aspect's height."""
     more_image_hw: tuple[tuple[int, int], ...] = ()
     """Further sizes of procedural clips: step k renders the (k mod n)-th of (image_hw, *more_image_hw), so that a model learns several resolutions."""
+    reuse_reversed: bool = False
+    """Procedural clips: each rendered batch also serves the next step with its clips' frames in reverse order (another clip for the causal model), halving the rendering per step."""
     folder_stride: int = 1
     """Frame step inside a clip cut from a folder."""
     batch_size: int = 4
@@ -62,6 +64,8 @@ class TrainConfig:
     """Largest global gradient norm (larger gradients are scaled down to it); 0 turns clipping off."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """bf16: the forward in bfloat16 autocast (CUDA only; losses, optimizer and weights stay fp32)."""
+    autocast_dense_heads: bool = True
+    """With --precision bf16, run the depth (and point) head in bf16 too (the camera head stays fp32): half the memory traffic of the full-resolution DPT; inference runs the heads in fp32 either way."""
     checkpoint_layers: bool = False
     """Recompute each trunk layer's activations in the backward pass instead of keeping them: less memory, about a third more time."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"

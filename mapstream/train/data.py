@@ -110,6 +110,10 @@ class ProceduralClips(_Steps):
         start_step: the first step yielded.
         num_batches: how many batches (None: endless).
         chunk_frames: see :func:`~mapstream.train.render.render_clips`.
+        reuse_reversed: each rendered batch serves two steps, the second with every clip's
+            frames in reverse order: for the causal model another clip (other scale frames,
+            the motion run backwards) at no rendering cost. Step ``k`` then shows batch
+            ``k // 2``'s seeds.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class ProceduralClips(_Steps):
         image_hw: tuple[int, int] | Sequence[tuple[int, int]] = (294, 518), *,
         split: str = "train", rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
+        reuse_reversed: bool = False,
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
@@ -132,16 +137,34 @@ class ProceduralClips(_Steps):
         self.split, self.rank, self.world_size = split, rank, world_size
         self.device, self.chunk_frames = torch.device(device), chunk_frames
         self.start_step, self.num_batches = start_step, num_batches
+        self.reuse_reversed = reuse_reversed
+        self._rendered: tuple[int, dict[str, Tensor]] | None = None  # (rendering, its batch)
+
+    def _rendering(self, step: int) -> int:
+        return step // 2 if self.reuse_reversed else step
 
     def seeds(self, step: int) -> list[int]:
         """The seeds of this rank's batch at ``step``."""
-        first = (step * self.world_size + self.rank) * self.batch_size
+        return self._seeds(self._rendering(step))
+
+    def _seeds(self, rendering: int) -> list[int]:
+        first = (rendering * self.world_size + self.rank) * self.batch_size
         return [split_seed(self.split, first + b) for b in range(self.batch_size)]
 
     def batch(self, step: int) -> dict[str, Tensor]:
-        """Render the batch of ``step``."""
-        seeds = self.seeds(step)
-        hw = self.sizes[step % len(self.sizes)]
+        """The batch of ``step``: rendered, or (``reuse_reversed``, odd steps) the previous
+        step's frames in reverse order."""
+        rendering = self._rendering(step)
+        if self._rendered is None or self._rendered[0] != rendering:
+            self._rendered = rendering, self._render(rendering)
+        batch = self._rendered[1]
+        if self.reuse_reversed and step % 2:
+            batch = {k: (v.flip(1) if k != "seed" else v) for k, v in batch.items()}
+        return batch
+
+    def _render(self, rendering: int) -> dict[str, Tensor]:
+        seeds = self._seeds(rendering)
+        hw = self.sizes[rendering % len(self.sizes)]
         specs = [sample_clip(s, self.num_frames, hw) for s in seeds]
         cams = np.stack([s.T_room_cam for s in specs])
         K = np.repeat(np.stack([s.K for s in specs])[:, None], self.num_frames, 1)

@@ -313,10 +313,13 @@ def _hit_box(o, d, centre, half, R, inside):
     t, axis = torch.where(inside, t_in, t_out), torch.where(inside, ax_in, ax_out)
     t = torch.where(t > _EPS, t, torch.inf)
     p = ol + torch.where(torch.isfinite(t), t, 0.0)[..., None] * dl
-    sign = torch.sign(p.gather(-1, axis[..., None]))
-    n_local = torch.nn.functional.one_hot(axis, 3).to(p.dtype) * sign
-    others = torch.tensor([[1, 2], [0, 2], [0, 1]], device=p.device)[axis]
-    return t, n_local @ R.transpose(-1, -2), p.gather(-1, others), 2 * axis + (sign[..., 0] > 0)
+    on_axis = torch.where(axis == 0, p[..., 0], torch.where(axis == 1, p[..., 1], p[..., 2]))
+    sign = torch.sign(on_axis)[..., None]
+    n_local = (axis[..., None] == torch.arange(3, device=p.device)).to(p.dtype) * sign
+    # uv: the two coordinates other than the hit axis, in order (selected, not gathered by an
+    # index table: a gather over every ray and primitive costs more than the whole hit test).
+    uv = torch.stack((torch.where(axis == 0, p[..., 1], p[..., 0]), torch.where(axis == 2, p[..., 1], p[..., 2])), -1)
+    return t, n_local @ R.transpose(-1, -2), uv, 2 * axis + (sign[..., 0] > 0)
 
 
 def _hit_sphere(o, d, centre, radius):

@@ -110,14 +110,16 @@ def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
 class _Clips(nn.Module):
     """The clip forward as a module, so that DDP sees (and synchronises) its forward."""
 
-    def __init__(self, model: nn.Module, num_scale_frames: int, checkpoint_layers: bool, attention: str) -> None:
+    def __init__(self, model: nn.Module, num_scale_frames: int, checkpoint_layers: bool, attention: str,
+                 dense_autocast: bool) -> None:
         super().__init__()
         self.model, self.num_scale_frames, self.checkpoint_layers = model, num_scale_frames, checkpoint_layers
-        self.attention = attention
+        self.attention, self.dense_autocast = attention, dense_autocast
 
     def forward(self, images: torch.Tensor) -> dict[str, Any]:
         return clip_forward(self.model, images, num_scale_frames=self.num_scale_frames,
-                            checkpoint_layers=self.checkpoint_layers, attention=self.attention)
+                            checkpoint_layers=self.checkpoint_layers, attention=self.attention,
+                            dense_autocast=self.dense_autocast)
 
 
 def _data(config: TrainConfig, rank: int, world: int, device: torch.device, start_step: int):
@@ -125,8 +127,8 @@ def _data(config: TrainConfig, rank: int, world: int, device: torch.device, star
 
     if config.data is None:
         sizes = [tuple(config.image_hw), *(tuple(hw) for hw in config.more_image_hw)]
-        return ProceduralClips(config.batch_size, config.frames, sizes, rank=rank,
-                               world_size=world, device=device, start_step=start_step)
+        return ProceduralClips(config.batch_size, config.frames, sizes, rank=rank, world_size=world,
+                               device=device, start_step=start_step, reuse_reversed=config.reuse_reversed)
     return FolderClips(config.data, config.batch_size, config.frames, config.image_hw[1], stride=config.folder_stride,
                        seed=config.seed, rank=rank, world_size=world, device=device, start_step=start_step)
 
@@ -255,7 +257,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     if start_step >= config.steps:
         log.info("%s already holds step %d of %d: nothing to train", out, start_step, config.steps)
 
-    forward: nn.Module = _Clips(model, config.num_scale_frames, config.checkpoint_layers, config.attention)
+    forward: nn.Module = _Clips(model, config.num_scale_frames, config.checkpoint_layers, config.attention,
+                                   config.autocast_dense_heads and config.precision == "bf16")
     if world > 1:
         forward = nn.parallel.DistributedDataParallel(
             forward, device_ids=[device.index] if device.type == "cuda" else None)

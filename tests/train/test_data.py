@@ -166,6 +166,21 @@ def test_procedural_batches_are_reproducible_and_geometric():
         assert rel.median() < 0.02
 
 
+def test_reused_batches_come_back_reversed_and_render_every_other_step():
+    plain = ProceduralClips(2, 4, [(28, 42), (42, 56)])
+    reused = ProceduralClips(2, 4, [(28, 42), (42, 56)], reuse_reversed=True)
+    renders = []
+    original = reused._render
+    reused._render = lambda r: renders.append(r) or original(r)
+    for step in range(4):
+        got = reused.batch(step)
+        want = plain.batch(step // 2)  # step k shows rendering k // 2: its seeds and its size
+        assert got["seed"].tolist() == want["seed"].tolist() == reused.seeds(step)
+        for key in ("images", "depth", "valid", "T_world_cam", "K"):
+            assert torch.equal(got[key], want[key].flip(1) if step % 2 else want[key]), (step, key)
+    assert renders == [0, 1]  # each rendering serves two steps
+
+
 # ----------------------------------------------------------------------------- folders
 @pytest.fixture(scope="module")
 def sequence():

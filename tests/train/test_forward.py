@@ -151,3 +151,14 @@ def test_auto_attention_is_flex_on_cuda_only_and_unknown_kinds_are_refused():
         resolve_attention("flex", torch.device("cpu"))
     with torch.no_grad():
         assert resolve_attention("flex", torch.device("cpu")) == "flex"
+
+
+def test_dense_autocast_runs_only_the_depth_head_in_the_callers_precision(tiny):
+    x = _frames(4, seed=9)[None]
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        fp32_heads = clip_forward(tiny, x, num_scale_frames=2)
+        bf16_depth = clip_forward(tiny, x, num_scale_frames=2, dense_autocast=True)
+    assert torch.equal(bf16_depth["pose_enc"], fp32_heads["pose_enc"])  # the camera head stays in fp32
+    assert bf16_depth["depth"].dtype == torch.float32
+    assert not torch.equal(bf16_depth["depth"], fp32_heads["depth"])  # the DPT did run in bf16
+    torch.testing.assert_close(bf16_depth["depth"], fp32_heads["depth"], rtol=0.05, atol=0.05)
