@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 model = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map"))
 save_file({k: v.contiguous() for k, v in model.state_dict().items()}, sys.argv[1])
 PY
-common=(--model "$weights" --quiet --fps 10 --formats npz tum ply)
+common=(--model "$weights" --quiet --fps 10 --formats npz tum)
 first=$(ls "$videos"/*.mp4 | head -1)
 python3 -m mapstream run "$first" --out runs/single "${common[@]}" --no-resume
 python3 -m mapstream run "$videos"/*.mp4 --out runs/fleet "${common[@]}" "$@"

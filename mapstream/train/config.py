@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional
 
 from ..validation import check_count
 from .losses import LossWeights
+from .render import check_path_kinds
 
 __all__ = ["TrainConfig", "FINETUNE_MODES", "check_train_config", "config_dict", "from_dict", "load_config"]
 
@@ -42,6 +43,8 @@ class TrainConfig:
     """Further sizes of procedural clips: step k renders the (k mod n)-th of (image_hw, *more_image_hw), so that a model learns several resolutions."""
     reuse_reversed: bool = False
     """Procedural clips: each rendered batch also serves the next step with its clips' frames in reverse order (another clip for the causal model), halving the rendering per step."""
+    path_kinds: tuple[str, ...] = ()
+    """Procedural clips: draw only these camera paths (forward, orbit, loop, pan); empty: all of them."""
     folder_stride: int = 1
     """Frame step inside a clip cut from a folder."""
     batch_size: int = 4
@@ -131,6 +134,7 @@ def check_train_config(c: TrainConfig) -> None:
         raise ValueError(f"finetune must be one of {FINETUNE_MODES}, got {c.finetune!r}")
     if c.precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {c.precision!r}")
+    check_path_kinds(c.path_kinds)
     if c.attention not in ("auto", "sdpa", "flex"):
         raise ValueError(f"attention must be auto, sdpa or flex, got {c.attention!r}")
     if not c.lora_alpha > 0:
@@ -169,6 +173,8 @@ def from_dict(values: dict[str, Any], *, source: str = "the configuration") -> T
         elif key in ("data", "out") and value is not None:
             kwargs[key] = Path(value)
         elif key in ("image_hw", "betas") and isinstance(value, (list, tuple)):
+            kwargs[key] = tuple(value)
+        elif key == "path_kinds" and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(value)
         elif key == "more_image_hw" and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(tuple(hw) for hw in value)

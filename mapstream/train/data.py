@@ -35,7 +35,7 @@ from mapstream.geometry import quat_to_mat
 from mapstream.io.images import (
     natural_sort_key, open_image, oriented_size, preprocess_image, preprocessed_height, resized_shape,
 )
-from mapstream.train.render import render_clips, sample_clip
+from mapstream.train.render import check_path_kinds, render_clips, sample_clip
 
 __all__ = [
     "SPLITS", "split_seed", "seed_split", "ProceduralClips", "FolderClips", "model_intrinsics",
@@ -114,6 +114,7 @@ class ProceduralClips(_Steps):
             frames in reverse order: for the causal model another clip (other scale frames,
             the motion run backwards) at no rendering cost. Step ``k`` then shows batch
             ``k // 2``'s seeds.
+        path_kinds: the camera paths drawn (:func:`~mapstream.train.render.sample_clip`).
     """
 
     def __init__(
@@ -121,7 +122,7 @@ class ProceduralClips(_Steps):
         image_hw: tuple[int, int] | Sequence[tuple[int, int]] = (294, 518), *,
         split: str = "train", rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
-        reuse_reversed: bool = False,
+        reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None,
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
@@ -137,7 +138,7 @@ class ProceduralClips(_Steps):
         self.split, self.rank, self.world_size = split, rank, world_size
         self.device, self.chunk_frames = torch.device(device), chunk_frames
         self.start_step, self.num_batches = start_step, num_batches
-        self.reuse_reversed = reuse_reversed
+        self.reuse_reversed, self.path_kinds = reuse_reversed, check_path_kinds(path_kinds)
         self._rendered: tuple[int, dict[str, Tensor]] | None = None  # (rendering, its batch)
 
     def _rendering(self, step: int) -> int:
@@ -165,7 +166,7 @@ class ProceduralClips(_Steps):
     def _render(self, rendering: int) -> dict[str, Tensor]:
         seeds = self._seeds(rendering)
         hw = self.sizes[rendering % len(self.sizes)]
-        specs = [sample_clip(s, self.num_frames, hw) for s in seeds]
+        specs = [sample_clip(s, self.num_frames, hw, self.path_kinds) for s in seeds]
         cams = np.stack([s.T_room_cam for s in specs])
         K = np.repeat(np.stack([s.K for s in specs])[:, None], self.num_frames, 1)
         images, depth = render_clips([s.scene for s in specs], cams, K, hw, self.device,

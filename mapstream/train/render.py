@@ -23,7 +23,7 @@ from torch import Tensor
 from mapstream.synthetic.scene import Box, Scene, Sphere, Texture
 from mapstream.synthetic.sequence import world_from_room
 
-__all__ = ["PATH_KINDS", "ClipSpec", "sample_clip", "render_clips"]
+__all__ = ["PATH_KINDS", "ClipSpec", "check_path_kinds", "sample_clip", "render_clips"]
 
 PATH_KINDS: tuple[str, ...] = ("forward", "orbit", "loop", "pan")
 _PATH_WEIGHTS = (0.3, 0.3, 0.2, 0.2)
@@ -211,17 +211,21 @@ def _furnish(rng: np.random.Generator, half: np.ndarray, T_room_cam: np.ndarray)
     return Scene(prims, lights=tuple(lights), ambient=float(rng.uniform(0.2, 0.7)))
 
 
-def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int]) -> ClipSpec:
+def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
+                path_kinds: Sequence[str] | None = None) -> ClipSpec:
     """Draw one clip's room, objects, textures, light, camera path and FoV from ``seed`` (>= 0).
 
     The path is drawn first, the objects then avoid its camera centres, so no camera is inside
-    or within 0.3 m of a surface.
+    or within 0.3 m of a surface. ``path_kinds`` limits the paths to some of
+    :data:`PATH_KINDS` (their weights renormalised; e.g. a curriculum's easy motions first).
     """
     if seed < 0 or num_frames < 1:
         raise ValueError(f"need seed >= 0 and num_frames >= 1, got {seed}, {num_frames}")
+    kinds = check_path_kinds(path_kinds)
     rng = np.random.default_rng((_STREAM, int(seed)))
     half = np.array([rng.uniform(1.8, 5.0), rng.uniform(1.8, 5.0), rng.uniform(1.2, 2.0)])
-    kind = PATH_KINDS[rng.choice(len(PATH_KINDS), p=_PATH_WEIGHTS)]
+    weights = np.array([w if k in kinds else 0.0 for k, w in zip(PATH_KINDS, _PATH_WEIGHTS)])
+    kind = PATH_KINDS[rng.choice(len(PATH_KINDS), p=weights / weights.sum())]
     T_room_cam = _camera_path(rng, kind, num_frames, half)
     scene = _furnish(rng, half, T_room_cam)
     fov = float(rng.uniform(45.0, 90.0))
@@ -229,6 +233,16 @@ def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int]) -> ClipSp
     fx = (W / 2) / np.tan(np.radians(fov) / 2)
     K = np.array([[fx, 0.0, W / 2], [0.0, fx, H / 2], [0.0, 0.0, 1.0]])
     return ClipSpec(int(seed), scene, T_room_cam, K, world_from_room(int(seed)), kind, fov)
+
+
+def check_path_kinds(path_kinds: Sequence[str] | None) -> tuple[str, ...]:
+    """The path kinds to draw from (all of :data:`PATH_KINDS` for None or empty)."""
+    if not path_kinds:
+        return PATH_KINDS
+    unknown = sorted(set(path_kinds) - set(PATH_KINDS))
+    if unknown:
+        raise ValueError(f"unknown camera path kinds {unknown}; the kinds are {list(PATH_KINDS)}")
+    return tuple(path_kinds)
 
 
 # ----------------------------------------------------------------------------- torch renderer

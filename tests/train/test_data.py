@@ -181,6 +181,16 @@ def test_reused_batches_come_back_reversed_and_render_every_other_step():
     assert renders == [0, 1]  # each rendering serves two steps
 
 
+def test_path_kinds_limit_the_camera_paths_drawn():
+    assert {sample_clip(s, 4, HW, ["pan", "orbit"]).path for s in range(30)} == {"pan", "orbit"}
+    assert {sample_clip(s, 4, HW).path for s in range(30)} == set(PATH_KINDS)
+    assert sample_clip(3, 4, HW, ()).path == sample_clip(3, 4, HW).path  # empty means all
+    data = ProceduralClips(2, 3, HW, path_kinds=["pan"])
+    assert data.path_kinds == ("pan",) and data.batch(0)["images"].shape[:2] == (2, 3)
+    with pytest.raises(ValueError, match=r"unknown camera path kinds \['spin'\]"):
+        ProceduralClips(2, 3, HW, path_kinds=["spin"])
+
+
 # ----------------------------------------------------------------------------- folders
 @pytest.fixture(scope="module")
 def sequence():
