@@ -105,6 +105,8 @@ class TrainConfig:
     """Seed of the initial weights, LoRA adapters, and of a folder's clip order."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto; under torchrun each process takes the GPU of its LOCAL_RANK."""
+    distributed: Literal["ddp", "fsdp"] = "ddp"
+    """Under torchrun: ddp (each process holds the whole model) or fsdp (each holds a 1/N shard of the weights, gradients and optimizer state; FSDP2); one process ignores it."""
 
     def __post_init__(self) -> None:
         check_train_config(self)
@@ -139,6 +141,8 @@ def check_train_config(c: TrainConfig) -> None:
         raise ValueError(f"attention must be auto, sdpa or flex, got {c.attention!r}")
     if not c.lora_alpha > 0:
         raise ValueError(f"lora_alpha must be > 0, got {c.lora_alpha}")
+    if c.distributed not in ("ddp", "fsdp"):
+        raise ValueError(f"distributed must be ddp or fsdp, got {c.distributed!r}")
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:

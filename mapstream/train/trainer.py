@@ -1,10 +1,11 @@
-"""The training loop: AdamW with warm-up and cosine decay, checkpoints, resume, DDP.
+"""The training loop: AdamW with warm-up and cosine decay, checkpoints, resume, DDP or FSDP.
 
 `train(config)` runs on one process, or on each process `torchrun` starts (`WORLD_SIZE` > 1):
-every process then trains a DDP replica on its own share of the clips (the data's
-`rank`/`world_size`), DDP averages the gradients, and only rank 0 writes files. Because each
-process's loss is the mean over its clips and DDP averages the processes' gradients, N
-processes with B clips each train exactly as one process with N B clips.
+every process then trains on its own share of the clips (the data's `rank`/`world_size`) a
+DDP replica or, with `distributed: fsdp`, a shard of the model (`mapstream.train.distributed`);
+either averages the gradients, and only rank 0 writes files. Because each process's loss is
+the mean over its clips and the processes' gradients are averaged, N processes with B clips
+each train exactly as one process with N B clips.
 
 A run in an output folder that holds checkpoints continues from the latest one: the weights,
 the EMA, the optimizer's moments, the schedule, the step and the RNG states come back, and the
@@ -34,6 +35,7 @@ from .checkpointing import (
     save_checkpoint, set_rng_state,
 )
 from .config import TrainConfig, config_dict
+from .distributed import Parallel
 from .ema import EMA
 from .forward import clip_forward
 from .init import init_for_training_
@@ -234,40 +236,43 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     trained = select_trainable(model, config.finetune, freeze_patch_embed=config.freeze_patch_embed,
                                freeze_frame_blocks=config.freeze_frame_blocks)
     model.to(device).train()
+    parallel = Parallel(config.distributed, world, rank, device)
+    start_step, resumed = 0, latest_checkpoint(out) if config.resume else None
+    state = load_checkpoint(resumed) if resumed is not None else None
+    if state is not None:  # the full weights, before sharding splits them
+        model.load_state_dict(state["model"])
+    forward: nn.Module = parallel.wrap(
+        _Clips(model, config.num_scale_frames, config.checkpoint_layers, config.attention,
+               config.autocast_dense_heads and config.precision == "bf16"), model)
     optimizer = _optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps, config.min_lr_ratio))
     ema = EMA(model, config.ema_decay) if config.ema_decay is not None else None
 
-    start_step, resumed = 0, latest_checkpoint(out) if config.resume else None
-    if resumed is not None:
-        state = load_checkpoint(resumed)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+    if state is not None:
+        parallel.load_optimizer_state(model, optimizer, state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         if ema is not None and "ema" in state:
-            ema.load_state_dict(state["ema"])
+            parallel.load_ema_state(ema, state["ema"])
         set_rng_state(state["rng"])
         start_step = int(state["step"])
         for group, base in zip(optimizer.param_groups, schedule.base_lrs):  # the schedule of this --steps
             group["lr"] = base * lr_factor(start_step, config.warmup_steps, config.steps, config.min_lr_ratio)
         changed = {k for k, v in config_dict(config).items() if state["config"].get(k) != v}
-        changed -= {"steps", "resume", "time_limit_minutes"}  # how long this call runs, not what it trains
+        # How long this call runs and how it spreads over processes, not what it trains.
+        changed -= {"steps", "resume", "time_limit_minutes", "distributed"}
         log.info("resuming from %s (step %d)%s", resumed, start_step,
                  f"; settings changed since: {sorted(changed)}" if changed else "")
     if start_step >= config.steps:
         log.info("%s already holds step %d of %d: nothing to train", out, start_step, config.steps)
 
-    forward: nn.Module = _Clips(model, config.num_scale_frames, config.checkpoint_layers, config.attention,
-                                   config.autocast_dense_heads and config.precision == "bf16")
-    if world > 1:
-        forward = nn.parallel.DistributedDataParallel(
-            forward, device_ids=[device.index] if device.type == "cuda" else None)
+    del state  # the checkpoint's tensors are loaded; keep no second copy through the run
     writer = tensorboard_writer(out) if lead and config.tensorboard else None
     if lead:
         atomic_write_text(out / "config.json", json.dumps(config_dict(config), indent=2) + "\n")
-        log.info("training %d parameters (%s, %s) on %d process(es), device %s", sum(
-            p.numel() for p in model.parameters() if p.requires_grad), preset, config.finetune, world, device)
+        log.info("training %d parameters (%s, %s) on %d process(es) (%s), device %s", sum(
+            p.numel() for p in model.parameters() if p.requires_grad), preset, config.finetune, world,
+            config.distributed, device)
 
     params = [p for p in model.parameters() if p.requires_grad]
     autocast = torch.autocast("cuda", torch.bfloat16) if config.precision == "bf16" else nullcontext()
@@ -276,11 +281,17 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     pending: list[torch.Tensor] = []  # this process's step losses not yet read back from the device
     step, saved, last_checkpoint = start_step, start_step, resumed
 
-    def checkpoint() -> Path:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+    def checkpoint() -> Path | None:
+        """Write a checkpoint (rank 0) and return its path; sharded, every rank takes part in
+        gathering the full tensors."""
+        if not (lead or parallel.sharded):
+            return None
+        state = {"model": parallel.model_state(model), "optimizer": parallel.optimizer_state(model, optimizer),
                  "schedule": schedule.state_dict(), "step": step, "rng": rng_state(), "config": config_dict(config)}
         if ema is not None:
-            state["ema"] = ema.state_dict()
+            state["ema"] = parallel.ema_state(ema)
+        if not lead:
+            return None
         path = save_checkpoint(checkpoint_path(out, step), state)
         prune_checkpoints(out, config.keep_checkpoints)
         return path
@@ -302,7 +313,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 clock.mark("backward")
-                norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf)
+                norm = parallel.full(
+                    torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf))
                 lr = optimizer.param_groups[0]["lr"]
                 optimizer.step()
                 schedule.step()
@@ -325,11 +337,14 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                         log.info("time limit of %s minutes reached at step %d", config.time_limit_minutes, step)
                         stop_at = step
                         last = True
-                if lead and (step % config.checkpoint_every == 0 or last):
-                    last_checkpoint, saved = checkpoint(), step
+                if step % config.checkpoint_every == 0 or last:
+                    written = checkpoint()
+                    last_checkpoint, saved = written if lead else last_checkpoint, step
     except KeyboardInterrupt:
         losses.extend(torch.stack(pending).tolist() if pending else [])
-        if lead and step > saved:
+        # Sharded, the gather needs every rank, which an interruption stops anywhere: the
+        # latest periodic checkpoint is where the run continues.
+        if lead and step > saved and not parallel.sharded:
             last_checkpoint = checkpoint()
             log.info("interrupted: wrote %s (step %d)", last_checkpoint, step)
         raise
@@ -338,12 +353,15 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
             writer.close()
 
     weights = None
-    if lead and step >= config.steps:
-        weights = out / WEIGHTS_NAME
+    if (lead or parallel.sharded) and step >= config.steps:
         with (ema.applied(model) if ema is not None else nullcontext()):
-            export_weights(merged_state_dict(model), weights, {
+            # Sharded runs hold no LoRA adapters (Parallel.wrap refuses them): the state is the export.
+            exported = parallel.model_state(model) if parallel.sharded else merged_state_dict(model)
+        if lead:
+            weights = export_weights(exported, out / WEIGHTS_NAME, {
                 "format": "pt", "architecture": "GCTStream", "preset": preset, "step": str(step),
                 "finetune": config.finetune, "ema": str(ema is not None)})
+    if weights is not None:
         log.info("wrote %s (step %d; load it with mapstream.load_model(path, preset=%r))", weights, step, preset)
     if world > 1:
         dist.barrier()
