@@ -161,6 +161,23 @@ def test_device_scripts_parse_and_name_files_that_exist():
     assert usage.returncode == 2 and "tests|measure" in usage.stderr
 
 
+def test_eval_synthetic_scores_each_seed_through_run_and_eval_against_the_targets(tmp_path):
+    out = tmp_path / "eval.json"
+    module = _load("eval_synthetic")
+    result = module.main(["--model", "tiny", "--seeds", "101", "104", "--frames", "4", "--hw", "42", "56",
+                          "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert [row["seed"] for row in result["seeds"]] == [101, 104]
+    for row in result["seeds"]:
+        assert row["ate_fraction"] == pytest.approx(row["ate"] / row["extent"]) and row["extent"] > 0
+        assert 0 <= row["auc30"] <= 1 and row["abs_rel"] > 0 and 0 <= row["delta1"] <= 1
+    for key, (bound, how) in module.TARGETS.items():
+        values = sorted(row[key] for row in result["seeds"])
+        assert result["median"][key] == pytest.approx(sum(values) / 2)
+        assert result["met"][key] == (result["median"][key] <= bound if how == "max" else result["median"][key] >= bound)
+    assert not result["met"]["abs_rel"]  # untrained weights reach no target
+
+
 def test_train_step_times_the_real_loop_and_reports_its_steps(tmp_path):
     out = tmp_path / "step.json"
     result = _load("train_step").main(["--preset", "tiny", "--frames", "3", "--hw", "28", "42", "--steps", "2",
