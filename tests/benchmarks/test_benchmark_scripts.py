@@ -152,7 +152,8 @@ def test_attention_checks_every_usable_backend_and_names_the_others():
 
 def test_device_scripts_parse_and_name_files_that_exist():
     check = BENCHMARKS / "device_check.sh"
-    for script in (check, BENCHMARKS / "device_setup.sh", BENCHMARKS / "train_small_device.sh"):
+    for script in (check, BENCHMARKS / "device_setup.sh", BENCHMARKS / "train_small_device.sh",
+                   BENCHMARKS / "train_variants.sh", BENCHMARKS / "fleet_device.sh"):
         subprocess.run(["bash", "-n", str(script)], check=True)
     named = re.findall(r'"\$here/(\w+\.py)"', check.read_text())
     assert sorted(named) == ["profile_step.py", "trace_summary.py"]
@@ -176,6 +177,28 @@ def test_eval_synthetic_scores_each_seed_through_run_and_eval_against_the_target
         assert result["median"][key] == pytest.approx(sum(values) / 2)
         assert result["met"][key] == (result["median"][key] <= bound if how == "max" else result["median"][key] >= bound)
     assert not result["met"]["abs_rel"]  # untrained weights reach no target
+
+
+def test_train_variants_runs_each_variant_with_its_flags_side_by_side(tmp_path):
+    import os
+    import sys
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: tiny\ndevice: cpu\nframes: 2\nnum_scale_frames: 1\nimage_hw: [28, 42]\n"
+                      "batch_size: 1\nlog_every: 1\ntensorboard: false\nwarmup_steps: 1\n")
+    env = {**os.environ, "RECIPE": str(recipe), "OUT": str(tmp_path / "out"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(BENCHMARKS / "train_variants.sh"), "0.001", "plain=", "pans=--path-kinds pan"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for name, kinds in (("plain", []), ("pans", ["pan"])):
+        assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["path_kinds"] == kinds
+        metrics = [json.loads(line) for line in (tmp_path / "out" / f"{name}.jsonl").read_text().splitlines()]
+        assert metrics and metrics[0]["step"] == 1
+    assert "== plain" in (tmp_path / "out" / "logs.txt").read_text()
+    refused = subprocess.run(["bash", str(BENCHMARKS / "train_variants.sh"), "1", "bad name=x"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "bad variant name" in refused.stderr
 
 
 def test_train_step_times_the_real_loop_and_reports_its_steps(tmp_path):
