@@ -8,6 +8,13 @@ and memory of a step do not depend on their values) and reports the mean time of
 after the first (which pays for warm-up, compilation and allocation) and the peak GPU memory.
 `--kernels K` also profiles the run and lists the K GPU kernels that take the most time, per
 step. Writes JSON with `--out`; prints one line (and the kernel table).
+
+Under torchrun every process runs the loop on its GPU (`--batch-size` clips each) as
+`--distributed` ddp or fsdp says, and rank 0 reports each process's peak memory:
+
+    torchrun --standalone --nproc_per_node=8 benchmarks/train_step.py --preset lingbot-map \
+        --device cuda --precision bf16 --frames 8 --hw 294 518 --batch-size 1 --steps 3 \
+        --checkpoint-layers --distributed fsdp --out fsdp_step.json
 """
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ import contextlib
 import json
 import statistics
 import sys
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -38,6 +47,30 @@ def _kernel_profile(top: int, steps: int):
         kernels[name[:110]] = micros / 1e3 / steps
 
 
+def _process_group(device: str) -> tuple[int, int]:
+    """(rank, world size); under torchrun the process group is started here, so that `train`
+    leaves it up for gathering the processes' peak memory afterwards."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _shared_folder(rank: int, world: int) -> str:
+    """A temporary folder rank 0 makes and every process uses (train's output folder is shared)."""
+    folder = [tempfile.mkdtemp(prefix="train_step_") if rank == 0 else None]
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(folder, src=0)
+    return folder[0]
+
+
 def main(argv: list[str] | None = None) -> dict:
     from mapstream.train.config import TrainConfig
     from mapstream.train.trainer import train
@@ -54,22 +87,38 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--finetune", choices=("full", "heads", "lora"), default="full")
     ap.add_argument("--attention", choices=("auto", "sdpa", "flex"), default="auto")
     ap.add_argument("--kernels", type=int, default=0, help="list this many of the costliest GPU kernels")
+    ap.add_argument("--distributed", choices=("ddp", "fsdp"), default="ddp",
+                    help="under torchrun: DDP replicas or FSDP shards (one process: no difference)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is not timed)")
-    with tempfile.TemporaryDirectory() as folder:
+    rank, world = _process_group(args.device)
+    folder = _shared_folder(rank, world)
+    on_gpu = torch.cuda.is_available() and args.device.startswith("cuda")
+    try:
         config = TrainConfig(
             model=args.preset, device=args.device, precision=args.precision, frames=args.frames,
             image_hw=tuple(args.hw), batch_size=args.batch_size, steps=args.steps, warmup_steps=1,
             checkpoint_layers=args.checkpoint_layers, finetune=args.finetune, out=Path(folder),
             checkpoint_every=args.steps, log_every=1, tensorboard=False, attention=args.attention,
+            distributed=args.distributed,
         )
-        if torch.cuda.is_available() and args.device.startswith("cuda"):
+        if on_gpu:
             torch.cuda.reset_peak_memory_stats()
         with _kernel_profile(args.kernels, args.steps) as kernels:
             summary = train(config, progress=False)
         records = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
+        peaks = [torch.cuda.max_memory_allocated() if on_gpu else None]
+        if world > 1:
+            import torch.distributed as dist
+
+            peaks = [None] * world
+            dist.all_gather_object(peaks, torch.cuda.max_memory_allocated() if on_gpu else None)
+            dist.destroy_process_group()
+    finally:
+        if rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
     times = [r["step_seconds"] for r in records if "step_seconds" in r][1:]
     phases = {name: statistics.mean(r[f"{name}_seconds"] for r in records[1:])
               for name in ("data", "forward", "loss", "backward", "optimizer")}
@@ -78,11 +127,16 @@ def main(argv: list[str] | None = None) -> dict:
         "hw": list(args.hw), "batch_size": args.batch_size, "checkpoint_layers": args.checkpoint_layers,
         "finetune": args.finetune, "attention": args.attention, "kernels_ms_per_step": kernels,
         "trained_parameters": summary.trained_parameters,
+        "distributed": args.distributed, "world_size": world, "global_batch": args.batch_size * world,
+        "peak_gpu_bytes_per_process": peaks,
         "step_seconds": statistics.mean(times), "phase_seconds": phases, "losses": list(summary.losses),
-        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else None,
+        "peak_gpu_bytes": max(peaks) if on_gpu else None,
     }
+    if rank != 0:
+        return result
     peak = f", peak {result['peak_gpu_bytes'] / 2**30:.1f} GiB" if result["peak_gpu_bytes"] else ""
-    print(f"{args.preset} {args.precision} {args.frames}x{args.hw[0]}x{args.hw[1]} batch {args.batch_size}: "
+    spread = f" x {world} processes ({args.distributed})" if world > 1 else ""
+    print(f"{args.preset} {args.precision} {args.frames}x{args.hw[0]}x{args.hw[1]} batch {args.batch_size}{spread}: "
           f"{result['step_seconds']:.3f} s/step ({', '.join(f'{k} {v:.3f}' for k, v in phases.items())}){peak}")
     for name, ms in kernels.items():
         print(f"  {ms:9.2f} ms/step  {name}")

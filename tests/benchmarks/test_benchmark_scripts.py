@@ -153,7 +153,8 @@ def test_attention_checks_every_usable_backend_and_names_the_others():
 def test_device_scripts_parse_and_name_files_that_exist():
     check = BENCHMARKS / "device_check.sh"
     for script in (check, BENCHMARKS / "device_setup.sh", BENCHMARKS / "train_small_device.sh",
-                   BENCHMARKS / "train_variants.sh", BENCHMARKS / "fleet_device.sh"):
+                   BENCHMARKS / "train_variants.sh", BENCHMARKS / "fleet_device.sh",
+                   BENCHMARKS / "multi_gpu_device.sh"):
         subprocess.run(["bash", "-n", str(script)], check=True)
     named = re.findall(r'"\$here/(\w+\.py)"', check.read_text())
     assert sorted(named) == ["profile_step.py", "trace_summary.py"]
@@ -248,3 +249,77 @@ def test_plot_training_draws_a_runs_metrics(tmp_path):
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     smoothed = _load("plot_training").smooth(__import__("numpy").array([0.0, 10.0, 0.0, 0.0, 0.0]))
     assert smoothed.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_make_videos_writes_decodable_videos_of_the_asked_size_from_different_seeds(tmp_path):
+    import av
+    import numpy as np
+
+    result = _load("make_videos").main([str(tmp_path), "--videos", "2", "--frames", "4", "--size", "56x42",
+                                        "--workers", "1"])
+    assert [Path(f).name for f in result["files"]] == ["video_000.mp4", "video_001.mp4"]
+    firsts = []
+    for name in result["files"]:
+        with av.open(name) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == 4 and frames[0].shape == (42, 56, 3)
+        firsts.append(frames[0].astype(np.int16))
+    assert np.abs(firsts[0] - firsts[1]).mean() > 5  # two rooms, not one twice
+    assert not list(tmp_path.glob("*.part"))
+    with pytest.raises(SystemExit):
+        _load("make_videos").main([str(tmp_path), "--size", "55x42"])  # odd: no 4:2:0 H.264
+
+
+def test_multi_gpu_device_script_runs_its_fleet_and_train_parts_on_two_cpu_workers(tmp_path):
+    """The mechanism only (two workers on a CPU, the tiny model): the N-worker job's outputs
+    equal the one-worker job's, and two DDP processes train as one with the doubled batch."""
+    import os
+    import sys
+
+    script = BENCHMARKS / "multi_gpu_device.sh"
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPUS": "2", "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    usage = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert usage.returncode == 2 and "fleet VIDEO_FOLDER | train | fsdp" in usage.stderr
+    _load("make_videos").main([str(tmp_path / "videos"), "--videos", "2", "--frames", "3", "--size", "56x42",
+                               "--workers", "1"])
+    done = subprocess.run(["bash", str(script), "fleet", "videos"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**env, "MODEL": "tiny", "FLEET_BACKEND": "processes"}, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    fleet = json.loads((tmp_path / "out" / "fleet.json").read_text())
+    assert fleet["equal"] and fleet["inputs"] == 2 and fleet["stream_frames"] == 6
+    assert fleet["backend"] == "processes" and set(fleet["worst_relative_difference"]) >= {"depth", "pose_enc"}
+    assert sorted(p.parent.name for p in (tmp_path / "runs" / "gpus_n").glob("*/predictions.npz")) == [
+        "video_000", "video_001"]
+    (tmp_path / "cpu.yaml").write_text("model: tiny\nframes: 2\nnum_scale_frames: 1\nimage_hw: [28, 28]\n"
+                                      "warmup_steps: 1\n")
+    done = subprocess.run(["bash", str(script), "train"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**env, "RECIPE": "cpu.yaml", "TRAIN_DEVICE": "cpu", "TRAIN_STEPS": "3",
+                               "PER_GPU_BATCH": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    trained = json.loads((tmp_path / "out" / "train.json").read_text())
+    assert trained["global_batch"] == 2 and len(trained["one_gpu"]["losses"]) == 3
+    assert trained["largest_loss_difference"] < 1e-5
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "fleet.json", "log.txt", "train.json", "train_1gpu.jsonl", "train_ngpu.jsonl"]
+
+
+def test_train_step_under_torchrun_reports_every_process_of_an_fsdp_run(tmp_path):
+    import os
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "step.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+         f"--master_port={port}", str(BENCHMARKS / "train_step.py"), "--preset", "tiny", "--frames", "2",
+         "--hw", "28", "28", "--steps", "2", "--distributed", "fsdp", "--out", str(out)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert (result["world_size"], result["distributed"], result["global_batch"]) == (2, "fsdp", 2)
+    assert result["peak_gpu_bytes_per_process"] == [None, None] and len(result["losses"]) == 2
+    assert "x 2 processes (fsdp)" in done.stdout
