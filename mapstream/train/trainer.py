@@ -356,11 +356,12 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     if (lead or parallel.sharded) and step >= config.steps:
         with (ema.applied(model) if ema is not None else nullcontext()):
             # Sharded runs hold no LoRA adapters (Parallel.wrap refuses them): the state is the export.
+            # Written inside: the unsharded state's tensors are the parameters, restored on exit.
             exported = parallel.model_state(model) if parallel.sharded else merged_state_dict(model)
-        if lead:
-            weights = export_weights(exported, out / WEIGHTS_NAME, {
-                "format": "pt", "architecture": "GCTStream", "preset": preset, "step": str(step),
-                "finetune": config.finetune, "ema": str(ema is not None)})
+            if lead:
+                weights = export_weights(exported, out / WEIGHTS_NAME, {
+                    "format": "pt", "architecture": "GCTStream", "preset": preset, "step": str(step),
+                    "finetune": config.finetune, "ema": str(ema is not None)})
     if weights is not None:
         log.info("wrote %s (step %d; load it with mapstream.load_model(path, preset=%r))", weights, step, preset)
     if world > 1:

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import mapstream
+from mapstream.train.checkpointing import latest_checkpoint, load_checkpoint
 from mapstream.train.config import TrainConfig
 from mapstream.train.distributed import Parallel
 from mapstream.train.lora import add_lora
@@ -63,15 +64,20 @@ def test_two_fsdp_processes_train_as_one_with_the_doubled_batch_and_resume_acros
     loaded = mapstream.load_model(tmp_path / "fsdp" / "model.safetensors", preset="tiny")
     exported, held = load_file(tmp_path / "fsdp" / "model.safetensors"), loaded.state_dict()
     assert all(torch.equal(held[k], v) for k, v in exported.items())
+    # The export is the EMA's average, which the (gathered) checkpoint holds beside the weights.
+    state = load_checkpoint(latest_checkpoint(tmp_path / "fsdp"))
+    assert all(torch.equal(exported[k], v) for k, v in state["ema"]["shadow"].items())
+    assert any(not torch.equal(exported[k], state["model"][k]) for k in state["ema"]["shadow"])
 
     # The sharded checkpoint (optimizer keyed by name) continues in one process ...
     rest = train(TrainConfig(out=tmp_path / "fsdp_then_one", steps=3, batch_size=2, **SMALL), progress=False)
     assert rest.start_step == 1
     assert _losses(tmp_path / "fsdp_then_one") == pytest.approx(list(whole.losses), rel=1e-5, abs=1e-6)
     _assert_same_weights(rest.weights, whole.weights)
-    # ... and a one-process checkpoint (optimizer keyed by position) continues sharded.
+    # ... and a one-process checkpoint (optimizer keyed by position) continues sharded, here
+    # recomputing each layer in the backward pass (which gathers the layer's weights again).
     train(TrainConfig(out=tmp_path / "one_then_fsdp", steps=3, batch_size=2, **SMALL), progress=False, stop_at=1)
-    _torchrun(tmp_path / "one_then_fsdp", "--steps", "3")
+    _torchrun(tmp_path / "one_then_fsdp", "--steps", "3", "--checkpoint-layers")
     assert _losses(tmp_path / "one_then_fsdp") == pytest.approx(list(whole.losses), rel=1e-5, abs=1e-6)
     _assert_same_weights(tmp_path / "one_then_fsdp" / "model.safetensors", whole.weights)
 
