@@ -89,6 +89,10 @@ class TrainConfig:
     """Weights of the loss terms and their hyper-parameters (docs/TRAINING.md, "Losses")."""
     out: Path = Path("runs/train")
     """Output folder: checkpoints, logs, TensorBoard events and the final model.safetensors. A run there is resumed."""
+    val_every: int = 0
+    """Score held-out procedural clips (the "val" split, rendered once) every this many steps, a multiple of --log-every: losses, camera rotation and direction errors in degrees, depth abs_rel, as val_* in the metrics; 0: never."""
+    val_clips: int = 8
+    """How many held-out clips --val-every scores (one forward, at --frames and --image-hw)."""
     checkpoint_every: int = 500
     """Write a checkpoint every this many steps (and at the end, and on Ctrl-C)."""
     keep_checkpoints: int = 2
@@ -118,6 +122,11 @@ def check_train_config(c: TrainConfig) -> None:
                  "keep_checkpoints", "lora_rank", "folder_stride"):
         check_count(name, getattr(c, name))
     check_count("warmup_steps", c.warmup_steps, least=0)
+    check_count("val_every", c.val_every, least=0)
+    check_count("val_clips", c.val_clips)
+    if c.val_every and c.val_every % c.log_every:
+        raise ValueError(f"val_every ({c.val_every}) must be a multiple of log_every ({c.log_every}): "
+                         "validation is recorded with a log step's metrics")
     if len(c.image_hw) != 2 or any(int(s) < 14 or int(s) % 14 for s in c.image_hw):
         raise ValueError(f"image_hw must be two multiples of 14, got {c.image_hw}")
     for hw in c.more_image_hw:

@@ -42,6 +42,7 @@ from .init import init_for_training_
 from .lora import add_lora, merged_state_dict, select_trainable
 from .logs import log_step, start_logs, tensorboard_writer
 from .losses import total_loss
+from .validate import Validation
 
 __all__ = ["TrainSummary", "train", "build_training_model", "lr_factor"]
 
@@ -268,6 +269,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
 
     del state  # the checkpoint's tensors are loaded; keep no second copy through the run
     writer = tensorboard_writer(out) if lead and config.tensorboard else None
+    validation = Validation(config.val_clips, config.frames, tuple(config.image_hw), device,
+                            path_kinds=config.path_kinds, loss=config.loss) if config.val_every else None
     if lead:
         atomic_write_text(out / "config.json", json.dumps(config_dict(config), indent=2) + "\n")
         log.info("training %d parameters (%s, %s) on %d process(es) (%s), device %s", sum(
@@ -327,12 +330,15 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                 bar.update(1)
                 last = step in (config.steps, stop_at)
                 if step % config.log_every == 0 or last:
+                    seconds = time.perf_counter() - tick
                     losses.extend(torch.stack(pending).tolist())
                     pending.clear()
                     bar.set_postfix_str(f"loss {losses[-1]:.4f}")
+                    values = dict(zip(names, stacked.tolist()))
+                    if validation is not None and (step % config.val_every == 0 or last):
+                        values.update(validation(forward, autocast))  # every rank: FSDP gathers
                     if lead:
-                        log_step(out, writer, step, dict(zip(names, stacked.tolist())), lr, float(norm),
-                                 time.perf_counter() - tick, clock.seconds)
+                        log_step(out, writer, step, values, lr, float(norm), seconds, clock.seconds)
                     if not last and _out_of_time(started, config.time_limit_minutes, world, device):
                         log.info("time limit of %s minutes reached at step %d", config.time_limit_minutes, step)
                         stop_at = step

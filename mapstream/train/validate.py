@@ -1,0 +1,99 @@
+"""Validation during training: held-out procedural clips, rendered once, scored at log steps.
+
+A training step's losses change with every batch (other rooms, other paths), so their curve
+cannot show a slow change; the same clips scored again and again can. `Validation` renders
+``val_clips`` clips of the "val" split (seeds training never draws) once, and each call runs
+the clip forward on them without gradients and returns, as ``val_*`` values:
+
+* the loss and its parts (`total_loss`, as the training step computes them);
+* ``val_rotation_deg``: the mean angle between predicted and true camera rotations, each
+  relative to the clip's first frame (frames after the first);
+* ``val_translation_deg``: the mean angle between predicted and true camera centres seen from
+  the first frame (frames that moved);
+* ``val_depth_abs_rel``: depth's mean |d - d_gt| / d_gt after scaling each frame's prediction
+  by the ratio of medians, the scoring `mapstream eval` uses.
+
+A head that predicts one mean camera for every frame keeps the angles where they start; a
+camera that learns brings them down.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ..geometry import pose_encoding_to_extri_intri
+from .data import ProceduralClips
+from .losses import LossWeights, total_loss
+from .normalize import gt_pose_encoding, normalize_clip, valid_mask
+
+__all__ = ["Validation", "camera_errors_deg", "depth_abs_rel"]
+
+
+def camera_errors_deg(pred_pose_enc: Tensor, gt_pose_enc: Tensor, image_hw: tuple[int, int]) -> tuple[float, float]:
+    """(rotation, translation direction) errors in degrees, means over the frames after the
+    first of every clip; both encodings ``[B, S, 9]`` relative to the clip's first frame.
+    Frames whose true centre sits on the first one's have no direction and are left out of
+    the translation mean (NaN when none moved)."""
+    pred_T, _ = pose_encoding_to_extri_intri(pred_pose_enc.double(), image_hw)
+    gt_T, _ = pose_encoding_to_extri_intri(gt_pose_enc.double(), image_hw)
+    pred_T, gt_T = pred_T[:, 1:], gt_T[:, 1:]
+    relative = pred_T[..., :3, :3].transpose(-1, -2) @ gt_T[..., :3, :3]
+    cos = ((relative.diagonal(dim1=-2, dim2=-1).sum(-1) - 1) / 2).clamp(-1, 1)
+    rotation = torch.rad2deg(torch.arccos(cos)).mean()
+    t_pred, t_gt = pred_T[..., :3, 3], gt_T[..., :3, 3]
+    moved = t_gt.norm(dim=-1) > 1e-6
+    cos_t = torch.nn.functional.cosine_similarity(t_pred, t_gt, dim=-1, eps=1e-12).clamp(-1, 1)
+    translation = torch.rad2deg(torch.arccos(cos_t))[moved].mean() if bool(moved.any()) else torch.tensor(math.nan)
+    return float(rotation), float(translation)
+
+
+def depth_abs_rel(pred: Tensor, gt: Tensor, valid: Tensor) -> float:
+    """Mean over frames of mean(|s d - d_gt| / d_gt) on valid pixels, with each frame's
+    ``s = median(d_gt) / median(d)``; pred and gt ``[B, S, H, W]``, frames without a valid
+    pixel left out."""
+    pred, gt = pred.double().flatten(2), gt.double().flatten(2)
+    valid = valid.flatten(2) & (pred > 0)
+    nan = torch.tensor(math.nan, dtype=torch.float64, device=pred.device)
+    scale = torch.where(valid, gt, nan).nanmedian(-1).values / torch.where(valid, pred, nan).nanmedian(-1).values
+    error = torch.where(valid, (scale[..., None] * pred - gt).abs() / gt.clamp(min=1e-12), nan).nanmean(-1)
+    return float(error[valid.any(-1)].mean())
+
+
+class Validation:
+    """The "val" split's first ``clips`` procedural clips of ``frames`` frames at ``image_hw``,
+    rendered once on ``device`` (see the module docstring)."""
+
+    def __init__(self, clips: int, frames: int, image_hw: tuple[int, int], device: torch.device, *,
+                 path_kinds=None, loss: LossWeights | None = None) -> None:
+        data = ProceduralClips(clips, frames, tuple(image_hw), split="val", device=device, path_kinds=path_kinds)
+        self.batch = normalize_clip(data.batch(0))
+        self.image_hw = tuple(int(s) for s in image_hw)
+        self.gt_pose_enc = gt_pose_encoding(self.batch, self.image_hw)
+        self.loss = loss if loss is not None else LossWeights()
+
+    @torch.no_grad()
+    def __call__(self, forward: Callable[[Tensor], dict[str, Any]], autocast=None) -> dict[str, float]:
+        """The ``val_*`` values of the model behind ``forward`` (the clip forward), under
+        ``autocast`` (a context manager, or None); restores the module's training mode."""
+        module = forward if isinstance(forward, torch.nn.Module) else None
+        training = module.training if module is not None else False
+        if module is not None:
+            module.eval()
+        try:
+            if autocast is not None:
+                with autocast:
+                    pred = forward(self.batch["images"])
+            else:
+                pred = forward(self.batch["images"])
+        finally:
+            if module is not None:
+                module.train(training)
+        _, parts = total_loss(pred, self.batch, self.loss)
+        values = {f"val_{name}": float(value) for name, value in parts.items()}
+        rotation, translation = camera_errors_deg(pred["pose_enc"], self.gt_pose_enc, self.image_hw)
+        values["val_rotation_deg"], values["val_translation_deg"] = rotation, translation
+        values["val_depth_abs_rel"] = depth_abs_rel(pred["depth"][..., 0], self.batch["depth"], valid_mask(self.batch))
+        return values

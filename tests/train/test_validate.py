@@ -1,0 +1,89 @@
+"""Validation during training: the error measures by hand, the held-out clips, and the
+val_* values a run records at its validation steps."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from mapstream.geometry import extri_intri_to_pose_encoding, quat_to_mat
+from mapstream.train.config import TrainConfig
+from mapstream.train.data import ProceduralClips, seed_split
+from mapstream.train.trainer import train
+from mapstream.train.validate import Validation, camera_errors_deg, depth_abs_rel
+
+HW = (28, 42)
+
+
+def _poses(rotations_deg, centres) -> torch.Tensor:
+    """[1, S, 4, 4] camera-to-world: a turn about the camera's y axis, then the centre."""
+    T = torch.eye(4, dtype=torch.float64).repeat(len(centres), 1, 1)
+    for i, (angle, centre) in enumerate(zip(rotations_deg, centres)):
+        half = math.radians(angle) / 2
+        T[i, :3, :3] = quat_to_mat(torch.tensor([0.0, math.sin(half), 0.0, math.cos(half)], dtype=torch.float64))
+        T[i, :3, 3] = torch.tensor(centre, dtype=torch.float64)
+    return T[None]
+
+
+def _encode(T: torch.Tensor) -> torch.Tensor:
+    K = torch.tensor([[30.0, 0, 21], [0, 30.0, 14], [0, 0, 1]], dtype=torch.float64).expand(*T.shape[:2], 3, 3)
+    return extri_intri_to_pose_encoding(T[..., :3, :], K, HW)
+
+
+def test_camera_errors_are_the_angles_between_rotations_and_between_centres():
+    truth = _encode(_poses([0, 10, 20], [(0, 0, 0), (1, 0, 0), (0, 0, 2)]))
+    assert camera_errors_deg(truth, truth, HW) == pytest.approx((0.0, 0.0), abs=1e-5)
+    # Rotations off by 5° and 15°; the second centre seen 45° away, the third along its truth (scaled).
+    pred = _encode(_poses([0, 15, 35], [(0, 0, 0), (1, 0, 1), (0, 0, 5)]))
+    rotation, translation = camera_errors_deg(pred, truth, HW)
+    assert rotation == pytest.approx((5 + 15) / 2, abs=1e-4)
+    assert translation == pytest.approx((45 + 0) / 2, abs=1e-4)
+    # A frame whose true centre is the first one's has no direction: left out.
+    still = _encode(_poses([0, 0], [(0, 0, 0), (0, 0, 0)]))
+    assert math.isnan(camera_errors_deg(still, still, HW)[1])
+
+
+def test_depth_abs_rel_scales_each_frame_by_its_medians_and_skips_empty_frames():
+    gt = torch.tensor([[[[1.0, 2.0], [4.0, 8.0]], [[1.0, 1.0], [1.0, 1.0]]]])  # [1, 2, 2, 2]
+    valid = torch.ones_like(gt, dtype=torch.bool)
+    valid[0, 1] = False  # the second frame has no valid pixel
+    assert depth_abs_rel(3 * gt, gt, valid) == pytest.approx(0.0, abs=1e-12)  # a scale is forgiven
+    pred = gt.clone()
+    pred[0, 0, 1, 1] = 16.0  # one pixel twice too far; medians (torch's lower middle) stay 2 and 2
+    assert depth_abs_rel(pred, gt, valid) == pytest.approx((16 - 8) / 8 / 4)
+
+
+def test_validation_scores_held_out_clips_and_leaves_the_training_mode(tmp_path):
+    validation = Validation(3, 3, HW, torch.device("cpu"))
+    seeds = validation.batch["seed"].tolist()
+    assert seeds == ProceduralClips(3, 3, HW, split="val").seeds(0) and {seed_split(s) for s in seeds} == {"val"}
+
+    class Constant(torch.nn.Module):  # predicts the truth's cameras and depth, whatever the images
+        def forward(self, images):
+            return {"pose_enc": validation.gt_pose_enc.float(), "pose_enc_list": [validation.gt_pose_enc.float()],
+                    "depth": 2 * validation.batch["depth"][..., None], "depth_conf": torch.ones_like(validation.batch["depth"])}
+
+    module = Constant().train()
+    values = validation(module)
+    assert module.training
+    assert values["val_rotation_deg"] == pytest.approx(0.0, abs=1e-4)
+    assert values["val_translation_deg"] == pytest.approx(0.0, abs=1e-3)
+    assert values["val_depth_abs_rel"] == pytest.approx(0.0, abs=1e-6)
+    assert values["val_camera"] == pytest.approx(0.0, abs=1e-9) and values["val_depth"] > 0
+    assert set(values) >= {"val_loss", "val_camera_rotation", "val_depth_gradient"}
+
+
+def test_a_run_records_validation_at_its_validation_steps(tmp_path):
+    config = TrainConfig(model="tiny", frames=2, image_hw=(28, 28), num_scale_frames=1, batch_size=1, warmup_steps=1,
+                         log_every=1, val_every=2, val_clips=2, steps=3, tensorboard=False, device="cpu", out=tmp_path)
+    train(config, progress=False)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    with_val = [r["step"] for r in records if "val_loss" in r]
+    assert with_val == [2, 3]  # every second step and the last
+    for record in records:
+        if "val_loss" in record:
+            assert all(math.isfinite(record[k]) for k in ("val_loss", "val_rotation_deg", "val_depth_abs_rel"))
+    with pytest.raises(ValueError, match="val_every .* must be a multiple of log_every"):
+        TrainConfig(val_every=3, log_every=2)
