@@ -21,8 +21,8 @@ from mapstream.train.lora import add_lora
 from mapstream.train.trainer import _Clips, build_training_model, train
 
 SMALL = dict(model="tiny", frames=2, image_hw=(28, 28), num_scale_frames=1, warmup_steps=1, log_every=1,
-             tensorboard=False, device="cpu", ema_decay=0.5)
-FLAGS = ["--model", "tiny", "--frames", "2", "--image-hw", "28", "28", "--num-scale-frames", "1",
+             tensorboard=False, device="cpu", ema_decay=0.5, val_every=1, val_clips=2)
+FLAGS = ["--val-every", "1", "--val-clips", "2", "--model", "tiny", "--frames", "2", "--image-hw", "28", "28", "--num-scale-frames", "1",
          "--warmup-steps", "1", "--log-every", "1", "--no-tensorboard", "--device", "cpu", "--quiet",
          "--ema-decay", "0.5", "--batch-size", "1", "--distributed", "fsdp"]
 
@@ -41,8 +41,8 @@ def _torchrun(out, *flags: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def _losses(out) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+def _losses(out, key: str = "loss") -> list[float]:
+    return [json.loads(line)[key] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def _assert_same_weights(a_path, b_path) -> None:
@@ -60,6 +60,8 @@ def test_two_fsdp_processes_train_as_one_with_the_doubled_batch_and_resume_acros
     shutil.copytree(tmp_path / "fsdp", tmp_path / "fsdp_then_one")
     _torchrun(tmp_path / "fsdp", "--steps", "3")
     assert _losses(tmp_path / "fsdp") == pytest.approx(list(whole.losses), rel=1e-5, abs=1e-6)
+    for key in ("val_loss", "val_rotation_deg"):  # validation runs on every rank, on the gathered units
+        assert _losses(tmp_path / "fsdp", key) == pytest.approx(_losses(tmp_path / "one", key), rel=1e-5, abs=1e-5)
     _assert_same_weights(tmp_path / "fsdp" / "model.safetensors", whole.weights)
     loaded = mapstream.load_model(tmp_path / "fsdp" / "model.safetensors", preset="tiny")
     exported, held = load_file(tmp_path / "fsdp" / "model.safetensors"), loaded.state_dict()
