@@ -3,8 +3,8 @@
     python3 benchmarks/plot_training.py runs/small/metrics.jsonl docs/images/small_training.png
 
 Plots the total loss and its camera and depth parts against the step (each log line is
-the loss of one step; a moving median over 5 lines smooths the batch-to-batch noise), and
-the learning rate on a second axis.
+the loss of one step; a moving median over 5 lines smooths the batch-to-batch noise), the
+held-out camera errors where the run validated (`--val-every`), and the learning rate.
 """
 from __future__ import annotations
 
@@ -29,7 +29,18 @@ def plot(metrics: Path, target: Path) -> Path:
 
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     step = np.array([r["step"] for r in records])
-    fig, (ax, lr_ax) = plt.subplots(2, 1, figsize=(7, 5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    validated = [r for r in records if "val_rotation_deg" in r]
+    rows = 3 if validated else 2
+    fig, axes = plt.subplots(rows, 1, figsize=(7, 5 + 2 * (rows - 2)), sharex=True,
+                             gridspec_kw={"height_ratios": [3, 1, 2][:rows]})
+    ax, lr_ax = axes[0], axes[-1]
+    if validated:  # the held-out clips, the same at every validation: no smoothing needed
+        val_ax, val_step = axes[1], [r["step"] for r in validated]
+        for key, colour in (("val_rotation_deg", "tab:cyan"), ("val_translation_deg", "tab:blue")):
+            val_ax.plot(val_step, [r[key] for r in validated], color=colour, marker=".", label=key)
+        val_ax.set_ylabel("held-out error (°)")
+        val_ax.grid(alpha=0.3)
+        val_ax.legend(fontsize=8)
     for key, colour in (("loss", "black"), ("camera", "tab:blue"), ("camera_rotation", "tab:cyan"),
                         ("camera_fov", "tab:purple"), ("depth", "tab:orange")):
         values = np.array([r[key] for r in records])

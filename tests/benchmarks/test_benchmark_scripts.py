@@ -247,6 +247,13 @@ def test_plot_training_draws_a_runs_metrics(tmp_path):
                                            "camera_fov": 0.1, "depth": 0.3, "lr": 1e-4}) + "\n" for s in range(1, 9)))
     target = _load("plot_training").plot(metrics, tmp_path / "curves.png")
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with metrics.open("a") as handle:  # validation records on some steps add the held-out panel
+        handle.write(json.dumps({"step": 9, "loss": 0.1, "camera": 0.5, "camera_rotation": 0.2, "camera_fov": 0.1,
+                                 "depth": 0.3, "lr": 1e-4, "val_rotation_deg": 30.0, "val_translation_deg": 60.0}) + "\n")
+    with_val = _load("plot_training").plot(metrics, tmp_path / "curves_val.png")
+    from PIL import Image
+
+    assert Image.open(with_val).height > Image.open(target).height
     smoothed = _load("plot_training").smooth(__import__("numpy").array([0.0, 10.0, 0.0, 0.0, 0.0]))
     assert smoothed.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0]
 
