@@ -11,7 +11,7 @@ the clip forward on them without gradients and returns, as ``val_*`` values:
 * ``val_translation_deg``: the mean angle between predicted and true camera centres seen from
   the first frame (frames that moved);
 * ``val_depth_abs_rel``: depth's mean |d - d_gt| / d_gt after scaling each frame's prediction
-  by the ratio of medians, the scoring `mapstream eval` uses.
+  by the ratio of medians, computed by `mapstream eval`'s own depth metrics.
 
 A head that predicts one mean camera for every frame keeps the angles where they start; a
 camera that learns brings them down.
@@ -24,6 +24,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from ..eval.depth import depth_metrics
+from ..eval.trajectory import rotation_angle_deg
 from ..geometry import pose_encoding_to_extri_intri
 from .data import ProceduralClips
 from .losses import LossWeights, total_loss
@@ -41,8 +43,7 @@ def camera_errors_deg(pred_pose_enc: Tensor, gt_pose_enc: Tensor, image_hw: tupl
     gt_T, _ = pose_encoding_to_extri_intri(gt_pose_enc.double(), image_hw)
     pred_T, gt_T = pred_T[:, 1:], gt_T[:, 1:]
     relative = pred_T[..., :3, :3].transpose(-1, -2) @ gt_T[..., :3, :3]
-    cos = ((relative.diagonal(dim1=-2, dim2=-1).sum(-1) - 1) / 2).clamp(-1, 1)
-    rotation = torch.rad2deg(torch.arccos(cos)).mean()
+    rotation = rotation_angle_deg(relative.cpu().numpy()).mean()
     t_pred, t_gt = pred_T[..., :3, 3], gt_T[..., :3, 3]
     moved = t_gt.norm(dim=-1) > 1e-6
     cos_t = torch.nn.functional.cosine_similarity(t_pred, t_gt, dim=-1, eps=1e-12).clamp(-1, 1)
@@ -51,15 +52,10 @@ def camera_errors_deg(pred_pose_enc: Tensor, gt_pose_enc: Tensor, image_hw: tupl
 
 
 def depth_abs_rel(pred: Tensor, gt: Tensor, valid: Tensor) -> float:
-    """Mean over frames of mean(|s d - d_gt| / d_gt) on valid pixels, with each frame's
-    ``s = median(d_gt) / median(d)``; pred and gt ``[B, S, H, W]``, frames without a valid
-    pixel left out."""
-    pred, gt = pred.double().flatten(2), gt.double().flatten(2)
-    valid = valid.flatten(2) & (pred > 0)
-    nan = torch.tensor(math.nan, dtype=torch.float64, device=pred.device)
-    scale = torch.where(valid, gt, nan).nanmedian(-1).values / torch.where(valid, pred, nan).nanmedian(-1).values
-    error = torch.where(valid, (scale[..., None] * pred - gt).abs() / gt.clamp(min=1e-12), nan).nanmean(-1)
-    return float(error[valid.any(-1)].mean())
+    """`mapstream eval`'s depth abs_rel (`mapstream.eval.depth.depth_metrics`: each frame's
+    prediction scaled by the ratio of medians, the mean over frames with a valid pixel) of
+    ``[B, S, H, W]`` maps, every clip's frames taken together."""
+    return depth_metrics(pred.flatten(0, 1), gt.flatten(0, 1), mask=valid.flatten(0, 1))["abs_rel"]
 
 
 class Validation:

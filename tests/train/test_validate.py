@@ -51,7 +51,7 @@ def test_depth_abs_rel_scales_each_frame_by_its_medians_and_skips_empty_frames()
     valid[0, 1] = False  # the second frame has no valid pixel
     assert depth_abs_rel(3 * gt, gt, valid) == pytest.approx(0.0, abs=1e-12)  # a scale is forgiven
     pred = gt.clone()
-    pred[0, 0, 1, 1] = 16.0  # one pixel twice too far; medians (torch's lower middle) stay 2 and 2
+    pred[0, 0, 1, 1] = 16.0  # one pixel twice too far; the medians stay 3 and 3
     assert depth_abs_rel(pred, gt, valid) == pytest.approx((16 - 8) / 8 / 4)
 
 
