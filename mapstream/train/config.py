@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from ..validation import check_count
+from .distributed import DISTRIBUTED_MODES
+from .forward import ATTENTION_KINDS
 from .losses import LossWeights
 from .render import check_path_kinds
 
@@ -146,12 +148,12 @@ def check_train_config(c: TrainConfig) -> None:
     if c.precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {c.precision!r}")
     check_path_kinds(c.path_kinds)
-    if c.attention not in ("auto", "sdpa", "flex"):
-        raise ValueError(f"attention must be auto, sdpa or flex, got {c.attention!r}")
+    if c.attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {c.attention!r}")
     if not c.lora_alpha > 0:
         raise ValueError(f"lora_alpha must be > 0, got {c.lora_alpha}")
-    if c.distributed not in ("ddp", "fsdp"):
-        raise ValueError(f"distributed must be ddp or fsdp, got {c.distributed!r}")
+    if c.distributed not in DISTRIBUTED_MODES:
+        raise ValueError(f"distributed must be one of {DISTRIBUTED_MODES}, got {c.distributed!r}")
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:
@@ -185,9 +187,7 @@ def from_dict(values: dict[str, Any], *, source: str = "the configuration") -> T
             kwargs[key] = LossWeights(**value)
         elif key in ("data", "out") and value is not None:
             kwargs[key] = Path(value)
-        elif key in ("image_hw", "betas") and isinstance(value, (list, tuple)):
-            kwargs[key] = tuple(value)
-        elif key == "path_kinds" and isinstance(value, (list, tuple)):
+        elif key in ("image_hw", "betas", "path_kinds") and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(value)
         elif key == "more_image_hw" and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(tuple(hw) for hw in value)
