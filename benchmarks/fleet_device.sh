@@ -9,15 +9,8 @@ set -euo pipefail
 videos=${1:?folder of videos}
 shift
 out=${OUT:-out}
-mkdir -p "$out" /tmp/mapstream_official
-weights=/tmp/mapstream_official/model.safetensors
-[[ -f $weights ]] || python3 - "$weights" <<'PY'
-import sys
-import mapstream
-from safetensors.torch import save_file
-model = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map"))
-save_file({k: v.contiguous() for k, v in model.state_dict().items()}, sys.argv[1])
-PY
+mkdir -p "$out"
+weights=$(python3 "$(dirname "$0")/rule_weights.py" /tmp/mapstream_official/model.safetensors)
 common=(--model "$weights" --quiet --fps 10 --formats npz tum)
 first=$(ls "$videos"/*.mp4 | head -1)
 python3 -m mapstream run "$first" --out runs/single "${common[@]}" --no-resume

@@ -41,16 +41,9 @@ now() { date +%s.%N; }
 fleet() {
     local videos=$1
     [[ -d $videos ]] || { echo "$usage (no folder ${videos:-given})" >&2; exit 2; }
-    mkdir -p /tmp/mapstream_official
-    local weights=/tmp/mapstream_official/model.safetensors
-    [[ -n ${MODEL:-} || -f $weights ]] || python3 - "$weights" <<'PY'
-import sys
-import mapstream
-from safetensors.torch import save_file
-model = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map"))
-save_file({k: v.contiguous() for k, v in model.state_dict().items()}, sys.argv[1])
-PY
-    local common=(--model "${MODEL:-$weights}" --quiet --fps 10 --formats npz)
+    local weights=${MODEL:-}
+    [[ -n $weights ]] || weights=$(python3 "$here/rule_weights.py" /tmp/mapstream_official/model.safetensors)
+    local common=(--model "$weights" --quiet --fps 10 --formats npz)
     local inputs
     mapfile -t inputs < <(ls "$videos"/*.mp4)
     (( ${#inputs[@]} > 0 )) || { echo "no *.mp4 in $videos" >&2; exit 1; }

@@ -180,6 +180,16 @@ def test_eval_synthetic_scores_each_seed_through_run_and_eval_against_the_target
     assert not result["met"]["abs_rel"]  # untrained weights reach no target
 
 
+def test_rule_weights_keeps_a_file_already_written_and_says_how_to_call_it(tmp_path):
+    # Writing the official architecture's 4.6 GB takes the GPU machine; here: the file kept.
+    module = _load("rule_weights")
+    kept = tmp_path / "model.safetensors"
+    kept.write_bytes(b"written before")
+    assert module.main([str(kept)]) == kept and kept.read_bytes() == b"written before"
+    with pytest.raises(SystemExit, match="usage: rule_weights.py FILE.safetensors"):
+        module.main([])
+
+
 def test_train_variants_runs_each_variant_with_its_flags_side_by_side(tmp_path):
     import os
     import sys
