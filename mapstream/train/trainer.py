@@ -345,7 +345,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                         last = True
                 if step % config.checkpoint_every == 0 or last:
                     written = checkpoint()
-                    last_checkpoint, saved = written if lead else last_checkpoint, step
+                    last_checkpoint, saved = written or last_checkpoint, step  # written: None off rank 0
     except KeyboardInterrupt:
         losses.extend(torch.stack(pending).tolist() if pending else [])
         # Sharded, the gather needs every rank, which an interruption stops anywhere: the
