@@ -5,7 +5,9 @@
 #   e.g. bash benchmarks/train_variants.sh 7 "base=" "pan=--path-kinds pan" "short=--frames 8 --num-scale-frames 2"
 # Each NAME trains RECIPE plus its FLAGS in runs/NAME for MINUTES (the learning rate held at
 # its peak: --steps 100000) and writes $OUT/NAME.jsonl (its metrics); $OUT/logs.txt gathers
-# the end of every log. At most 7 variants (the call returns at most 8 files).
+# the end of every log. At most 7 variants (the call returns at most 8 files). KEEP_WEIGHTS=1
+# also writes each run's current weights in half precision to $OUT/NAME/ (two files each,
+# benchmarks/half_weights.py; the call returns 64 MiB at most: two or three variants).
 set -uo pipefail
 minutes=${1:?minutes}
 shift
@@ -28,4 +30,7 @@ for name in "${names[@]}"; do
     echo "== $name"
     grep -v "trainer: step" "runs/$name.log" | tail -6
     cp "runs/$name/metrics.jsonl" "$out/$name.jsonl" 2>/dev/null || echo "(no metrics)"
+    if [[ ${KEEP_WEIGHTS:-0} == 1 ]]; then
+        mkdir -p "$out/$name" && python3 "$(dirname "$0")/half_weights.py" split "runs/$name" "$out/$name"
+    fi
 done | tee "$out/logs.txt"

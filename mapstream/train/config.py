@@ -34,7 +34,7 @@ class TrainConfig:
     checkpoint_file: Optional[str] = None
     """File inside the folder or repo given by --model (default: load_model's)."""
     enable_point: bool = False
-    """Build and train the world-point head (a model trained from scratch; a checkpoint keeps what it holds)."""
+    """Build and train the world-point head; a checkpoint without one gets a new head drawn from --seed."""
     data: Optional[Path] = None
     """A posed folder (TUM, COLMAP text, transforms.json, benchmark layout) or a folder of them; default: procedural clips rendered on the training device."""
     frames: int = 8
@@ -94,7 +94,11 @@ class TrainConfig:
     val_every: int = 0
     """Score held-out procedural clips (the "val" split, rendered once) every this many steps, a multiple of --log-every: losses, camera rotation and direction errors in degrees, depth abs_rel, as val_* in the metrics; 0: never."""
     val_clips: int = 8
-    """How many held-out clips --val-every scores (one forward, at --frames and --image-hw)."""
+    """How many held-out clips --val-every scores (one forward, at --image-hw)."""
+    val_frames: int = 0
+    """Frames of each held-out clip; 0: --frames. Lets a run on short clips be scored at the length it will stream."""
+    val_scale_frames: int = 0
+    """Scale frames of the held-out clips; 0: --num-scale-frames."""
     checkpoint_every: int = 500
     """Write a checkpoint every this many steps (and at the end, and on Ctrl-C)."""
     keep_checkpoints: int = 2
@@ -126,6 +130,11 @@ def check_train_config(c: TrainConfig) -> None:
     check_count("warmup_steps", c.warmup_steps, least=0)
     check_count("val_every", c.val_every, least=0)
     check_count("val_clips", c.val_clips)
+    check_count("val_frames", c.val_frames, least=0)
+    check_count("val_scale_frames", c.val_scale_frames, least=0)
+    if (c.val_scale_frames or c.num_scale_frames) > (c.val_frames or c.frames):
+        raise ValueError(f"the held-out clips' {c.val_scale_frames or c.num_scale_frames} scale frames exceed "
+                         f"their {c.val_frames or c.frames} frames: lower --val-scale-frames or raise --val-frames")
     if c.val_every and c.val_every % c.log_every:
         raise ValueError(f"val_every ({c.val_every}) must be a multiple of log_every ({c.log_every}): "
                          "validation is recorded with a log step's metrics")

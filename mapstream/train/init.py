@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["LAYER_SCALE_INIT", "init_for_training_"]
+__all__ = ["LAYER_SCALE_INIT", "init_for_training_", "init_head_for_training_"]
 
 LAYER_SCALE_INIT = 0.01
 _LINEAR_STD = 0.02
@@ -65,29 +65,40 @@ def init_for_training_(model: nn.Module, seed: int = 0) -> nn.Module:
                 param.zero_()  # the camera head's first input: no pose estimate yet
             else:
                 _trunc_normal_(param, _TOKEN_STD, generator)
-    _start_camera_head(model)
-    _start_dense_heads(model)
+    if getattr(model, "camera_head", None) is not None:
+        _start_camera_head(model.camera_head, int(model.config.camera_num_iterations))
+    for name in ("depth_head", "point_head"):
+        if getattr(model, name, None) is not None:
+            _start_dense_head(getattr(model, name))
     return model
 
 
-def _start_dense_heads(model: nn.Module) -> None:
+@torch.no_grad()
+def init_head_for_training_(model: nn.Module, name: str, seed: int = 0) -> nn.Module:
+    """Draw only `model`'s head `name` ("depth_head", "point_head", "camera_head") as
+    `init_for_training_` would for a model trained from scratch, leaving every other weight as
+    it is: a head added to trained weights. Returns `model`."""
+    head = getattr(model, name, None)
+    if head is None:
+        raise ValueError(f"the model has no {name}")
+    init_for_training_(head, seed)  # the head's own layers, norms and tokens
+    if name == "camera_head":
+        _start_camera_head(head, int(model.config.camera_num_iterations))
+    else:
+        _start_dense_head(head)
+    return model
+
+
+def _start_dense_head(head: nn.Module) -> None:
     # A DPT head's outputs go through exp (depth, points) and 1 + exp (confidence): its last
     # convolution starts near 0 so that depth starts near 1, the clip's normalised mean distance,
     # instead of the exp of a He-scaled sum, which overflows.
-    for name in ("depth_head", "point_head"):
-        head = getattr(model, name, None)
-        if head is None:
-            continue
-        last = [m for m in head.modules() if isinstance(m, nn.Conv2d)][-1]
-        last.weight.mul_(0.01)
+    last = [m for m in head.modules() if isinstance(m, nn.Conv2d)][-1]
+    last.weight.mul_(0.01)
 
 
-def _start_camera_head(model: nn.Module) -> None:
-    head = getattr(model, "camera_head", None)
-    if head is None:
-        return
+def _start_camera_head(head: nn.Module, iterations: int) -> None:
     last = head.pose_branch.fc2
-    iterations = int(model.config.camera_num_iterations)
     last.weight.mul_(0.1)  # small deltas at first: the head starts from the bias's camera
     bias = torch.zeros_like(last.bias)
     bias[6] = 1.0 / iterations  # quaternion (x, y, z, w): the identity rotation

@@ -38,7 +38,7 @@ from .config import TrainConfig, config_dict
 from .distributed import Parallel
 from .ema import EMA
 from .forward import clip_forward
-from .init import init_for_training_
+from .init import init_for_training_, init_head_for_training_
 from .lora import add_lora, merged_state_dict, select_trainable
 from .logs import log_step, start_logs, tensorboard_writer
 from .losses import total_loss
@@ -107,7 +107,20 @@ def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
         raise ValueError(f"--model {config.model}: neither a preset ({', '.join(preset_names())}) "
                          "nor an existing checkpoint file or folder")
     model = mapstream.load_model(config.model, filename=config.checkpoint_file, preset=config.preset)
+    if config.enable_point and model.point_head is None:
+        model = _with_new_point_head(config, model)
     return model, _preset_of(model) if config.preset == "auto" else config.preset
+
+
+def _with_new_point_head(config: TrainConfig, loaded: nn.Module) -> nn.Module:
+    """`loaded` rebuilt with a point head drawn from `config.seed` (the official checkpoints
+    and most trained ones have none); every other weight is the checkpoint's."""
+    model = type(loaded)(dataclasses.replace(loaded.config, enable_point=True), loaded.stream_config)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("point_head.") for k in missing), (missing, unexpected)
+    init_head_for_training_(model, "point_head", config.seed)
+    log.info("%s has no point head: training a new one (drawn from seed %d)", config.model, config.seed)
+    return model.eval()
 
 
 class _Clips(nn.Module):
@@ -119,8 +132,9 @@ class _Clips(nn.Module):
         self.model, self.num_scale_frames, self.checkpoint_layers = model, num_scale_frames, checkpoint_layers
         self.attention, self.dense_autocast = attention, dense_autocast
 
-    def forward(self, images: torch.Tensor) -> dict[str, Any]:
-        return clip_forward(self.model, images, num_scale_frames=self.num_scale_frames,
+    def forward(self, images: torch.Tensor, num_scale_frames: int | None = None) -> dict[str, Any]:
+        scale = self.num_scale_frames if num_scale_frames is None else num_scale_frames
+        return clip_forward(self.model, images, num_scale_frames=scale,
                             checkpoint_layers=self.checkpoint_layers, attention=self.attention,
                             dense_autocast=self.dense_autocast)
 
@@ -269,8 +283,9 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
 
     del state  # the checkpoint's tensors are loaded; keep no second copy through the run
     writer = tensorboard_writer(out) if lead and config.tensorboard else None
-    validation = Validation(config.val_clips, config.frames, tuple(config.image_hw), device,
-                            path_kinds=config.path_kinds, loss=config.loss) if config.val_every else None
+    validation = Validation(config.val_clips, config.val_frames or config.frames, tuple(config.image_hw), device,
+                            path_kinds=config.path_kinds, loss=config.loss,
+                            num_scale_frames=config.val_scale_frames or None) if config.val_every else None
     if lead:
         atomic_write_text(out / "config.json", json.dumps(config_dict(config), indent=2) + "\n")
         log.info("training %d parameters (%s, %s) on %d process(es) (%s), device %s", sum(

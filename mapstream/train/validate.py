@@ -60,15 +60,18 @@ def depth_abs_rel(pred: Tensor, gt: Tensor, valid: Tensor) -> float:
 
 class Validation:
     """The "val" split's first ``clips`` procedural clips of ``frames`` frames at ``image_hw``,
-    rendered once on ``device`` (see the module docstring)."""
+    rendered once on ``device`` (see the module docstring). ``num_scale_frames``, when given,
+    is passed to the forward as its keyword of that name (the clips' own scale frames);
+    None leaves the forward's."""
 
     def __init__(self, clips: int, frames: int, image_hw: tuple[int, int], device: torch.device, *,
-                 path_kinds=None, loss: LossWeights | None = None) -> None:
+                 path_kinds=None, loss: LossWeights | None = None, num_scale_frames: int | None = None) -> None:
         data = ProceduralClips(clips, frames, tuple(image_hw), split="val", device=device, path_kinds=path_kinds)
         self.batch = normalize_clip(data.batch(0))
         self.image_hw = tuple(int(s) for s in image_hw)
         self.gt_pose_enc = gt_pose_encoding(self.batch, self.image_hw)
         self.loss = loss if loss is not None else LossWeights()
+        self.forward_options = {} if num_scale_frames is None else {"num_scale_frames": int(num_scale_frames)}
 
     @torch.no_grad()
     def __call__(self, forward: Callable[[Tensor], dict[str, Any]], autocast=None) -> dict[str, float]:
@@ -81,9 +84,9 @@ class Validation:
         try:
             if autocast is not None:
                 with autocast:
-                    pred = forward(self.batch["images"])
+                    pred = forward(self.batch["images"], **self.forward_options)
             else:
-                pred = forward(self.batch["images"])
+                pred = forward(self.batch["images"], **self.forward_options)
         finally:
             if module is not None:
                 module.train(training)

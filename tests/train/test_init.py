@@ -48,3 +48,34 @@ def test_the_first_predictions_sit_where_the_targets_are():
     assert final[..., :3].abs().max() < 0.2 and (final[..., 6] - 1).abs().max() < 0.2
     assert ((final[..., 7:9] - 1).abs() < 0.3).all()
     assert all((activate_pose(p)[..., 7:9] > 0).all() for p in pred["pose_enc_list"])
+
+
+def test_a_point_head_added_to_trained_weights_starts_as_from_scratch_and_leaves_the_rest(tmp_path):
+    """`mapstream train --model CHECKPOINT --enable-point` on a checkpoint without a point head:
+    the head is drawn as a from-scratch model's (last convolution scaled down), every other
+    weight is the checkpoint's, and the run exports all of them."""
+    import pytest
+    from safetensors.torch import save_file
+
+    from mapstream.train.config import TrainConfig
+    from mapstream.train.init import init_head_for_training_
+    from mapstream.train.trainer import build_training_model
+
+    trained = _fresh(3)
+    source = tmp_path / "trained.safetensors"
+    save_file({k: v.contiguous() for k, v in trained.state_dict().items()}, source)
+    config = TrainConfig(model=str(source), preset="tiny", enable_point=True, seed=5, device="cpu", out=tmp_path / "run")
+    model, preset = build_training_model(config)
+    assert preset == "tiny" and model.point_head is not None
+    for key, value in trained.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    again = init_head_for_training_(mapstream.build_model("tiny", enable_point=True), "point_head", 5)
+    for key, value in model.point_head.state_dict().items():
+        assert torch.equal(again.point_head.state_dict()[key], value), key
+    last = [m for m in model.point_head.modules() if isinstance(m, torch.nn.Conv2d)][-1]
+    assert float(last.weight.detach().abs().max()) < 0.05  # scaled by 0.01 from He's scale: points start near exp(0)
+    images = torch.rand(1, 3, 3, 28, 28)
+    out = clip_forward(model, images, num_scale_frames=1)
+    assert out["world_points"].shape == (1, 3, 28, 28, 3) and torch.isfinite(out["world_points"]).all()
+    with pytest.raises(ValueError, match="no camera_head"):
+        init_head_for_training_(torch.nn.Module(), "camera_head")
