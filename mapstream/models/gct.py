@@ -222,13 +222,15 @@ class GCTNetwork(nn.Module):
         *,
         trace: Trace | None = None,
         dense_autocast: bool = False,
+        dense: bool = True,
     ) -> dict[str, torch.Tensor]:
         """The heads on the aggregator's selected layers [B, S, P, 2C], in `head_dtype` with
         autocast off. `camera(tokens)` runs the camera head on the camera tokens [B, S, 2C]
         with the stream's caches (None: no camera prediction). Returns fp32 outputs, with
         the camera head's per-iteration poses as pose_enc_list. dense_autocast: the depth and
         point heads run under the caller's autocast instead (training in bf16: the full-
-        resolution DPT activations are most of a step's memory traffic)."""
+        resolution DPT activations are most of a step's memory traffic). dense=False: the
+        camera head alone (a training step that supervises only the camera)."""
         out: dict[str, Any] = {}
         image_hw = tuple(image_hw)
         with heads_without_autocast(layers[0].device):
@@ -236,9 +238,9 @@ class GCTNetwork(nn.Module):
             if self.camera_head is not None and camera is not None:
                 poses = [p.float() for p in camera(own[-1][:, :, 0])]
                 out["pose_enc"], out["pose_enc_list"] = poses[-1], poses
-            if not dense_autocast:
+            if dense and not dense_autocast:
                 out.update(self.dense_heads(own, image_hw, patch_start, trace=trace))
-        if dense_autocast:
+        if dense and dense_autocast:
             out.update(self.dense_heads(layers, image_hw, patch_start, trace=trace))
         return out
 

@@ -71,6 +71,8 @@ class TrainConfig:
     """bf16: the forward in bfloat16 autocast (CUDA only; losses, optimizer and weights stay fp32)."""
     autocast_dense_heads: bool = True
     """With --precision bf16, run the depth (and point) head in bf16 too (the camera head stays fp32): half the memory traffic of the full-resolution DPT; inference runs the heads in fp32 either way."""
+    dense_every: int = 1
+    """Run and supervise the depth (and point) head every this many steps; the steps between train the trunk and the camera head alone, at about half the cost of a full step (the full-resolution dense heads are most of a small network's step)."""
     checkpoint_layers: bool = False
     """Recompute each trunk layer's activations in the backward pass instead of keeping them: less memory, about a third more time."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"
@@ -125,7 +127,7 @@ class TrainConfig:
 def check_train_config(c: TrainConfig) -> None:
     """ValueError naming the field for a value a run cannot use."""
     for name in ("frames", "batch_size", "num_scale_frames", "steps", "checkpoint_every", "log_every",
-                 "keep_checkpoints", "lora_rank", "folder_stride"):
+                 "keep_checkpoints", "lora_rank", "folder_stride", "dense_every"):
         check_count(name, getattr(c, name))
     check_count("warmup_steps", c.warmup_steps, least=0)
     check_count("val_every", c.val_every, least=0)

@@ -74,15 +74,20 @@ class Parallel:
     def sharded(self) -> bool:
         return self.mode == "fsdp" and self.world > 1
 
-    def wrap(self, forward: nn.Module, model: nn.Module) -> nn.Module:
+    def wrap(self, forward: nn.Module, model: nn.Module, *, some_unused: bool = False) -> nn.Module:
         """The module to call: `forward` (whose submodule `model` is the network) as a DDP
         replica or sharded in place with FSDP2. Call before building the optimizer: sharding
-        replaces the parameters."""
+        replaces the parameters. some_unused: some steps leave parameters out of the forward
+        (DDP then looks for them each step)."""
         if self.world <= 1:
             return forward
         if self.mode == "ddp":
             return nn.parallel.DistributedDataParallel(
-                forward, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+                forward, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=some_unused)
+        if some_unused:
+            raise ValueError("--dense-every above 1 leaves the dense heads out of some steps, which "
+                             "--distributed fsdp does not support: use --distributed ddp")
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
         from torch.nn.utils import parametrize

@@ -94,6 +94,7 @@ def clip_forward(
     checkpoint_layers: bool = False,
     attention: str = "sdpa",
     dense_autocast: bool = False,
+    dense: bool = True,
 ) -> dict[str, Any]:
     """The network on whole clips `images` [B, S, 3, H, W] (B independent clips), every frame
     seeing what it sees when streamed (module docstring). Returns pose_enc [B,S,9],
@@ -102,17 +103,18 @@ def clip_forward(
     layer's activations in the backward pass instead of keeping them (memory for time).
     attention: the global layers' attention, "sdpa", "flex" or "auto" (`resolve_attention`);
     both compute the same function. dense_autocast: the depth (and point) head under the
-    caller's autocast too, not in fp32 as inference runs it (`GCTNetwork.heads`).
+    caller's autocast too, not in fp32 as inference runs it (`GCTNetwork.heads`). dense=False:
+    the camera head alone (no depth or points), a step that supervises only the camera.
 
     Runs PyTorch's own differentiable operations throughout (`plain_pytorch()`): the fused
     kernels of the inference path have no backward."""
     with plain_pytorch():
         return _clip_forward(model, images, num_scale_frames, checkpoint_layers,
-                             resolve_attention(attention, images.device), dense_autocast)
+                             resolve_attention(attention, images.device), dense_autocast, dense)
 
 
 def _clip_forward(model: GCTNetwork, images: torch.Tensor, num_scale_frames: int, checkpoint_layers: bool,
-                  attention: str, dense_autocast: bool):
+                  attention: str, dense_autocast: bool, dense: bool):
     images = check_images(images, model.config.patch_size, check_values=False)
     check_scale_frames(num_scale_frames)
     agg, c = model.aggregator, model.config
@@ -151,4 +153,5 @@ def _clip_forward(model: GCTNetwork, images: torch.Tensor, num_scale_frames: int
             camera_tokens, lambda layer_index, q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=camera_mask)
         )
 
-    return model.heads(layers, (height, width), c.num_special_tokens, camera, dense_autocast=dense_autocast)
+    return model.heads(layers, (height, width), c.num_special_tokens, camera, dense_autocast=dense_autocast,
+                       dense=dense)

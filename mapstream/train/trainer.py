@@ -132,9 +132,9 @@ class _Clips(nn.Module):
         self.model, self.num_scale_frames, self.checkpoint_layers = model, num_scale_frames, checkpoint_layers
         self.attention, self.dense_autocast = attention, dense_autocast
 
-    def forward(self, images: torch.Tensor, num_scale_frames: int | None = None) -> dict[str, Any]:
+    def forward(self, images: torch.Tensor, num_scale_frames: int | None = None, dense: bool = True) -> dict[str, Any]:
         scale = self.num_scale_frames if num_scale_frames is None else num_scale_frames
-        return clip_forward(self.model, images, num_scale_frames=scale,
+        return clip_forward(self.model, images, num_scale_frames=scale, dense=dense,
                             checkpoint_layers=self.checkpoint_layers, attention=self.attention,
                             dense_autocast=self.dense_autocast)
 
@@ -258,7 +258,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
         model.load_state_dict(state["model"])
     forward: nn.Module = parallel.wrap(
         _Clips(model, config.num_scale_frames, config.checkpoint_layers, config.attention,
-               config.autocast_dense_heads and config.precision == "bf16"), model)
+               config.autocast_dense_heads and config.precision == "bf16"), model,
+        some_unused=config.dense_every > 1)
     optimizer = _optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps, config.min_lr_ratio))
@@ -324,7 +325,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                 batch = next(batches)
                 clock.mark("data")
                 with autocast:
-                    pred = forward(batch["images"])
+                    pred = forward(batch["images"], dense=step % config.dense_every == 0)
                 clock.mark("forward")
                 loss, parts = total_loss(pred, batch, config.loss)
                 clock.mark("loss")

@@ -162,3 +162,11 @@ def test_dense_autocast_runs_only_the_depth_head_in_the_callers_precision(tiny):
     assert bf16_depth["depth"].dtype == torch.float32
     assert not torch.equal(bf16_depth["depth"], fp32_heads["depth"])  # the DPT did run in bf16
     torch.testing.assert_close(bf16_depth["depth"], fp32_heads["depth"], rtol=0.05, atol=0.05)
+
+
+def test_without_the_dense_heads_the_clip_forward_gives_the_same_cameras(tiny):
+    images = torch.rand(2, 3, 3, 28, 42)
+    full = clip_forward(tiny, images, num_scale_frames=2)
+    camera = clip_forward(tiny, images, num_scale_frames=2, dense=False)
+    assert set(camera) == {"pose_enc", "pose_enc_list"} and "depth" in full
+    torch.testing.assert_close(camera["pose_enc"], full["pose_enc"], rtol=0, atol=0)

@@ -121,9 +121,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ddp_processes_train_as_one_with_the_doubled_batch(tmp_path):
+@pytest.mark.parametrize("dense_every", [1, 2])
+def test_two_ddp_processes_train_as_one_with_the_doubled_batch(tmp_path, dense_every):
     flags = ["--model", "tiny", "--frames", "2", "--image-hw", "28", "28", "--num-scale-frames", "1",
-             "--warmup-steps", "1", "--steps", "2",
+             "--warmup-steps", "1", "--steps", "2", "--dense-every", str(dense_every),
              "--log-every", "1", "--no-tensorboard", "--device", "cpu", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
@@ -131,12 +132,31 @@ def test_two_ddp_processes_train_as_one_with_the_doubled_batch(tmp_path):
     done = subprocess.run(launch + flags + ["--batch-size", "1", "--out", str(tmp_path / "ddp")], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    one = train(_config(tmp_path / "one", steps=2, batch_size=2), progress=False)
+    one = train(_config(tmp_path / "one", steps=2, batch_size=2, dense_every=dense_every), progress=False)
     two = [json.loads(line)["loss"] for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     assert two == pytest.approx(list(one.losses), rel=1e-5, abs=1e-6)
     a, b = load_file(tmp_path / "ddp" / "model.safetensors"), load_file(one.weights)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def test_steps_between_dense_steps_train_the_trunk_and_camera_alone(tmp_path):
+    """--dense-every 2: steps 0, 2, ... run and supervise the depth head; step 1 leaves it out of
+    the forward, so it gets no gradient and no update (AdamW skips it, weight decay included)
+    while the trunk and camera head move."""
+    one = train(_config(tmp_path / "one", steps=1, dense_every=2), progress=False)
+    two = train(_config(tmp_path / "two", steps=2, dense_every=2), progress=False)
+    a, b = load_file(one.weights), load_file(two.weights)
+    depth = [k for k in a if k.startswith("depth_head.")]
+    assert depth and all(torch.equal(a[k], b[k]) for k in depth)
+    for prefix in ("camera_head.", "aggregator."):
+        assert any(not torch.equal(a[k], b[k]) for k in a if k.startswith(prefix)), prefix
+    records = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert ["depth" in r for r in records] == [True, False] and all("camera" in r for r in records)
+    every = train(_config(tmp_path / "every", steps=2), progress=False)
+    assert every.losses[0] == two.losses[0] and every.losses[1] != two.losses[1]  # the camera-only loss differs
+    with pytest.raises(ValueError, match="dense_every"):
+        _config(tmp_path, dense_every=0)
 
 
 def test_the_ema_forgets_its_start_during_its_warm_up():
