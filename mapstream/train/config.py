@@ -45,6 +45,8 @@ class TrainConfig:
     """Further sizes of procedural clips: step k renders the (k mod n)-th of (image_hw, *more_image_hw), so that a model learns several resolutions."""
     reuse_reversed: bool = False
     """Procedural clips: each rendered batch also serves the next step with its clips' frames in reverse order (another clip for the causal model), halving the rendering per step."""
+    reuse_mirrored: bool = False
+    """Procedural clips: each rendered batch also serves a step mirrored left to right (the world mirrored with the images: still a valid posed clip); with --reuse-reversed one rendering serves four steps."""
     path_kinds: tuple[str, ...] = ()
     """Procedural clips: draw only these camera paths (forward, orbit, loop, pan); empty: all of them."""
     folder_stride: int = 1

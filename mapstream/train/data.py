@@ -38,7 +38,7 @@ from mapstream.io.images import (
 from mapstream.train.render import check_path_kinds, render_clips, sample_clip
 
 __all__ = [
-    "SPLITS", "split_seed", "seed_split", "ProceduralClips", "FolderClips", "model_intrinsics",
+    "SPLITS", "split_seed", "seed_split", "ProceduralClips", "FolderClips", "mirror_clips", "model_intrinsics",
     "read_colmap_sequence", "read_transforms_json", "read_posed_folder", "find_posed_folders",
 ]
 
@@ -114,6 +114,10 @@ class ProceduralClips(_Steps):
             frames in reverse order: for the causal model another clip (other scale frames,
             the motion run backwards) at no rendering cost. Step ``k`` then shows batch
             ``k // 2``'s seeds.
+        reuse_mirrored: each rendered batch also serves a step mirrored left to right
+            (:func:`mirror_clips`: the images flipped, the world mirrored with them, still
+            rigid poses and a valid clip); with ``reuse_reversed`` a rendering serves four
+            steps: as rendered, reversed, mirrored, mirrored and reversed.
         path_kinds: the camera paths drawn (:func:`~mapstream.train.render.sample_clip`).
     """
 
@@ -122,7 +126,7 @@ class ProceduralClips(_Steps):
         image_hw: tuple[int, int] | Sequence[tuple[int, int]] = (294, 518), *,
         split: str = "train", rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
-        reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None,
+        reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None, reuse_mirrored: bool = False,
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
@@ -139,10 +143,13 @@ class ProceduralClips(_Steps):
         self.device, self.chunk_frames = torch.device(device), chunk_frames
         self.start_step, self.num_batches = start_step, num_batches
         self.reuse_reversed, self.path_kinds = reuse_reversed, check_path_kinds(path_kinds)
+        self.reuse_mirrored = reuse_mirrored
+        # (mirrored, reversed) of the steps that share one rendering, in the order they come.
+        self._views = [(m, r) for m in (False, True)[: 1 + reuse_mirrored] for r in (False, True)[: 1 + reuse_reversed]]
         self._rendered: tuple[int, dict[str, Tensor]] | None = None  # (rendering, its batch)
 
     def _rendering(self, step: int) -> int:
-        return step // 2 if self.reuse_reversed else step
+        return step // len(self._views)
 
     def seeds(self, step: int) -> list[int]:
         """The seeds of this rank's batch at ``step``."""
@@ -153,13 +160,16 @@ class ProceduralClips(_Steps):
         return [split_seed(self.split, first + b) for b in range(self.batch_size)]
 
     def batch(self, step: int) -> dict[str, Tensor]:
-        """The batch of ``step``: rendered, or (``reuse_reversed``, odd steps) the previous
-        step's frames in reverse order."""
+        """The batch of ``step``: its rendering as rendered, or reversed and/or mirrored
+        (``reuse_reversed``, ``reuse_mirrored``)."""
         rendering = self._rendering(step)
         if self._rendered is None or self._rendered[0] != rendering:
             self._rendered = rendering, self._render(rendering)
         batch = self._rendered[1]
-        if self.reuse_reversed and step % 2:
+        mirrored, reversed_ = self._views[step % len(self._views)]
+        if mirrored:
+            batch = mirror_clips(batch)
+        if reversed_:
             batch = {k: (v.flip(1) if k != "seed" else v) for k, v in batch.items()}
         return batch
 
@@ -177,6 +187,28 @@ class ProceduralClips(_Steps):
             "T_world_cam": as_dev(np.stack([s.T_world_cam for s in specs])), "K": as_dev(K),
             "seed": torch.tensor(seeds, dtype=torch.int64, device=self.device),
         }
+
+
+def mirror_clips(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The clips of ``batch`` seen in a mirror: every frame flipped left to right, and the
+    world mirrored in its x axis with them, so that the clip stays a rigid, posed one.
+
+    A camera-space point ``(x, y, z)`` at pixel ``u = fx x / z + s y / z + cx`` appears at
+    ``W - 1 - u`` after the flip, which is the pixel of the point ``(-x, y, z)`` under ``fx``,
+    skew ``-s`` and ``cx' = W - 1 - cx``. Mirroring every camera frame and the world alike
+    (``M = diag(-1, 1, 1, 1)``) turns ``T_world_cam`` into ``M T M``: a rotation again
+    (``det = 1``), with every relative rotation of the same angle and every distance kept,
+    so the normalisation and the losses apply unchanged. Other keys pass through."""
+    width = batch["images"].shape[-1]
+    mirror = torch.diag(torch.tensor([-1.0, 1.0, 1.0, 1.0], dtype=batch["T_world_cam"].dtype,
+                                     device=batch["T_world_cam"].device))
+    K = batch["K"].clone()
+    K[..., 0, 1] = -batch["K"][..., 0, 1]
+    K[..., 0, 2] = (width - 1) - batch["K"][..., 0, 2]
+    out = dict(batch)
+    out.update(images=batch["images"].flip(-1), depth=batch["depth"].flip(-1), valid=batch["valid"].flip(-1),
+               T_world_cam=mirror @ batch["T_world_cam"] @ mirror, K=K)
+    return out
 
 
 # ----------------------------------------------------------------------------- users' folders

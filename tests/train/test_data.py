@@ -154,13 +154,19 @@ def test_procedural_batches_are_reproducible_and_geometric():
     assert all(torch.equal(b[k], again[k]) for k in b)
     assert b["images"].min() >= 0 and b["images"].max() <= 1 and b["valid"].all()
     assert torch.equal(b["valid"], b["depth"] > 0)
-    # Frame 0's surface seen from frame 1: poses are camera-to-world, OpenCV axes.
+    _reprojects(b)
+
+
+def _reprojects(b) -> None:
+    """Frame 0's surface seen from frame 1 lands where frame 1 sees it (poses camera-to-world,
+    OpenCV axes, K of the integer pixel grid)."""
+    clips, _, height, width = b["depth"].shape
     pts = unproject_depth(b["depth"][:, 0].double(), b["K"][:, 0].double(), b["T_world_cam"][:, 0].double())
-    uv, z = project_points(pts.reshape(2, -1, 3), b["K"][:, 1].double(), b["T_world_cam"][:, 1].double())
+    uv, z = project_points(pts.reshape(clips, -1, 3), b["K"][:, 1].double(), b["T_world_cam"][:, 1].double())
     u, v = uv[..., 0].round().long(), uv[..., 1].round().long()
-    inside = (u >= 0) & (u < 56) & (v >= 0) & (v < 42) & (z > 0)
+    inside = (u >= 0) & (u < width) & (v >= 0) & (v < height) & (z > 0)
     assert inside.float().mean() > 0.3
-    for c in range(2):
+    for c in range(clips):
         seen = b["depth"][c, 1][v[c][inside[c]], u[c][inside[c]]].double()
         rel = ((seen - z[c][inside[c]]).abs() / z[c][inside[c]])
         assert rel.median() < 0.02
@@ -179,6 +185,38 @@ def test_reused_batches_come_back_reversed_and_render_every_other_step():
         for key in ("images", "depth", "valid", "T_world_cam", "K"):
             assert torch.equal(got[key], want[key].flip(1) if step % 2 else want[key]), (step, key)
     assert renders == [0, 1]  # each rendering serves two steps
+
+
+def test_mirrored_clips_are_posed_clips_of_the_mirrored_world():
+    from mapstream.train.data import mirror_clips
+    from mapstream.train.normalize import gt_pose_encoding, normalize_clip
+
+    plain = ProceduralClips(2, 3, (42, 56)).batch(0)
+    mirrored = mirror_clips(plain)
+    assert torch.equal(mirrored["images"], plain["images"].flip(-1)) and torch.equal(mirrored["depth"][..., 0],
+                                                                                       plain["depth"][..., -1])
+    R = mirrored["T_world_cam"][..., :3, :3].double()
+    assert torch.allclose(torch.linalg.det(R), torch.ones(2, 3, dtype=torch.float64), atol=1e-5)
+    assert torch.equal(mirrored["K"][..., 0, 2], 55 - plain["K"][..., 0, 2])
+    _reprojects(mirrored)  # the mirrored depth, poses and K agree with each other
+    a, b = (gt_pose_encoding(normalize_clip(x), (42, 56)) for x in (plain, mirrored))
+    torch.testing.assert_close(b[..., 0], -a[..., 0])  # the centres mirrored in x
+    torch.testing.assert_close(b[..., 1:3], a[..., 1:3])
+    torch.testing.assert_close(b[..., 3:7] * torch.tensor([1.0, -1, -1, 1]), a[..., 3:7], atol=1e-6, rtol=0)
+    torch.testing.assert_close(b[..., 7:], a[..., 7:])  # same fields of view
+    torch.testing.assert_close(normalize_clip(mirrored)["scale"], normalize_clip(plain)["scale"])
+
+    both = ProceduralClips(2, 3, (42, 56), reuse_reversed=True, reuse_mirrored=True)
+    renders = []
+    original = both._render
+    both._render = lambda r: renders.append(r) or original(r)
+    views = [both.batch(step) for step in range(8)]
+    assert renders == [0, 1]  # one rendering serves four steps
+    want = [plain, {k: v.flip(1) for k, v in plain.items() if k != "seed"}, mirrored,
+            {k: v.flip(1) for k, v in mirrored.items() if k != "seed"}]
+    for view, expected in zip(views[:4], want):
+        assert all(torch.equal(view[k], expected[k]) for k in ("images", "depth", "T_world_cam", "K"))
+    assert views[4]["seed"].tolist() == both.seeds(4) == ProceduralClips(2, 3, (42, 56)).seeds(1)
 
 
 def test_path_kinds_limit_the_camera_paths_drawn():
