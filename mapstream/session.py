@@ -36,6 +36,9 @@ __all__ = ["Session", "FramePrediction", "SessionClosedError", "resolve_precisio
 log = logging.getLogger(__name__)
 
 
+# Frame sizes whose captured steps a session keeps (each holds its graphs' memory pool).
+_GRAPHED_SIZES = 4
+
 class SessionClosedError(RuntimeError):
     """A step on a closed session."""
 
@@ -494,6 +497,8 @@ class Session:
     def _graphs_for(self, frames: torch.Tensor) -> GraphedStep:
         size = tuple(frames.shape[-2:])
         if size not in self._graphed:
+            if len(self._graphed) >= _GRAPHED_SIZES:  # a session lent to inputs of ever-new sizes stays bounded
+                self._graphed.clear()
             with _autocast(self.device, self.precision):
                 self._graphed[size] = graphed_step(
                     self.model, size, capture=self.device.type == "cuda", whole=self.whole_step

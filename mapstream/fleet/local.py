@@ -19,16 +19,19 @@ def run_here(tracker: Tracker, before_input: BeforeInput | None = None) -> int:
     interrupt (Ctrl-C) or an exit stops the job: the input's folder keeps its finished
     frames for a rerun. Returns the workers used (one)."""
     holder = ModelHolder()
-    for item, opts in tracker.todo:
-        attempt = 1
-        while True:
-            try:
-                result = run_input(item, opts, holder, attempt, before_input)
-            except Exception as err:  # noqa: BLE001 - any failure of one input is that input's, told in the summary
-                if tracker.failed(item, attempt, f"{type(err).__name__}: {err}"):
-                    attempt += 1
-                    continue
+    try:
+        for item, opts in tracker.todo:
+            attempt = 1
+            while True:
+                try:
+                    result = run_input(item, opts, holder, attempt, before_input)
+                except Exception as err:  # noqa: BLE001 - any failure of one input is that input's, told in the summary
+                    if tracker.failed(item, attempt, f"{type(err).__name__}: {err}"):
+                        attempt += 1
+                        continue
+                    break
+                tracker.succeeded(result)
                 break
-            tracker.succeeded(result)
-            break
+    finally:
+        holder.close()
     return 1

@@ -1,8 +1,11 @@
 """What one worker does: hold a model and run its inputs one after another with it.
 
-A worker (a Ray actor, or the job's own process without Ray) loads the model once and gives
-each input's `mapstream.pipeline.run` a fresh session of it, so an input's folder is the one a
-single `mapstream run` of it writes, without a load per input.
+A worker (a Ray actor, or the job's own process without Ray) loads the model once and lends
+each input's `mapstream.pipeline.run` a session of it. When the input is done the session is
+reset (a scene cut: every cached frame forgotten, so the next input starts exactly as a fresh
+session does) and kept for the next input with the same settings, so its CUDA graphs are
+captured once per worker and frame size instead of once per input. An input's folder is the one
+a single `mapstream run` of it writes, without a load or a capture per input.
 """
 from __future__ import annotations
 
@@ -49,13 +52,65 @@ class InputResult:
     error: str | None = None
 
 
+# Stream settings whose sessions a worker keeps: a job's inputs share their settings except the
+# keyframe interval, which follows each input's length.
+_IDLE_SETTINGS = 2
+
+
+class _LentSession:
+    """A held session lent to one input: `close()` gives it back to the holder, reset, instead
+    of releasing it; everything else is the session's own."""
+
+    def __init__(self, session: Any, give_back: Callable[[Any], None]) -> None:
+        self._session, self._give_back = session, give_back
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            self._give_back(session)
+
+
 class ModelHolder:
     """The worker's model, loaded on its first input and kept for the next ones with the same
-    model settings (a job's inputs share them)."""
+    model settings (a job's inputs share them), and the sessions its finished inputs gave
+    back, one per stream setting, reused by the next inputs with that setting."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._loaded: tuple[Any, str, list[str], str] | None = None
+        self._idle: dict[tuple, Any] = {}  # (mode, stream settings) -> a reset session
+
+    @property
+    def idle_sessions(self) -> int:
+        """Sessions given back and not lent again (each holds its cache pages and graphs)."""
+        return len(self._idle)
+
+    def _drop_idle(self) -> None:
+        for session in self._idle.values():
+            session.close()
+        self._idle.clear()
+
+    def _take_back(self, key: tuple, session: Any) -> None:
+        try:
+            session.reset()
+        except Exception:  # a session that cannot start a new sequence is not lent again
+            log.warning("a session could not be reset after its input; the next input gets a new one", exc_info=True)
+            session.close()
+            return
+        if key in self._idle:  # one kept per setting: inputs of a worker run one after another
+            session.close()
+            return
+        self._idle[key] = session
+        while len(self._idle) > _IDLE_SETTINGS:  # the setting given back longest ago goes
+            self._idle.pop(next(iter(self._idle))).close()
+
+    def close(self) -> None:
+        """Release the idle sessions and the model (the worker is done)."""
+        self._drop_idle()
+        self._key, self._loaded = None, None
 
     def open_session(self, opts: RunOptions, device: torch.device, stream: StreamConfig) -> OpenedSession:
         """`run`'s ``open_session``: a session of the held model, as a single run opens one."""
@@ -63,6 +118,7 @@ class ModelHolder:
         key = (opts.model, opts.checkpoint_file, str(device), opts.stream.backend, opts.camera_iterations,
                opts.compile, precision, opts.low_precision_heads, opts.demo)
         if key != self._key:
+            self._drop_idle()  # sessions of the old model
             self._loaded = None  # the old model goes before the new one loads
             model, desc, warnings = resolve_model(
                 opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo,
@@ -74,12 +130,14 @@ class ModelHolder:
             log.info("worker loaded %s on %s", desc, device)
         model, desc, warnings, heads = self._loaded
         stream = stream.with_settings(precision=precision)
-        if opts.mode == "windowed":
-            session = WindowedSession(model, stream, output_device="cpu")
-        else:
-            session = Session(model, stream, output_device="cpu")
+        setting = (opts.mode, stream)
+        session = self._idle.pop(setting, None)
+        if session is None:
+            kind = WindowedSession if opts.mode == "windowed" else Session
+            session = kind(model, stream, output_device="cpu")
+        lent = _LentSession(session, lambda returned: self._take_back(setting, returned))
         # A run adds its own warnings to the list it is given: each run gets its own copy.
-        return OpenedSession(session, desc, list(warnings), precision, heads, opts.camera_iterations)
+        return OpenedSession(lent, desc, list(warnings), precision, heads, opts.camera_iterations)
 
 
 def run_input(item: JobInput, opts: RunOptions, holder: ModelHolder, attempt: int,

@@ -134,3 +134,38 @@ def test_a_stopped_job_says_what_it_did_not_reach_and_a_rerun_completes_it(tmp_p
 
     again = run_many(inputs, options(tmp_path / "job"), progress=False)
     assert [(r.name, r.status) for r in again.results] == [("s00", "finished_before"), ("s01", "done"), ("s02", "done")]
+
+
+def test_a_worker_lends_one_session_to_its_inputs_and_each_starts_as_a_fresh_one(tmp_path):
+    """The worker's session is reset and lent again to the next input with the same settings
+    (its CUDA graphs are captured once); every input's folder still equals its single run, and
+    other settings get a session of their own, at most two kept."""
+    import dataclasses
+
+    from mapstream import StreamConfig
+    from mapstream.fleet.worker import ModelHolder
+
+    folders = scenes(tmp_path / "data", 3)
+    opts = options(tmp_path / "job")
+    holder = ModelHolder()
+    lent = []
+
+    def opening(o, device, stream):
+        opened = holder.open_session(o, device, stream)
+        lent.append(opened.session._session)
+        return opened
+
+    def run_one(folder, out, **changes):
+        run(dataclasses.replace(opts, input=str(folder), out=out, **changes), progress=False, open_session=opening)
+
+    for i, folder in enumerate(folders[:2]):
+        run_one(folder, tmp_path / "job" / f"s{i}")
+    assert lent[0] is lent[1] and holder.idle_sessions == 1
+    assert lent[0].frames_processed == 0 and lent[0].in_scale_phase  # given back reset
+    for i, folder in enumerate(folders[:2]):
+        assert_same_run(tmp_path / "job" / f"s{i}", solo(folder, tmp_path / "solo" / f"s{i}", opts))
+    for scale, name in ((1, "one"), (3, "three")):
+        run_one(folders[2], tmp_path / "job" / name, stream=StreamConfig(num_scale_frames=scale))
+    assert len({id(s) for s in lent}) == 3 and holder.idle_sessions == 2  # the oldest setting's went
+    holder.close()
+    assert holder.idle_sessions == 0

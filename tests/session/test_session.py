@@ -1033,3 +1033,22 @@ def test_a_copied_models_reference_protocol_keeps_its_cache_settings():
     assert twin.default_state.aggregator.spec == model.default_state.aggregator.spec
     assert twin.default_state.aggregator.spec.window_frames == 2
     assert twin.default_state.aggregator is not model.default_state.aggregator
+
+
+def test_a_session_keeps_the_graphed_steps_of_at_most_four_frame_sizes(model):
+    """A session reset between inputs of ever-new sizes (a fleet worker lends one session to
+    many inputs) keeps its graphed steps bounded; a size seen again after the clear is graphed
+    anew and predicts as before."""
+    from mapstream.session import _GRAPHED_SIZES
+
+    sizes = [(28, 42), (42, 28), (28, 56), (42, 42), (56, 28), (28, 42)]
+    with model.session(num_scale_frames=2, fast=True) as s:
+        first = None
+        for i, (h, w) in enumerate(sizes):
+            s.reset()
+            outs = [p for frame in frames_of(3, h, w, seed=1) for p in s.step(frame)]
+            assert len(s._graphed) <= _GRAPHED_SIZES and (h, w) in s._graphed
+            if i == 0:
+                first = outs[-1].depth
+        assert len(s._graphed) == 2  # cleared when the fifth size came, then (56, 28) and (28, 42) again
+        torch.testing.assert_close(outs[-1].depth, first, rtol=0, atol=0)
