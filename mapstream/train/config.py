@@ -16,7 +16,7 @@ from ..validation import check_count
 from .distributed import DISTRIBUTED_MODES
 from .forward import ATTENTION_KINDS
 from .losses import LossWeights
-from .render import check_path_kinds
+from .render import check_object_range, check_path_kinds
 
 __all__ = ["TrainConfig", "FINETUNE_MODES", "check_train_config", "config_dict", "from_dict", "load_config"]
 
@@ -49,6 +49,8 @@ class TrainConfig:
     """Procedural clips: each rendered batch also serves a step mirrored left to right (the world mirrored with the images: still a valid posed clip); with --reuse-reversed one rendering serves four steps."""
     path_kinds: tuple[str, ...] = ()
     """Procedural clips: draw only these camera paths (forward, orbit, loop, pan); empty: all of them."""
+    scene_objects: tuple[int, int] = (3, 12)
+    """Procedural clips: the least and most objects in a room (more objects: more landmarks to follow between frames, and more rendering); the held-out clips keep the default."""
     folder_stride: int = 1
     """Frame step inside a clip cut from a folder."""
     batch_size: int = 4
@@ -134,6 +136,7 @@ def check_train_config(c: TrainConfig) -> None:
     check_count("warmup_steps", c.warmup_steps, least=0)
     check_count("val_every", c.val_every, least=0)
     check_count("val_clips", c.val_clips)
+    check_object_range(c.scene_objects)
     check_count("val_frames", c.val_frames, least=0)
     check_count("val_scale_frames", c.val_scale_frames, least=0)
     if (c.val_scale_frames or c.num_scale_frames) > (c.val_frames or c.frames):
@@ -200,7 +203,7 @@ def from_dict(values: dict[str, Any], *, source: str = "the configuration") -> T
             kwargs[key] = LossWeights(**value)
         elif key in ("data", "out") and value is not None:
             kwargs[key] = Path(value)
-        elif key in ("image_hw", "betas", "path_kinds") and isinstance(value, (list, tuple)):
+        elif key in ("image_hw", "betas", "path_kinds", "scene_objects") and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(value)
         elif key == "more_image_hw" and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(tuple(hw) for hw in value)

@@ -35,7 +35,7 @@ from mapstream.geometry import quat_to_mat
 from mapstream.io.images import (
     natural_sort_key, open_image, oriented_size, preprocess_image, preprocessed_height, resized_shape,
 )
-from mapstream.train.render import check_path_kinds, render_clips, sample_clip
+from mapstream.train.render import check_object_range, check_path_kinds, render_clips, sample_clip
 
 __all__ = [
     "SPLITS", "split_seed", "seed_split", "ProceduralClips", "FolderClips", "mirror_clips", "model_intrinsics",
@@ -119,6 +119,7 @@ class ProceduralClips(_Steps):
             rigid poses and a valid clip); with ``reuse_reversed`` a rendering serves four
             steps: as rendered, reversed, mirrored, mirrored and reversed.
         path_kinds: the camera paths drawn (:func:`~mapstream.train.render.sample_clip`).
+        objects: the range of the scenes' object counts (:func:`~mapstream.train.render.sample_clip`).
     """
 
     def __init__(
@@ -127,6 +128,7 @@ class ProceduralClips(_Steps):
         split: str = "train", rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
         reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None, reuse_mirrored: bool = False,
+        objects: tuple[int, int] = (3, 12),
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
@@ -143,7 +145,7 @@ class ProceduralClips(_Steps):
         self.device, self.chunk_frames = torch.device(device), chunk_frames
         self.start_step, self.num_batches = start_step, num_batches
         self.reuse_reversed, self.path_kinds = reuse_reversed, check_path_kinds(path_kinds)
-        self.reuse_mirrored = reuse_mirrored
+        self.reuse_mirrored, self.objects = reuse_mirrored, check_object_range(objects)
         # (mirrored, reversed) of the steps that share one rendering, in the order they come.
         self._views = [(m, r) for m in (False, True)[: 1 + reuse_mirrored] for r in (False, True)[: 1 + reuse_reversed]]
         self._rendered: tuple[int, dict[str, Tensor]] | None = None  # (rendering, its batch)
@@ -176,7 +178,7 @@ class ProceduralClips(_Steps):
     def _render(self, rendering: int) -> dict[str, Tensor]:
         seeds = self._seeds(rendering)
         hw = self.sizes[rendering % len(self.sizes)]
-        specs = [sample_clip(s, self.num_frames, hw, self.path_kinds) for s in seeds]
+        specs = [sample_clip(s, self.num_frames, hw, self.path_kinds, self.objects) for s in seeds]
         cams = np.stack([s.T_room_cam for s in specs])
         K = np.repeat(np.stack([s.K for s in specs])[:, None], self.num_frames, 1)
         images, depth = render_clips([s.scene for s in specs], cams, K, hw, self.device,

@@ -164,14 +164,16 @@ def _box_distance(p: np.ndarray, centre: np.ndarray, half: np.ndarray, R: np.nda
     return np.linalg.norm(q, axis=-1)
 
 
-def _furnish(rng: np.random.Generator, half: np.ndarray, T_room_cam: np.ndarray) -> Scene:
-    """The room, 3-12 objects clear of every camera centre, and the light. Half the objects
-    stand 0.8-3.5 m ahead of a camera so that the views hold geometry, not only walls."""
+def _furnish(rng: np.random.Generator, half: np.ndarray, T_room_cam: np.ndarray,
+             objects: tuple[int, int] = (3, 12)) -> Scene:
+    """The room, ``objects[0]``-``objects[1]`` objects (fewer where no place clear of every
+    camera centre is found) and the light. Half the objects stand 0.8-3.5 m ahead of a camera
+    so that the views hold geometry, not only walls."""
     cams, views = T_room_cam[:, :3, 3], T_room_cam[:, :3, 2]
     palette = _PALETTES[rng.choice(len(_PALETTES), p=_PALETTE_WEIGHTS)]
     room = Box(np.array([0.0, 0.0, half[2]]), half.copy(), _texture(rng, palette, 2.0), inside=True)
     prims: list[Box | Sphere] = [room]
-    for _ in range(int(rng.integers(3, 13))):
+    for _ in range(int(rng.integers(objects[0], objects[1] + 1))):
         for _attempt in range(20):
             is_box = rng.random() < 0.6
             if is_box:
@@ -212,27 +214,37 @@ def _furnish(rng: np.random.Generator, half: np.ndarray, T_room_cam: np.ndarray)
 
 
 def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
-                path_kinds: Sequence[str] | None = None) -> ClipSpec:
+                path_kinds: Sequence[str] | None = None, objects: tuple[int, int] = (3, 12)) -> ClipSpec:
     """Draw one clip's room, objects, textures, light, camera path and FoV from ``seed`` (>= 0).
 
     The path is drawn first, the objects then avoid its camera centres, so no camera is inside
     or within 0.3 m of a surface. ``path_kinds`` limits the paths to some of
     :data:`PATH_KINDS` (their weights renormalised; e.g. a curriculum's easy motions first).
+    ``objects``: the range of the objects' number (inclusive); more objects give the views
+    more landmarks to follow between frames (and the renderer more work).
     """
     if seed < 0 or num_frames < 1:
         raise ValueError(f"need seed >= 0 and num_frames >= 1, got {seed}, {num_frames}")
+    check_object_range(objects)
     kinds = check_path_kinds(path_kinds)
     rng = np.random.default_rng((_STREAM, int(seed)))
     half = np.array([rng.uniform(1.8, 5.0), rng.uniform(1.8, 5.0), rng.uniform(1.2, 2.0)])
     weights = np.array([w if k in kinds else 0.0 for k, w in zip(PATH_KINDS, _PATH_WEIGHTS)])
     kind = PATH_KINDS[rng.choice(len(PATH_KINDS), p=weights / weights.sum())]
     T_room_cam = _camera_path(rng, kind, num_frames, half)
-    scene = _furnish(rng, half, T_room_cam)
+    scene = _furnish(rng, half, T_room_cam, (int(objects[0]), int(objects[1])))
     fov = float(rng.uniform(45.0, 90.0))
     H, W = image_hw
     fx = (W / 2) / np.tan(np.radians(fov) / 2)
     K = np.array([[fx, 0.0, W / 2], [0.0, fx, H / 2], [0.0, 0.0, 1.0]])
     return ClipSpec(int(seed), scene, T_room_cam, K, world_from_room(int(seed)), kind, fov)
+
+
+def check_object_range(objects: Sequence[int]) -> tuple[int, int]:
+    """``objects`` as ``(least, most)``; ValueError unless ``0 <= least <= most``."""
+    if len(objects) != 2 or not 0 <= int(objects[0]) <= int(objects[1]):
+        raise ValueError(f"the objects' number must be a range (least, most) with 0 <= least <= most, got {tuple(objects)}")
+    return int(objects[0]), int(objects[1])
 
 
 def check_path_kinds(path_kinds: Sequence[str] | None) -> tuple[str, ...]:

@@ -146,7 +146,8 @@ def _data(config: TrainConfig, rank: int, world: int, device: torch.device, star
         sizes = [tuple(config.image_hw), *(tuple(hw) for hw in config.more_image_hw)]
         return ProceduralClips(config.batch_size, config.frames, sizes, rank=rank, world_size=world,
                                device=device, start_step=start_step, reuse_reversed=config.reuse_reversed,
-                               path_kinds=config.path_kinds, reuse_mirrored=config.reuse_mirrored)
+                               path_kinds=config.path_kinds, reuse_mirrored=config.reuse_mirrored,
+                               objects=config.scene_objects)
     return FolderClips(config.data, config.batch_size, config.frames, config.image_hw[1], stride=config.folder_stride,
                        seed=config.seed, rank=rank, world_size=world, device=device, start_step=start_step)
 

@@ -341,3 +341,26 @@ def test_folder_clips_split_between_ranks_and_epochs(sequence, tmp_path):
     assert not loaded["valid"].any() and (loaded["depth"] == 0).all()
     fx = 0.5 * 168 / np.tan(0.5) * (28 / 168)
     assert loaded["K"][0, 0, 0].item() == pytest.approx(fx, rel=1e-6)
+
+
+def test_the_number_of_objects_follows_its_range():
+    from mapstream.train.render import sample_clip
+
+    counts = {len(sample_clip(s, 4, HW).scene.primitives) - 1 for s in range(30)}  # less the room
+    assert min(counts) >= 3 and max(counts) <= 12 and len(counts) > 3
+    busy = [len(sample_clip(s, 4, HW, objects=(20, 24)).scene.primitives) - 1 for s in range(10)]
+    assert min(busy) >= 15 and max(busy) <= 24  # a few may find no place clear of the cameras
+    assert [len(sample_clip(s, 4, HW, objects=(0, 0)).scene.primitives) for s in range(3)] == [1, 1, 1]
+    # The default is the range (3, 12).
+    a, b = sample_clip(7, 4, HW).scene.primitives, sample_clip(7, 4, HW, objects=(3, 12)).scene.primitives
+    assert len(a) == len(b) and all(np.array_equal(p.center, q.center) for p, q in zip(a, b))
+    data = ProceduralClips(2, 3, HW, objects=(20, 24))
+    assert data.objects == (20, 24) and data.batch(0)["images"].shape[:2] == (2, 3)
+    for bad in ((5, 2), (-1, 3)):
+        with pytest.raises(ValueError, match="objects' number must be a range"):
+            sample_clip(0, 4, HW, objects=bad)
+    from mapstream.train.config import TrainConfig, from_dict
+
+    assert from_dict({"scene_objects": [12, 30]}).scene_objects == (12, 30)
+    with pytest.raises(ValueError, match="objects' number"):
+        TrainConfig(scene_objects=(4, 1))
