@@ -345,3 +345,16 @@ def test_train_step_under_torchrun_reports_every_process_of_an_fsdp_run(tmp_path
     assert (result["world_size"], result["distributed"], result["global_batch"]) == (2, "fsdp", 2)
     assert result["peak_gpu_bytes_per_process"] == [None, None] and len(result["losses"]) == 2
     assert "x 2 processes (fsdp)" in done.stdout
+
+
+def test_the_correspondence_probe_trains_on_each_kind_of_clip():
+    import torch
+
+    module = _load("probe_correspondence")
+    for mode in module.MODES:
+        images, poses = module.clips(mode, 3, torch.Generator().manual_seed(0))
+        assert images.shape == (3, 2, 3, module.H, module.W) and poses.shape == (3, 2, 9)
+        assert float(images.min()) >= 0 and float(images.max()) <= 1
+        assert module.yaw_error_deg(poses, poses) == 0.0
+    history = module.main(["--mode", "blobshift", "--steps", "2", "--batch-size", "2"])
+    assert [step for step, _ in history] == [0, 2] and all(error == error for _, error in history)
