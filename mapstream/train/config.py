@@ -16,7 +16,7 @@ from ..validation import check_count
 from .distributed import DISTRIBUTED_MODES
 from .forward import ATTENTION_KINDS
 from .losses import LossWeights
-from .render import check_object_range, check_path_kinds
+from .render import SCENE_OBJECTS, check_object_range, check_path_kinds
 
 __all__ = ["TrainConfig", "FINETUNE_MODES", "check_train_config", "config_dict", "from_dict", "load_config"]
 
@@ -49,7 +49,7 @@ class TrainConfig:
     """Procedural clips: each rendered batch also serves a step mirrored left to right (the world mirrored with the images: still a valid posed clip); with --reuse-reversed one rendering serves four steps."""
     path_kinds: tuple[str, ...] = ()
     """Procedural clips: draw only these camera paths (forward, orbit, loop, pan); empty: all of them."""
-    scene_objects: tuple[int, int] = (3, 12)
+    scene_objects: tuple[int, int] = SCENE_OBJECTS
     """Procedural clips: the least and most objects in a room (more objects: more landmarks to follow between frames, and more rendering); the held-out clips keep the default."""
     folder_stride: int = 1
     """Frame step inside a clip cut from a folder."""

@@ -35,7 +35,7 @@ from mapstream.geometry import quat_to_mat
 from mapstream.io.images import (
     natural_sort_key, open_image, oriented_size, preprocess_image, preprocessed_height, resized_shape,
 )
-from mapstream.train.render import check_object_range, check_path_kinds, render_clips, sample_clip
+from mapstream.train.render import SCENE_OBJECTS, check_object_range, check_path_kinds, render_clips, sample_clip
 
 __all__ = [
     "SPLITS", "split_seed", "seed_split", "ProceduralClips", "FolderClips", "mirror_clips", "model_intrinsics",
@@ -128,7 +128,7 @@ class ProceduralClips(_Steps):
         split: str = "train", rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
         reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None, reuse_mirrored: bool = False,
-        objects: tuple[int, int] = (3, 12),
+        objects: tuple[int, int] = SCENE_OBJECTS,
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)

@@ -164,8 +164,11 @@ def _box_distance(p: np.ndarray, centre: np.ndarray, half: np.ndarray, R: np.nda
     return np.linalg.norm(q, axis=-1)
 
 
+# The range of a procedural room's object count unless a run asks for another.
+SCENE_OBJECTS = (3, 12)
+
 def _furnish(rng: np.random.Generator, half: np.ndarray, T_room_cam: np.ndarray,
-             objects: tuple[int, int] = (3, 12)) -> Scene:
+             objects: tuple[int, int] = SCENE_OBJECTS) -> Scene:
     """The room, ``objects[0]``-``objects[1]`` objects (fewer where no place clear of every
     camera centre is found) and the light. Half the objects stand 0.8-3.5 m ahead of a camera
     so that the views hold geometry, not only walls."""
@@ -214,7 +217,7 @@ def _furnish(rng: np.random.Generator, half: np.ndarray, T_room_cam: np.ndarray,
 
 
 def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
-                path_kinds: Sequence[str] | None = None, objects: tuple[int, int] = (3, 12)) -> ClipSpec:
+                path_kinds: Sequence[str] | None = None, objects: tuple[int, int] = SCENE_OBJECTS) -> ClipSpec:
     """Draw one clip's room, objects, textures, light, camera path and FoV from ``seed`` (>= 0).
 
     The path is drawn first, the objects then avoid its camera centres, so no camera is inside
@@ -225,14 +228,14 @@ def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
     """
     if seed < 0 or num_frames < 1:
         raise ValueError(f"need seed >= 0 and num_frames >= 1, got {seed}, {num_frames}")
-    check_object_range(objects)
+    objects = check_object_range(objects)
     kinds = check_path_kinds(path_kinds)
     rng = np.random.default_rng((_STREAM, int(seed)))
     half = np.array([rng.uniform(1.8, 5.0), rng.uniform(1.8, 5.0), rng.uniform(1.2, 2.0)])
     weights = np.array([w if k in kinds else 0.0 for k, w in zip(PATH_KINDS, _PATH_WEIGHTS)])
     kind = PATH_KINDS[rng.choice(len(PATH_KINDS), p=weights / weights.sum())]
     T_room_cam = _camera_path(rng, kind, num_frames, half)
-    scene = _furnish(rng, half, T_room_cam, (int(objects[0]), int(objects[1])))
+    scene = _furnish(rng, half, T_room_cam, objects)
     fov = float(rng.uniform(45.0, 90.0))
     H, W = image_hw
     fx = (W / 2) / np.tan(np.radians(fov) / 2)
