@@ -7,7 +7,8 @@
 # its peak: --steps 100000) and writes $OUT/NAME.jsonl (its metrics); $OUT/logs.txt gathers
 # the end of every log. At most 7 variants (the call returns at most 8 files). KEEP_WEIGHTS=1
 # also writes each run's current weights in half precision to $OUT/NAME/ (two files each,
-# benchmarks/half_weights.py; the call returns 64 MiB at most: two or three variants).
+# benchmarks/half_weights.py; the call returns 64 MiB at most: two or three variants);
+# KEEP_WEIGHTS="NAME ..." does so for the variants named.
 set -uo pipefail
 minutes=${1:?minutes}
 shift
@@ -30,7 +31,7 @@ for name in "${names[@]}"; do
     echo "== $name"
     grep -v "trainer: step" "runs/$name.log" | tail -6
     cp "runs/$name/metrics.jsonl" "$out/$name.jsonl" 2>/dev/null || echo "(no metrics)"
-    if [[ ${KEEP_WEIGHTS:-0} == 1 ]]; then
+    if [[ ${KEEP_WEIGHTS:-0} == 1 || " ${KEEP_WEIGHTS:-} " == *" $name "* ]]; then
         mkdir -p "$out/$name" && python3 "$(dirname "$0")/half_weights.py" split "runs/$name" "$out/$name"
     fi
 done | tee "$out/logs.txt"

@@ -199,7 +199,7 @@ def test_train_variants_runs_each_variant_with_its_flags_side_by_side(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("model: tiny\ndevice: cpu\nframes: 2\nnum_scale_frames: 1\nimage_hw: [28, 42]\n"
                       "batch_size: 1\nlog_every: 1\ntensorboard: false\nwarmup_steps: 1\n")
-    env = {**os.environ, "RECIPE": str(recipe), "OUT": str(tmp_path / "out"), "KEEP_WEIGHTS": "1",
+    env = {**os.environ, "RECIPE": str(recipe), "OUT": str(tmp_path / "out"), "KEEP_WEIGHTS": "pans",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     done = subprocess.run(["bash", str(BENCHMARKS / "train_variants.sh"), "0.001", "plain=", "pans=--path-kinds pan"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -208,9 +208,11 @@ def test_train_variants_runs_each_variant_with_its_flags_side_by_side(tmp_path):
         assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["path_kinds"] == kinds
         metrics = [json.loads(line) for line in (tmp_path / "out" / f"{name}.jsonl").read_text().splitlines()]
         assert metrics and metrics[0]["step"] == 1
-        halves = sorted((tmp_path / "out" / name).glob("weights-*.safetensors"))  # KEEP_WEIGHTS=1
-        joined = _load("half_weights").join(tmp_path / "out" / name, tmp_path / f"{name}.safetensors")
-        assert len(halves) == 2 and mapstream.load_model(joined, preset="tiny").load_report.ok
+    # KEEP_WEIGHTS names the variants whose weights come back (1: every variant's)
+    assert not (tmp_path / "out" / "plain").exists()
+    halves = sorted((tmp_path / "out" / "pans").glob("weights-*.safetensors"))
+    joined = _load("half_weights").join(tmp_path / "out" / "pans", tmp_path / "pans.safetensors")
+    assert len(halves) == 2 and mapstream.load_model(joined, preset="tiny").load_report.ok
     assert "== plain" in (tmp_path / "out" / "logs.txt").read_text()
     refused = subprocess.run(["bash", str(BENCHMARKS / "train_variants.sh"), "1", "bad name=x"], cwd=tmp_path,
                              env=env, capture_output=True, text=True)
