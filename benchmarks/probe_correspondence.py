@@ -72,7 +72,7 @@ def clips(mode: str, n: int, generator: torch.Generator) -> tuple[torch.Tensor, 
         poses[1, 0, 0] = poses[1, 2, 2] = math.cos(angle)
         poses[1, 0, 2], poses[1, 2, 0] = math.sin(angle), -math.sin(angle)
         encodings.append(extri_intri_to_pose_encoding(poses, K, (H, W)))
-    return images.clamp(0, 1), torch.stack(encodings)
+    return images.clamp(0, 1), torch.stack(encodings), shift
 
 
 def _span(centre: int) -> slice:
@@ -85,6 +85,57 @@ def yaw_error_deg(pred: torch.Tensor, gt: torch.Tensor) -> float:
     return float((yaw(pred) - yaw(gt)).abs().rad2deg().mean())
 
 
+def patch_targets(shift: torch.Tensor, patch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each patch of the second frame [n, h*w]: the index of the first frame's patch
+    holding its centre, and whether that centre lies inside the first frame."""
+    gh, gw = H // patch, W // patch
+    col = torch.arange(gw, device=shift.device) * patch + patch // 2
+    seen = col[None, :] + shift[:, None]  # the first frame's pixel column of each centre
+    inside = (seen >= 0) & (seen < W)
+    target_col = (seen.clamp(0, W - 1) // patch)
+    rows = torch.arange(gh, device=shift.device)[None, :, None]
+    target = rows * gw + target_col[:, None, :]  # [n, gh, gw]
+    return target.flatten(1), inside[:, None, :].expand(-1, gh, -1).flatten(1)
+
+
+def auxiliary_loss(kind: str, head: torch.nn.Module, layers: list[torch.Tensor], shift: torch.Tensor,
+                   patch: int, first_patch: int) -> torch.Tensor:
+    """A dense cross-frame loss on the aggregator's last selected layer: "match" scores each
+    second-frame patch against the first frame's (InfoNCE on the true patch); "flow" regresses
+    each second-frame patch's displacement to the first frame in patches."""
+    tokens = layers[-1][:, :, first_patch:]  # [n, 2, P, 2C]
+    target, inside = patch_targets(shift, patch)
+    if kind == "match":
+        desc = F.normalize(head(tokens), dim=-1)
+        logits = desc[:, 1] @ desc[:, 0].transpose(1, 2) / 0.1  # [n, P, P]
+        ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
+        return (ce * inside.flatten()).sum() / inside.sum().clamp(min=1)
+    flow = head(tokens[:, 1]).squeeze(-1)  # [n, P]
+    return F.smooth_l1_loss(flow, (shift.float() / patch)[:, None].expand_as(flow))
+
+
+def sincos_positions_(model: torch.nn.Module) -> None:
+    """The patch embedding's position table as 2-D sines and cosines of unit amplitude
+    (absolute positions in the tokens' values), instead of small random numbers."""
+    table = model.aggregator.patch_embed.pos_embed  # [1, 1 + n*n, C]
+    n, width = math.isqrt(table.shape[1] - 1), table.shape[2]
+    rows, cols = torch.meshgrid(torch.arange(n).float(), torch.arange(n).float(), indexing="ij")
+    freq = 1.0 / 100.0 ** (torch.arange(width // 4).float() / (width // 4))
+    parts = [f(axis.flatten()[:, None] * freq) for axis in (rows, cols) for f in (torch.sin, torch.cos)]
+    with torch.no_grad():
+        table[0, 1:] = torch.cat(parts, dim=1)
+
+
+def tie_global_keys_(model: torch.nn.Module) -> None:
+    """The global blocks' key projections equal to their query projections: with the q/k
+    normalisation, each token attends most to tokens of the same content from the start."""
+    with torch.no_grad():
+        for block in model.aggregator.global_blocks:
+            qkv, width = block.attn.qkv, block.attn.qkv.weight.shape[1]
+            qkv.weight[width:2 * width] = qkv.weight[:width]
+            qkv.bias[width:2 * width] = qkv.bias[:width]
+
+
 def main(argv: list[str] | None = None) -> list[tuple[int, float]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=MODES, default="blobshift")
@@ -93,12 +144,28 @@ def main(argv: list[str] | None = None) -> list[tuple[int, float]]:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--aux", choices=("none", "match", "flow"), default="none",
+                    help="a dense cross-frame loss on the tokens next to the camera loss")
+    ap.add_argument("--aux-weight", type=float, default=1.0)
+    ap.add_argument("--init", nargs="*", choices=("sincos", "tied"), default=[],
+                    help="initialisations meant to make matching easier to learn")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--eval-every", type=int, default=50)
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
-    model = init_for_training_(mapstream.build_model(args.preset), args.seed).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05, betas=(0.9, 0.95))
-    held_images, held_poses = clips(args.mode, 64, torch.Generator().manual_seed(10_000 + args.seed))
+    model = init_for_training_(mapstream.build_model(args.preset), args.seed)
+    if "sincos" in args.init:
+        sincos_positions_(model)
+    if "tied" in args.init:
+        tie_global_keys_(model)
+    device = torch.device(args.device)
+    model.to(device).train()
+    width = 2 * model.config.embed_dim
+    head = torch.nn.Linear(width, 64 if args.aux == "match" else 1).to(device)
+    optimizer = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=args.lr, weight_decay=0.05, betas=(0.9, 0.95))
+    held_images, held_poses, _ = clips(args.mode, 64, torch.Generator().manual_seed(10_000 + args.seed))
+    held_images = held_images.to(device)
     still = held_poses.clone()
     still[..., 3:7] = torch.tensor([0.0, 0.0, 0.0, 1.0])
     print(f"{args.mode}: predicting no rotation errs {yaw_error_deg(still, held_poses):.2f} deg")
@@ -106,19 +173,25 @@ def main(argv: list[str] | None = None) -> list[tuple[int, float]]:
     for step in range(args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 50)
-        images, poses = clips(args.mode, args.batch_size, generator)
-        loss, _ = camera_loss(clip_forward(model, images, num_scale_frames=1, dense=False)["pose_enc_list"], poses)
+        images, poses, shift = (t.to(device) for t in clips(args.mode, args.batch_size, generator))
+        out = clip_forward(model, images, num_scale_frames=1, dense=False, keep_layers=args.aux != "none")
+        loss, _ = camera_loss(out["pose_enc_list"], poses)
+        if args.aux != "none":
+            aux = auxiliary_loss(args.aux, head, out["layers"], shift, model.config.patch_size,
+                                 model.config.num_special_tokens)
+            loss = loss + args.aux_weight * aux
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if step % 50 == 0 or step == args.steps:
+        if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             with torch.no_grad():
                 pred = clip_forward(model, held_images, num_scale_frames=1, dense=False)["pose_enc"]
             model.train()
-            history.append((step, yaw_error_deg(pred, held_poses)))
-            print(f"step {step}: loss {loss.item():.4f}, held-out yaw error {history[-1][1]:.2f} deg", flush=True)
+            history.append((step, yaw_error_deg(pred.cpu(), held_poses)))
+            extra = f" (aux {aux.item():.4f})" if args.aux != "none" else ""
+            print(f"step {step}: loss {loss.item():.4f}{extra}, held-out yaw error {history[-1][1]:.2f} deg", flush=True)
     return history
 
 

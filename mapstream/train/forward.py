@@ -95,6 +95,7 @@ def clip_forward(
     attention: str = "sdpa",
     dense_autocast: bool = False,
     dense: bool = True,
+    keep_layers: bool = False,
 ) -> dict[str, Any]:
     """The network on whole clips `images` [B, S, 3, H, W] (B independent clips), every frame
     seeing what it sees when streamed (module docstring). Returns pose_enc [B,S,9],
@@ -105,16 +106,18 @@ def clip_forward(
     both compute the same function. dense_autocast: the depth (and point) head under the
     caller's autocast too, not in fp32 as inference runs it (`GCTNetwork.heads`). dense=False:
     the camera head alone (no depth or points), a step that supervises only the camera.
+    keep_layers: also return the aggregator's selected layers [B, S, P, 2C] as "layers" (for
+    losses on the tokens themselves).
 
     Runs PyTorch's own differentiable operations throughout (`plain_pytorch()`): the fused
     kernels of the inference path have no backward."""
     with plain_pytorch():
         return _clip_forward(model, images, num_scale_frames, checkpoint_layers,
-                             resolve_attention(attention, images.device), dense_autocast, dense)
+                             resolve_attention(attention, images.device), dense_autocast, dense, keep_layers)
 
 
 def _clip_forward(model: GCTNetwork, images: torch.Tensor, num_scale_frames: int, checkpoint_layers: bool,
-                  attention: str, dense_autocast: bool, dense: bool):
+                  attention: str, dense_autocast: bool, dense: bool, keep_layers: bool):
     images = check_images(images, model.config.patch_size, check_values=False)
     check_scale_frames(num_scale_frames)
     agg, c = model.aggregator, model.config
@@ -153,5 +156,8 @@ def _clip_forward(model: GCTNetwork, images: torch.Tensor, num_scale_frames: int
             camera_tokens, lambda layer_index, q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=camera_mask)
         )
 
-    return model.heads(layers, (height, width), c.num_special_tokens, camera, dense_autocast=dense_autocast,
-                       dense=dense)
+    out = model.heads(layers, (height, width), c.num_special_tokens, camera, dense_autocast=dense_autocast,
+                      dense=dense)
+    if keep_layers:
+        out["layers"] = layers
+    return out

@@ -354,9 +354,44 @@ def test_the_correspondence_probe_trains_on_each_kind_of_clip():
 
     module = _load("probe_correspondence")
     for mode in module.MODES:
-        images, poses = module.clips(mode, 3, torch.Generator().manual_seed(0))
-        assert images.shape == (3, 2, 3, module.H, module.W) and poses.shape == (3, 2, 9)
+        images, poses, shift = module.clips(mode, 3, torch.Generator().manual_seed(0))
+        assert shift.shape == (3,) and images.shape == (3, 2, 3, module.H, module.W) and poses.shape == (3, 2, 9)
         assert float(images.min()) >= 0 and float(images.max()) <= 1
         assert module.yaw_error_deg(poses, poses) == 0.0
     history = module.main(["--mode", "blobshift", "--steps", "2", "--batch-size", "2"])
     assert [step for step, _ in history] == [0, 2] and all(error == error for _, error in history)
+    for aux in ("match", "flow"):
+        history = module.main(["--mode", "patchshift", "--steps", "1", "--batch-size", "2", "--aux", aux,
+                               "--init", "sincos", "tied"])
+        assert [step for step, _ in history] == [0, 1] and all(error == error for _, error in history)
+
+
+def test_the_probe_knows_which_patch_of_the_first_frame_each_patch_shows():
+    import torch
+
+    module = _load("probe_correspondence")
+    target, inside = module.patch_targets(torch.tensor([14, -20]), 14)  # 4 x 8 patches of 14 px
+    columns = target.view(2, 4, 8) % 8
+    assert (target.view(2, 4, 8) // 8 == torch.arange(4)[:, None]).all()  # same row
+    assert columns[0, 0].tolist()[:7] == [1, 2, 3, 4, 5, 6, 7] and inside[0].view(4, 8)[:, :7].all()
+    assert not inside[0].view(4, 8)[:, 7].any()  # its centre left the first frame
+    # centres 7 + 14c - 20 = -13, 1, 15, ...: the first leaves the frame, the next falls in column 0
+    assert columns[1, 0].tolist()[1:] == [0, 1, 2, 3, 4, 5, 6] and not inside[1].view(4, 8)[:, 0].any()
+
+
+def test_the_probe_initialisations_tie_keys_to_queries_and_draw_positions_as_sines():
+    import mapstream
+    import torch
+
+    module = _load("probe_correspondence")
+    model = mapstream.build_model("tiny")
+    module.sincos_positions_(model)
+    module.tie_global_keys_(model)
+    table = model.aggregator.patch_embed.pos_embed.detach()[0, 1:]
+    assert float(table.abs().max()) <= 1.0 and torch.allclose(table.pow(2).mean(), torch.tensor(0.5))
+    assert table[0, :32].abs().max() == 0  # row 0: the row sines are zero
+    width = model.config.embed_dim
+    for block in model.aggregator.global_blocks:
+        assert torch.equal(block.attn.qkv.weight[:width], block.attn.qkv.weight[width:2 * width])
+    frame = model.aggregator.frame_blocks[0].attn.qkv.weight
+    assert not torch.equal(frame[:width], frame[width:2 * width])  # the frame blocks keep their own

@@ -170,3 +170,16 @@ def test_without_the_dense_heads_the_clip_forward_gives_the_same_cameras(tiny):
     camera = clip_forward(tiny, images, num_scale_frames=2, dense=False)
     assert set(camera) == {"pose_enc", "pose_enc_list"} and "depth" in full
     torch.testing.assert_close(camera["pose_enc"], full["pose_enc"], rtol=0, atol=0)
+
+
+def test_the_clip_forward_can_return_the_layers_its_heads_read(tiny):
+    images = torch.rand(2, 3, 3, 28, 42)
+    full = clip_forward(tiny, images, num_scale_frames=2)
+    kept = clip_forward(tiny, images, num_scale_frames=2, keep_layers=True)
+    layers, c = kept.pop("layers"), tiny.config
+    per_frame = c.num_special_tokens + (28 // c.patch_size) * (42 // c.patch_size)
+    assert [t.shape for t in layers] == [(2, 3, per_frame, 2 * c.embed_dim)] * len(c.selected_layers)
+    assert set(kept) == set(full) and "layers" not in full
+    dense = tiny.dense_heads(layers, (28, 42), c.num_special_tokens)  # the heads' inputs, unchanged
+    torch.testing.assert_close(dense["depth"], full["depth"], rtol=0, atol=0)
+    torch.testing.assert_close(kept["pose_enc"], full["pose_enc"], rtol=0, atol=0)
