@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import mapstream
 from mapstream.geometry import extri_intri_to_pose_encoding
 from mapstream.train.forward import clip_forward
-from mapstream.train.init import init_for_training_
+from mapstream.train.init import init_for_training_, sincos_positions_, tie_global_keys_
 from mapstream.train.losses import camera_loss
 
 MODES = ("bright", "brightdiff", "blob", "blobshift", "shift", "patchshift")
@@ -114,28 +114,6 @@ def auxiliary_loss(kind: str, head: torch.nn.Module, layers: list[torch.Tensor],
     return F.smooth_l1_loss(flow, (shift.float() / patch)[:, None].expand_as(flow))
 
 
-def sincos_positions_(model: torch.nn.Module) -> None:
-    """The patch embedding's position table as 2-D sines and cosines of unit amplitude
-    (absolute positions in the tokens' values), instead of small random numbers."""
-    table = model.aggregator.patch_embed.pos_embed  # [1, 1 + n*n, C]
-    n, width = math.isqrt(table.shape[1] - 1), table.shape[2]
-    rows, cols = torch.meshgrid(torch.arange(n).float(), torch.arange(n).float(), indexing="ij")
-    freq = 1.0 / 100.0 ** (torch.arange(width // 4).float() / (width // 4))
-    parts = [f(axis.flatten()[:, None] * freq) for axis in (rows, cols) for f in (torch.sin, torch.cos)]
-    with torch.no_grad():
-        table[0, 1:] = torch.cat(parts, dim=1)
-
-
-def tie_global_keys_(model: torch.nn.Module) -> None:
-    """The global blocks' key projections equal to their query projections: with the q/k
-    normalisation, each token attends most to tokens of the same content from the start."""
-    with torch.no_grad():
-        for block in model.aggregator.global_blocks:
-            qkv, width = block.attn.qkv, block.attn.qkv.weight.shape[1]
-            qkv.weight[width:2 * width] = qkv.weight[:width]
-            qkv.bias[width:2 * width] = qkv.bias[:width]
-
-
 def main(argv: list[str] | None = None) -> list[tuple[int, float]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=MODES, default="blobshift")
@@ -148,7 +126,7 @@ def main(argv: list[str] | None = None) -> list[tuple[int, float]]:
                     help="a dense cross-frame loss on the tokens next to the camera loss")
     ap.add_argument("--aux-weight", type=float, default=1.0)
     ap.add_argument("--init", nargs="*", choices=("sincos", "tied"), default=[],
-                    help="initialisations meant to make matching easier to learn")
+                    help="initialisations meant to make matching easier to learn (mapstream.train.init)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--eval-every", type=int, default=50)
     args = ap.parse_args(argv)

@@ -51,6 +51,10 @@ class Train(TrainConfig):
     """Weight of the point confidence's -alpha log(conf) regulariser."""
     loss_points_gradient: float = LossWeights.points_gradient
     """Weight of the point-map gradient term."""
+    loss_flow: float = LossWeights.flow
+    """Weight of the patch-flow loss (each patch's displacement to the first and the previous frame, read by a training-only head; helps a model from scratch learn to match frames); 0: no flow head."""
+    loss_flow_delta: float = LossWeights.flow_delta
+    """Width of the patch-flow loss's quadratic (Huber) zone, in patches."""
     loss_gradient_scales: int = LossWeights.gradient_scales
     """Image scales of the gradient terms."""
     config: Optional[Path] = None

@@ -33,6 +33,8 @@ class TrainConfig:
     """Architecture of the checkpoint given by --model ("auto": the preset its keys and shapes fit); unused for a preset name."""
     checkpoint_file: Optional[str] = None
     """File inside the folder or repo given by --model (default: load_model's)."""
+    matching_init: bool = False
+    """From scratch (--model a preset): draw the patch embedding's position table as 2-D sines and cosines and tie the global blocks' keys to their queries, so that tokens attend to like content in other frames from the first step (with --loss-flow, what lets a small network learn to match frames; docs/TRAINING.md)."""
     enable_point: bool = False
     """Build and train the world-point head; a checkpoint without one gets a new head drawn from --seed."""
     data: Optional[Path] = None

@@ -8,13 +8,23 @@ encoding of a camera that sits at the origin, looks forward and sees about one r
 bias spreads that encoding over the head's iterations (the head adds up its deltas), so the
 very first iteration already has a live field of view (a ReLU'd output that starts at or below
 0 receives no gradient).
+
+`matching=True` adds two choices that let a network from scratch learn to match image content
+between frames (docs/TRAINING.md, "What the camera can learn from scratch"): the patch
+embedding's position table as 2-D sines and cosines of unit amplitude, so that a token's value
+tells where it is, and the global blocks' key projections equal to their query projections, so
+that with the q/k normalisation every token attends most to tokens of like content, in its own
+frame and the others, from the first step.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-__all__ = ["LAYER_SCALE_INIT", "init_for_training_", "init_head_for_training_"]
+import math
+
+__all__ = ["LAYER_SCALE_INIT", "init_for_training_", "init_head_for_training_", "sincos_positions_",
+           "tie_global_keys_"]
 
 LAYER_SCALE_INIT = 0.01
 _LINEAR_STD = 0.02
@@ -35,11 +45,12 @@ def _he_normal_(tensor: torch.Tensor, generator: torch.Generator) -> None:
 
 
 @torch.no_grad()
-def init_for_training_(model: nn.Module, seed: int = 0) -> nn.Module:
+def init_for_training_(model: nn.Module, seed: int = 0, *, matching: bool = False) -> nn.Module:
     """Draw `model`'s weights for training from scratch (deterministic given `seed`); returns it.
 
     The draws follow the modules' order, so the same architecture and seed give the same
-    weights on every machine.
+    weights on every machine. matching: position table and global keys as the module docstring
+    says (`sincos_positions_`, `tie_global_keys_`).
     """
     generator = torch.Generator().manual_seed(seed)
     for module in model.modules():
@@ -70,6 +81,41 @@ def init_for_training_(model: nn.Module, seed: int = 0) -> nn.Module:
     for name in ("depth_head", "point_head"):
         if getattr(model, name, None) is not None:
             _start_dense_head(getattr(model, name))
+    if matching:
+        sincos_positions_(model)
+        tie_global_keys_(model)
+    return model
+
+
+@torch.no_grad()
+def sincos_positions_(model: nn.Module) -> nn.Module:
+    """Set the patch embedding's position table [1, 1 + n*n, C] (after its class token) to 2-D
+    sines and cosines of the n x n grid: a quarter of the channels each for sin and cos of the
+    row and of the column, at frequencies from 1 down to 1/100 a patch. Returns `model`."""
+    table = model.aggregator.patch_embed.pos_embed
+    n, width = math.isqrt(table.shape[1] - 1), table.shape[2]
+    if n * n != table.shape[1] - 1 or width % 4:
+        raise ValueError(f"a position table of shape {list(table.shape)} is not a square grid with 4k channels")
+    rows, cols = torch.meshgrid(torch.arange(n, dtype=torch.float32), torch.arange(n, dtype=torch.float32),
+                                indexing="ij")
+    freq = 100.0 ** -(torch.arange(width // 4, dtype=torch.float32) / (width // 4))
+    parts = [f(axis.flatten()[:, None] * freq) for axis in (rows, cols) for f in (torch.sin, torch.cos)]
+    table[0, 1:] = torch.cat(parts, dim=1).to(table.dtype)
+    return model
+
+
+@torch.no_grad()
+def tie_global_keys_(model: nn.Module) -> nn.Module:
+    """Copy each global block's query projection (weights and bias) onto its key projection,
+    and the query normalisation onto the key normalisation. Returns `model`."""
+    for block in model.aggregator.global_blocks:
+        attn = block.attn
+        width = attn.qkv.weight.shape[1]
+        attn.qkv.weight[width:2 * width] = attn.qkv.weight[:width]
+        if attn.qkv.bias is not None:
+            attn.qkv.bias[width:2 * width] = attn.qkv.bias[:width]
+        if isinstance(getattr(attn, "k_norm", None), nn.LayerNorm):
+            attn.k_norm.load_state_dict(attn.q_norm.state_dict())
     return model
 
 

@@ -7,7 +7,10 @@ What each term is and where it comes from is written down in ``docs/TRAINING.md`
   translation, quaternion (up to its sign) and field of view separately, over every
   refinement iteration of the camera head with weight ``gamma ** (n - 1 - i)``;
 * depth / points: ``conf * |r| + conf * |grad r| - alpha * log(conf)`` averaged over the
-  valid pixels, ``r`` the residual and ``grad r`` its finite differences across the image.
+  valid pixels, ``r`` the residual and ``grad r`` its finite differences across the image;
+* patch flow (training from scratch, optional): a robust distance between each patch's
+  predicted and true displacement to the first and the previous frame, over the patches
+  whose flow is known (:mod:`mapstream.train.flow`).
 
 Reduction: every term is first averaged within each clip (over its frames, or its valid
 pixels), then over the ``B`` clips of the batch. A clip weighs the same whatever its number of
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mapstream.train.flow import patch_flow_targets
 from mapstream.train.normalize import gt_pose_encoding, normalize_clip, world_points
 
 __all__ = [
@@ -34,6 +38,7 @@ __all__ = [
     "camera_loss",
     "confidence_regression",
     "depth_loss",
+    "flow_loss",
     "huber",
     "point_loss",
     "total_loss",
@@ -74,6 +79,11 @@ class LossWeights:
     """Weight ``alpha`` of the point confidence's ``-alpha * log(conf)`` regulariser."""
     points_gradient: float = 1.0
     """Weight of the point-map gradient term relative to the point residual term."""
+    flow: float = 0.0
+    """Weight of the patch-flow loss in the total (used only when the predictions hold
+    ``patch_flow``: the trainer's flow head, on when this weight is above 0)."""
+    flow_delta: float = 0.25
+    """Width of the patch-flow loss's quadratic (Huber) zone, in patches."""
     gradient_scales: int = 1
     """Number of image scales of the gradient terms (scale ``k`` compares every ``2**k``-th
     pixel, so later scales see the shape of larger regions); the terms average over them."""
@@ -340,6 +350,35 @@ def point_loss(
     )
 
 
+def flow_loss(flow: Tensor, gt_flow: Tensor, known: Tensor, *, delta: float = 0.25) -> tuple[Tensor, dict[str, Tensor]]:
+    """Patch-flow loss: ``huber(|flow - gt|, delta)`` per patch and reference frame, averaged
+    over the known ones.
+
+    Args:
+        flow: predicted ``patch_flow`` ``[B, S, P, 2R]`` (patches; a (du, dv) pair per reference).
+        gt_flow, known: :func:`mapstream.train.flow.patch_flow_targets` (``[B, S, P, 2R]``,
+            ``[B, S, P, R]`` bool).
+
+    Returns:
+        ``(loss, {"flow": loss})``.
+    """
+    if flow.shape != gt_flow.shape or known.shape != (*flow.shape[:-1], flow.shape[-1] // 2):
+        raise ValueError(f"patch_flow {list(flow.shape)} does not fit the true flow {list(gt_flow.shape)} "
+                         f"and its mask {list(known.shape)}")
+    error = _norm((flow - gt_flow.to(flow.dtype)).unflatten(-1, (-1, 2)))  # [B, S, P, R]
+    loss = _masked_clip_mean(huber(error, delta), known)
+    return loss, {"flow": loss.detach()}
+
+
+def _patch_size(image_hw: tuple[int, int], num_patches: int) -> int:
+    """The patch size that tiles an ``image_hw`` frame into ``num_patches`` patches."""
+    patch = round((image_hw[0] * image_hw[1] / num_patches) ** 0.5)
+    if patch < 1 or (image_hw[0] // patch) * (image_hw[1] // patch) != num_patches:
+        raise ValueError(f"patch_flow has {num_patches} patches a frame, which no patch size fits to "
+                         f"{image_hw[0]} x {image_hw[1]} frames")
+    return patch
+
+
 def _fp(x: Tensor) -> Tensor:
     """Half-precision predictions (an autocast region) are compared in fp32."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
@@ -348,7 +387,8 @@ def _fp(x: Tensor) -> Tensor:
 def total_loss(
     pred: Mapping[str, Any], batch: Mapping[str, Any], weights: LossWeights = LossWeights()
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The training objective: ``camera * L_camera + depth * L_depth + points * L_points``.
+    """The training objective: ``camera * L_camera + depth * L_depth + points * L_points``
+    (``+ flow * L_flow`` with a flow head).
 
     ``batch`` is normalised first (:func:`mapstream.train.normalize.normalize_clip`) unless it
     already carries ``scale``. The camera term uses ``pose_enc_list`` (``pose_enc`` alone when
@@ -399,6 +439,14 @@ def total_loss(
         )
         terms.append(weights.points * loss)
         parts.update(point_parts)
+
+    if weights.flow and "patch_flow" in pred:
+        flow = _fp(pred["patch_flow"])
+        patch = _patch_size(image_hw, flow.shape[-2])
+        gt_flow, known = patch_flow_targets(batch["depth"], valid, batch["T_world_cam"], batch["K"], patch)
+        loss, flow_parts = flow_loss(flow, gt_flow, known, delta=weights.flow_delta)
+        terms.append(weights.flow * loss)
+        parts.update(flow_parts)
 
     if not terms:
         raise ValueError(f"no loss term applies: the predictions hold {sorted(pred)} and the weights are {weights}")

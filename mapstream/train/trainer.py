@@ -37,6 +37,7 @@ from .checkpointing import (
 from .config import TrainConfig, config_dict
 from .distributed import Parallel
 from .ema import EMA
+from .flow import PatchFlowHead
 from .forward import clip_forward
 from .init import init_for_training_, init_head_for_training_
 from .lora import add_lora, merged_state_dict, select_trainable
@@ -101,7 +102,10 @@ def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
 
     if config.model in preset_names():
         model = mapstream.build_model(config.model, enable_point=config.enable_point)
-        return init_for_training_(model, config.seed), config.model
+        return init_for_training_(model, config.seed, matching=config.matching_init), config.model
+    if config.matching_init:
+        raise ValueError(f"--matching-init draws initial weights, but --model {config.model} is a checkpoint: "
+                         "drop the flag, or give a preset name to train from scratch")
     source = Path(config.model).expanduser()
     if not source.exists() and "/" not in config.model:
         raise ValueError(f"--model {config.model}: neither a preset ({', '.join(preset_names())}) "
@@ -124,19 +128,23 @@ def _with_new_point_head(config: TrainConfig, loaded: nn.Module) -> nn.Module:
 
 
 class _Clips(nn.Module):
-    """The clip forward as a module, so that DDP sees (and synchronises) its forward."""
+    """The clip forward as a module, so that DDP sees (and synchronises) its forward; with a
+    flow head (a training-only read-out of the patch tokens) it also predicts patch_flow."""
 
     def __init__(self, model: nn.Module, num_scale_frames: int, checkpoint_layers: bool, attention: str,
-                 dense_autocast: bool) -> None:
+                 dense_autocast: bool, flow_head: PatchFlowHead | None = None) -> None:
         super().__init__()
         self.model, self.num_scale_frames, self.checkpoint_layers = model, num_scale_frames, checkpoint_layers
-        self.attention, self.dense_autocast = attention, dense_autocast
+        self.attention, self.dense_autocast, self.flow_head = attention, dense_autocast, flow_head
 
     def forward(self, images: torch.Tensor, num_scale_frames: int | None = None, dense: bool = True) -> dict[str, Any]:
         scale = self.num_scale_frames if num_scale_frames is None else num_scale_frames
-        return clip_forward(self.model, images, num_scale_frames=scale, dense=dense,
-                            checkpoint_layers=self.checkpoint_layers, attention=self.attention,
-                            dense_autocast=self.dense_autocast)
+        out = clip_forward(self.model, images, num_scale_frames=scale, dense=dense,
+                           checkpoint_layers=self.checkpoint_layers, attention=self.attention,
+                           dense_autocast=self.dense_autocast, keep_layers=self.flow_head is not None)
+        if self.flow_head is not None:
+            out["patch_flow"] = self.flow_head(out.pop("layers")[-1][:, :, self.model.config.num_special_tokens:])
+        return out
 
 
 def _data(config: TrainConfig, rank: int, world: int, device: torch.device, start_step: int):
@@ -167,6 +175,26 @@ def _distributed(config: TrainConfig) -> tuple[int, int, torch.device, bool]:
     if started:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size(), device, started
+
+
+def _flow_head(config: TrainConfig, model: nn.Module, state: dict | None, world: int,
+               device: torch.device) -> PatchFlowHead | None:
+    """The training-only patch-flow head when --loss-flow weighs it (drawn from --seed, or the
+    resumed checkpoint's); None otherwise."""
+    if not config.loss.flow:
+        if state is not None and "flow_head" in state:
+            raise ValueError(f"the checkpoint in {config.out} was trained with a patch-flow head: resume it with "
+                             "its --loss-flow, or start over (--no-resume or another --out)")
+        return None
+    if world > 1 and config.distributed == "fsdp":
+        raise ValueError("--loss-flow's head is not sharded by --distributed fsdp: use --distributed ddp")
+    head = init_for_training_(PatchFlowHead(2 * model.config.embed_dim), config.seed)
+    if state is not None:
+        if "flow_head" not in state:
+            raise ValueError(f"the checkpoint in {config.out} was trained without a patch-flow head: resume it "
+                             "with --loss-flow 0, or start over (--no-resume or another --out)")
+        head.load_state_dict(state["flow_head"])
+    return head.to(device).train()
 
 
 def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -255,13 +283,13 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     parallel = Parallel(config.distributed, world, rank, device)
     start_step, resumed = 0, latest_checkpoint(out) if config.resume else None
     state = load_checkpoint(resumed) if resumed is not None else None
+    flow_head = _flow_head(config, model, state, world, device)
     if state is not None:  # the full weights, before sharding splits them
         model.load_state_dict(state["model"])
-    forward: nn.Module = parallel.wrap(
-        _Clips(model, config.num_scale_frames, config.checkpoint_layers, config.attention,
-               config.autocast_dense_heads and config.precision == "bf16"), model,
-        some_unused=config.dense_every > 1)
-    optimizer = _optimizer(model, config)
+    clips = _Clips(model, config.num_scale_frames, config.checkpoint_layers, config.attention,
+                   config.autocast_dense_heads and config.precision == "bf16", flow_head)
+    forward: nn.Module = parallel.wrap(clips, model, some_unused=config.dense_every > 1)
+    optimizer = _optimizer(clips, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps, config.min_lr_ratio))
     ema = EMA(model, config.ema_decay) if config.ema_decay is not None else None
@@ -294,7 +322,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
             p.numel() for p in model.parameters() if p.requires_grad), preset, config.finetune, world,
             config.distributed, device)
 
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in clips.parameters() if p.requires_grad]
     autocast = torch.autocast("cuda", torch.bfloat16) if config.precision == "bf16" else nullcontext()
     batches = iter(_data(config, rank, world, device, start_step))
     losses: list[float] = []
@@ -310,6 +338,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                  "schedule": schedule.state_dict(), "step": step, "rng": rng_state(), "config": config_dict(config)}
         if ema is not None:
             state["ema"] = parallel.ema_state(ema)
+        if flow_head is not None:
+            state["flow_head"] = flow_head.state_dict()
         if not lead:
             return None
         path = save_checkpoint(checkpoint_path(out, step), state)

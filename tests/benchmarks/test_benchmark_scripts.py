@@ -378,20 +378,3 @@ def test_the_probe_knows_which_patch_of_the_first_frame_each_patch_shows():
     # centres 7 + 14c - 20 = -13, 1, 15, ...: the first leaves the frame, the next falls in column 0
     assert columns[1, 0].tolist()[1:] == [0, 1, 2, 3, 4, 5, 6] and not inside[1].view(4, 8)[:, 0].any()
 
-
-def test_the_probe_initialisations_tie_keys_to_queries_and_draw_positions_as_sines():
-    import mapstream
-    import torch
-
-    module = _load("probe_correspondence")
-    model = mapstream.build_model("tiny")
-    module.sincos_positions_(model)
-    module.tie_global_keys_(model)
-    table = model.aggregator.patch_embed.pos_embed.detach()[0, 1:]
-    assert float(table.abs().max()) <= 1.0 and torch.allclose(table.pow(2).mean(), torch.tensor(0.5))
-    assert table[0, :32].abs().max() == 0  # row 0: the row sines are zero
-    width = model.config.embed_dim
-    for block in model.aggregator.global_blocks:
-        assert torch.equal(block.attn.qkv.weight[:width], block.attn.qkv.weight[width:2 * width])
-    frame = model.aggregator.frame_blocks[0].attn.qkv.weight
-    assert not torch.equal(frame[:width], frame[width:2 * width])  # the frame blocks keep their own

@@ -79,3 +79,26 @@ def test_a_point_head_added_to_trained_weights_starts_as_from_scratch_and_leaves
     assert out["world_points"].shape == (1, 3, 28, 28, 3) and torch.isfinite(out["world_points"]).all()
     with pytest.raises(ValueError, match="no camera_head"):
         init_head_for_training_(torch.nn.Module(), "camera_head")
+
+
+def test_the_matching_initialisation_ties_global_keys_and_writes_positions_as_sines():
+    plain = _fresh(5).state_dict()
+    model = init_for_training_(mapstream.build_model("tiny"), 5, matching=True)
+    state, width = model.state_dict(), model.config.embed_dim
+    table = state["aggregator.patch_embed.pos_embed"][0, 1:]  # 37 x 37 patches, 128 channels
+    quarter = width // 4
+    cols = torch.arange(37.0).repeat(37)
+    # the second quarter holds cos(row * f), the fourth cos(col * f): at f = 1, cos of the index
+    torch.testing.assert_close(table[:, 3 * quarter], torch.cos(cols))
+    torch.testing.assert_close(table[:, quarter], torch.cos(torch.arange(37.0).repeat_interleave(37)))
+    assert table.abs().max() <= 1 and torch.equal(state["aggregator.patch_embed.pos_embed"][0, 0],
+                                                  plain["aggregator.patch_embed.pos_embed"][0, 0])
+    for i in range(model.config.depth):
+        qkv = state[f"aggregator.global_blocks.{i}.attn.qkv.weight"]
+        assert torch.equal(qkv[:width], qkv[width:2 * width]) and torch.equal(qkv[:width], plain[
+            f"aggregator.global_blocks.{i}.attn.qkv.weight"][:width])
+        frame = state[f"aggregator.frame_blocks.{i}.attn.qkv.weight"]
+        assert not torch.equal(frame[:width], frame[width:2 * width])
+    changed = {k for k in plain if not torch.equal(plain[k], state[k])}
+    assert changed == {"aggregator.patch_embed.pos_embed"} | {
+        f"aggregator.global_blocks.{i}.attn.qkv.weight" for i in range(model.config.depth)}

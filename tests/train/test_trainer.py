@@ -19,6 +19,7 @@ from mapstream.train.checkpointing import latest_checkpoint, list_checkpoints, l
 from mapstream.train.config import TrainConfig, load_config
 from mapstream.train.forward import clip_forward
 from mapstream.train.lora import add_lora, select_trainable
+from mapstream.train.losses import LossWeights
 from mapstream.train.trainer import build_training_model, lr_factor, train
 
 SMALL = dict(model="tiny", frames=2, image_hw=(28, 28), num_scale_frames=1, batch_size=1, warmup_steps=1, log_every=1,
@@ -121,10 +122,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("dense_every", [1, 2])
-def test_two_ddp_processes_train_as_one_with_the_doubled_batch(tmp_path, dense_every):
+@pytest.mark.parametrize("dense_every, flow", [(1, 0.0), (2, 1.0)])
+def test_two_ddp_processes_train_as_one_with_the_doubled_batch(tmp_path, dense_every, flow):
     flags = ["--model", "tiny", "--frames", "2", "--image-hw", "28", "28", "--num-scale-frames", "1",
-             "--warmup-steps", "1", "--steps", "2", "--dense-every", str(dense_every),
+             "--warmup-steps", "1", "--steps", "2", "--dense-every", str(dense_every), "--loss-flow", str(flow),
              "--log-every", "1", "--no-tensorboard", "--device", "cpu", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
@@ -132,7 +133,8 @@ def test_two_ddp_processes_train_as_one_with_the_doubled_batch(tmp_path, dense_e
     done = subprocess.run(launch + flags + ["--batch-size", "1", "--out", str(tmp_path / "ddp")], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    one = train(_config(tmp_path / "one", steps=2, batch_size=2, dense_every=dense_every), progress=False)
+    one = train(_config(tmp_path / "one", steps=2, batch_size=2, dense_every=dense_every,
+                        loss=LossWeights(flow=flow)), progress=False)
     two = [json.loads(line)["loss"] for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     assert two == pytest.approx(list(one.losses), rel=1e-5, abs=1e-6)
     a, b = load_file(tmp_path / "ddp" / "model.safetensors"), load_file(one.weights)
@@ -157,6 +159,26 @@ def test_steps_between_dense_steps_train_the_trunk_and_camera_alone(tmp_path):
     assert every.losses[0] == two.losses[0] and every.losses[1] != two.losses[1]  # the camera-only loss differs
     with pytest.raises(ValueError, match="dense_every"):
         _config(tmp_path, dense_every=0)
+
+
+def test_a_flow_head_trains_beside_the_network_resumes_exactly_and_stays_out_of_the_export(tmp_path):
+    flow = dict(frames=3, image_hw=(28, 56), loss=LossWeights(flow=1.0), steps=2)
+    whole = train(_config(tmp_path / "whole", **flow), progress=False)
+    train(_config(tmp_path / "halves", **flow), progress=False, stop_at=1)
+    state = load_checkpoint(latest_checkpoint(tmp_path / "halves"))
+    assert set(state["flow_head"]) == {"proj.weight", "proj.bias"} and state["flow_head"]["proj.weight"].shape == (4, 256)
+    second = train(_config(tmp_path / "halves", **flow), progress=False)
+    assert whole.losses[:1] + second.losses == whole.losses  # bit for bit, the flow head's state resumed
+    records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["flow"] > 0 for r in records)  # a loss on the patches whose flow is known
+    plain = train(_config(tmp_path / "plain", frames=3, image_hw=(28, 56), steps=1), progress=False)
+    assert load_file(whole.weights).keys() == load_file(plain.weights).keys()  # the export holds no flow head
+    with pytest.raises(ValueError, match="trained with a patch-flow head"):
+        train(_config(tmp_path / "halves", frames=3, image_hw=(28, 56), steps=3), progress=False)
+    with pytest.raises(ValueError, match="trained without a patch-flow head"):
+        train(_config(tmp_path / "plain", **{**flow, "steps": 3}), progress=False)
+    with pytest.raises(ValueError, match="--matching-init draws initial weights"):
+        train(_config(tmp_path / "again", model=str(whole.weights), matching_init=True), progress=False)
 
 
 def test_the_ema_forgets_its_start_during_its_warm_up():
