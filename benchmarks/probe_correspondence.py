@@ -35,8 +35,12 @@ H, W, MAX_SHIFT = 56, 112, 28
 FX = W / 2  # a 90-degree horizontal field of view
 
 
-def clips(mode: str, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` two-frame clips [n, 2, 3, H, W] and their pose encodings [n, 2, 9]."""
+def clips(mode: str, n: int, generator: torch.Generator,
+          max_shift: int = MAX_SHIFT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``n`` two-frame clips [n, 2, 3, H, W], their pose encodings [n, 2, 9] and the second
+    frames' shifts in pixels [n]; `shift` moves the texture by up to `max_shift` pixels."""
+    if not 1 <= max_shift <= MAX_SHIFT:
+        raise ValueError(f"max_shift must be in [1, {MAX_SHIFT}], got {max_shift}")
     wide = W + 4 * MAX_SHIFT
     coarse = torch.rand(n, 3, 8, 24, generator=generator)
     fine = torch.rand(n, 3, 28, 84, generator=generator)
@@ -45,11 +49,11 @@ def clips(mode: str, n: int, generator: torch.Generator) -> tuple[torch.Tensor, 
     if mode == "patchshift":
         shift = 14 * torch.randint(-2, 3, (n,), generator=generator)
     else:
-        shift = torch.randint(-MAX_SHIFT, MAX_SHIFT + 1, (n,), generator=generator)
+        shift = torch.randint(-max_shift, max_shift + 1, (n,), generator=generator)
     start = MAX_SHIFT * 2
     images = torch.stack([torch.stack([texture[b, :, :, start + s * int(shift[b]): start + s * int(shift[b]) + W]
                                        for s in range(2)]) for b in range(n)])
-    fraction = shift.float() / MAX_SHIFT  # in [-1, 1]
+    fraction = shift.float() / (MAX_SHIFT if mode == "patchshift" else max_shift)  # in [-1, 1]
     if mode in ("bright", "brightdiff"):
         base = torch.rand(n, generator=generator) * 0.5 + 0.25 if mode == "brightdiff" else torch.full((n,), 0.5)
         images = images * 0.2
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> list[tuple[int, float]]:
     ap.add_argument("--aux-weight", type=float, default=1.0)
     ap.add_argument("--init", nargs="*", choices=("sincos", "tied"), default=[],
                     help="initialisations meant to make matching easier to learn (mapstream.train.init)")
+    ap.add_argument("--max-shift", type=int, default=MAX_SHIFT, help="the largest shift in pixels (shift mode)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--eval-every", type=int, default=50)
     args = ap.parse_args(argv)
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> list[tuple[int, float]]:
     width = 2 * model.config.embed_dim
     head = torch.nn.Linear(width, 64 if args.aux == "match" else 1).to(device)
     optimizer = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=args.lr, weight_decay=0.05, betas=(0.9, 0.95))
-    held_images, held_poses, _ = clips(args.mode, 64, torch.Generator().manual_seed(10_000 + args.seed))
+    held_images, held_poses, _ = clips(args.mode, 64, torch.Generator().manual_seed(10_000 + args.seed),
+                                       args.max_shift)
     held_images = held_images.to(device)
     still = held_poses.clone()
     still[..., 3:7] = torch.tensor([0.0, 0.0, 0.0, 1.0])
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> list[tuple[int, float]]:
     for step in range(args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 50)
-        images, poses, shift = (t.to(device) for t in clips(args.mode, args.batch_size, generator))
+        images, poses, shift = (t.to(device) for t in clips(args.mode, args.batch_size, generator, args.max_shift))
         out = clip_forward(model, images, num_scale_frames=1, dense=False, keep_layers=args.aux != "none")
         loss, _ = camera_loss(out["pose_enc_list"], poses)
         if args.aux != "none":
