@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..geometry import project_points, unproject_depth
+from ..geometry import project_points, transform_points
 
 __all__ = ["FLOW_REFERENCES", "PatchFlowHead", "patch_flow_targets"]
 
@@ -53,12 +53,14 @@ def patch_flow_targets(
     rows = torch.arange(H // patch, device=device) * patch + patch // 2
     cols = torch.arange(W // patch, device=device) * patch + patch // 2
     depth, K, T = depth.float(), K.float(), T_world_cam.float()
-    centres = lambda x: x[:, :, rows][:, :, :, cols]  # noqa: E731  [B, S, gh, gw, ...]
-    z = centres(depth).flatten(2)  # [B, S, P]
-    ok = centres(valid).flatten(2) & (z > 0)
-    world = centres(unproject_depth(depth, K, T)).flatten(2, 3)  # [B, S, P, 3]
-    v, u = torch.meshgrid(rows.float(), cols.float(), indexing="ij")
-    u, v = u.flatten(), v.flatten()
+
+    def centres(x: Tensor) -> Tensor:  # [B, S, H, W] -> [B, S, P]
+        return x[:, :, rows][:, :, :, cols].flatten(2)
+
+    z, ok = centres(depth), centres(valid) & (centres(depth) > 0)
+    v, u = (g.flatten().float() for g in torch.meshgrid(rows, cols, indexing="ij"))
+    rays = torch.einsum("bsij,pj->bspi", torch.linalg.inv(K), torch.stack((u, v, torch.ones_like(u)), dim=-1))
+    world = transform_points(T, rays * z[..., None])  # [B, S, P, 3]
 
     flows, known = [], []
     frame = torch.arange(S, device=device)
