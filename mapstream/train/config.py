@@ -53,6 +53,8 @@ class TrainConfig:
     """Procedural clips: draw only these camera paths (forward, orbit, loop, pan); empty: all of them."""
     scene_objects: tuple[int, int] = SCENE_OBJECTS
     """Procedural clips: the least and most objects in a room (more objects: more landmarks to follow between frames, and more rendering); the held-out clips keep the default."""
+    frame_step: int = 1
+    """Procedural clips: take every k-th camera of a path drawn k times longer (larger motion between frames, as a video with frames skipped); the held-out clips keep 1."""
     folder_stride: int = 1
     """Frame step inside a clip cut from a folder."""
     batch_size: int = 4
@@ -133,7 +135,7 @@ class TrainConfig:
 def check_train_config(c: TrainConfig) -> None:
     """ValueError naming the field for a value a run cannot use."""
     for name in ("frames", "batch_size", "num_scale_frames", "steps", "checkpoint_every", "log_every",
-                 "keep_checkpoints", "lora_rank", "folder_stride", "dense_every"):
+                 "keep_checkpoints", "lora_rank", "folder_stride", "frame_step", "dense_every"):
         check_count(name, getattr(c, name))
     check_count("warmup_steps", c.warmup_steps, least=0)
     check_count("val_every", c.val_every, least=0)

@@ -120,6 +120,8 @@ class ProceduralClips(_Steps):
             steps: as rendered, reversed, mirrored, mirrored and reversed.
         path_kinds: the camera paths drawn (:func:`~mapstream.train.render.sample_clip`).
         objects: the range of the scenes' object counts (:func:`~mapstream.train.render.sample_clip`).
+        frame_step: every how many cameras of a path the clip's frames are taken
+            (:func:`~mapstream.train.render.sample_clip`).
     """
 
     def __init__(
@@ -128,7 +130,7 @@ class ProceduralClips(_Steps):
         split: str = "train", rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
         reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None, reuse_mirrored: bool = False,
-        objects: tuple[int, int] = SCENE_OBJECTS,
+        objects: tuple[int, int] = SCENE_OBJECTS, frame_step: int = 1,
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
@@ -146,6 +148,9 @@ class ProceduralClips(_Steps):
         self.start_step, self.num_batches = start_step, num_batches
         self.reuse_reversed, self.path_kinds = reuse_reversed, check_path_kinds(path_kinds)
         self.reuse_mirrored, self.objects = reuse_mirrored, check_object_range(objects)
+        if int(frame_step) < 1:
+            raise ValueError(f"frame_step must be >= 1, got {frame_step}")
+        self.frame_step = int(frame_step)
         # (mirrored, reversed) of the steps that share one rendering, in the order they come.
         self._views = [(m, r) for m in (False, True)[: 1 + reuse_mirrored] for r in (False, True)[: 1 + reuse_reversed]]
         self._rendered: tuple[int, dict[str, Tensor]] | None = None  # (rendering, its batch)
@@ -178,7 +183,7 @@ class ProceduralClips(_Steps):
     def _render(self, rendering: int) -> dict[str, Tensor]:
         seeds = self._seeds(rendering)
         hw = self.sizes[rendering % len(self.sizes)]
-        specs = [sample_clip(s, self.num_frames, hw, self.path_kinds, self.objects) for s in seeds]
+        specs = [sample_clip(s, self.num_frames, hw, self.path_kinds, self.objects, self.frame_step) for s in seeds]
         cams = np.stack([s.T_room_cam for s in specs])
         K = np.repeat(np.stack([s.K for s in specs])[:, None], self.num_frames, 1)
         images, depth = render_clips([s.scene for s in specs], cams, K, hw, self.device,

@@ -217,24 +217,28 @@ def _furnish(rng: np.random.Generator, half: np.ndarray, T_room_cam: np.ndarray,
 
 
 def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
-                path_kinds: Sequence[str] | None = None, objects: tuple[int, int] = SCENE_OBJECTS) -> ClipSpec:
+                path_kinds: Sequence[str] | None = None, objects: tuple[int, int] = SCENE_OBJECTS,
+                frame_step: int = 1) -> ClipSpec:
     """Draw one clip's room, objects, textures, light, camera path and FoV from ``seed`` (>= 0).
 
     The path is drawn first, the objects then avoid its camera centres, so no camera is inside
     or within 0.3 m of a surface. ``path_kinds`` limits the paths to some of
     :data:`PATH_KINDS` (their weights renormalised; e.g. a curriculum's easy motions first).
     ``objects``: the range of the objects' number (inclusive); more objects give the views
-    more landmarks to follow between frames (and the renderer more work).
+    more landmarks to follow between frames (and the renderer more work). ``frame_step``: the
+    clip takes every ``frame_step``-th camera of a path drawn that many times longer (the same
+    path as a clip of that many frames, seen with larger motion between frames).
     """
-    if seed < 0 or num_frames < 1:
-        raise ValueError(f"need seed >= 0 and num_frames >= 1, got {seed}, {num_frames}")
+    if seed < 0 or num_frames < 1 or frame_step < 1:
+        raise ValueError(f"need seed >= 0, num_frames >= 1 and frame_step >= 1, got {seed}, {num_frames}, "
+                         f"{frame_step}")
     objects = check_object_range(objects)
     kinds = check_path_kinds(path_kinds)
     rng = np.random.default_rng((_STREAM, int(seed)))
     half = np.array([rng.uniform(1.8, 5.0), rng.uniform(1.8, 5.0), rng.uniform(1.2, 2.0)])
     weights = np.array([w if k in kinds else 0.0 for k, w in zip(PATH_KINDS, _PATH_WEIGHTS)])
     kind = PATH_KINDS[rng.choice(len(PATH_KINDS), p=weights / weights.sum())]
-    T_room_cam = _camera_path(rng, kind, num_frames, half)
+    T_room_cam = _camera_path(rng, kind, (num_frames - 1) * frame_step + 1, half)[::frame_step]
     scene = _furnish(rng, half, T_room_cam, objects)
     fov = float(rng.uniform(45.0, 90.0))
     H, W = image_hw

@@ -364,3 +364,24 @@ def test_the_number_of_objects_follows_its_range():
     assert from_dict({"scene_objects": [12, 30]}).scene_objects == (12, 30)
     with pytest.raises(ValueError, match="objects' number"):
         TrainConfig(scene_objects=(4, 1))
+
+
+def test_a_frame_step_takes_every_kth_camera_of_a_longer_path():
+    from mapstream.train.config import TrainConfig
+    from mapstream.train.render import PATH_KINDS, sample_clip
+
+    for seed in range(8):  # every path kind among them
+        long = sample_clip(seed, 7, HW).T_room_cam
+        stepped = sample_clip(seed, 3, HW, frame_step=3)
+        np.testing.assert_array_equal(stepped.T_room_cam, long[::3])
+        assert stepped.path == sample_clip(seed, 7, HW).path
+    assert {sample_clip(s, 2, HW).path for s in range(8)} == set(PATH_KINDS)
+    data = ProceduralClips(2, 3, HW, frame_step=2)
+    poses = data.batch(0)["T_world_cam"].double().numpy()
+    for b, seed in enumerate(data.seeds(0)):  # the clips' second frames are their paths' third cameras
+        long = sample_clip(seed, 5, HW)
+        np.testing.assert_allclose(poses[b, 1], long.T_world_room @ long.T_room_cam[2], atol=1e-5)
+    with pytest.raises(ValueError, match="frame_step"):
+        sample_clip(0, 3, HW, frame_step=0)
+    with pytest.raises(ValueError, match="frame_step"):
+        TrainConfig(frame_step=0)
