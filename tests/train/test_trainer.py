@@ -227,3 +227,15 @@ def test_procedural_clips_take_their_sizes_in_turn():
     assert tuple(ProceduralClips(1, 2, (28, 42)).batch(0)["images"].shape[-2:]) == (28, 42)
     with pytest.raises(ValueError, match="multiples of 14"):
         ProceduralClips(1, 2, [(28, 42), (20, 28)])
+
+
+def test_every_recipe_in_the_repository_is_a_valid_configuration():
+    from pathlib import Path
+
+    recipes = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
+    assert len(recipes) >= 4
+    for recipe in recipes:
+        config = load_config(recipe)
+        assert config.device == "cuda" and config.steps > 0, recipe.name
+    flow = load_config(recipes[0].parent / "small_flow.yaml")
+    assert flow.matching_init and flow.loss.flow == 1.0 and flow.frame_step == 4
