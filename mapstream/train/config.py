@@ -109,6 +109,8 @@ class TrainConfig:
     """Frames of each held-out clip; 0: --frames. Lets a run on short clips be scored at the length it will stream."""
     val_scale_frames: int = 0
     """Scale frames of the held-out clips; 0: --num-scale-frames."""
+    val_frame_step: int = 1
+    """Frame step of the held-out clips (as --frame-step): score a run on fast motion at the motion it trains on."""
     checkpoint_every: int = 500
     """Write a checkpoint every this many steps (and at the end, and on Ctrl-C)."""
     keep_checkpoints: int = 2
@@ -143,6 +145,7 @@ def check_train_config(c: TrainConfig) -> None:
     check_object_range(c.scene_objects)
     check_count("val_frames", c.val_frames, least=0)
     check_count("val_scale_frames", c.val_scale_frames, least=0)
+    check_count("val_frame_step", c.val_frame_step)
     if (c.val_scale_frames or c.num_scale_frames) > (c.val_frames or c.frames):
         raise ValueError(f"the held-out clips' {c.val_scale_frames or c.num_scale_frames} scale frames exceed "
                          f"their {c.val_frames or c.frames} frames: lower --val-scale-frames or raise --val-frames")

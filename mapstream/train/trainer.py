@@ -315,7 +315,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     writer = tensorboard_writer(out) if lead and config.tensorboard else None
     validation = Validation(config.val_clips, config.val_frames or config.frames, tuple(config.image_hw), device,
                             path_kinds=config.path_kinds, loss=config.loss,
-                            num_scale_frames=config.val_scale_frames or None) if config.val_every else None
+                            num_scale_frames=config.val_scale_frames or None,
+                            frame_step=config.val_frame_step) if config.val_every else None
     if lead:
         atomic_write_text(out / "config.json", json.dumps(config_dict(config), indent=2) + "\n")
         log.info("training %d parameters (%s, %s) on %d process(es) (%s), device %s", sum(

@@ -62,11 +62,14 @@ class Validation:
     """The "val" split's first ``clips`` procedural clips of ``frames`` frames at ``image_hw``,
     rendered once on ``device`` (see the module docstring). ``num_scale_frames``, when given,
     is passed to the forward as its keyword of that name (the clips' own scale frames);
-    None leaves the forward's."""
+    None leaves the forward's. ``frame_step``: every how many cameras of a path the clips take
+    (:class:`~mapstream.train.data.ProceduralClips`)."""
 
     def __init__(self, clips: int, frames: int, image_hw: tuple[int, int], device: torch.device, *,
-                 path_kinds=None, loss: LossWeights | None = None, num_scale_frames: int | None = None) -> None:
-        data = ProceduralClips(clips, frames, tuple(image_hw), split="val", device=device, path_kinds=path_kinds)
+                 path_kinds=None, loss: LossWeights | None = None, num_scale_frames: int | None = None,
+                 frame_step: int = 1) -> None:
+        data = ProceduralClips(clips, frames, tuple(image_hw), split="val", device=device, path_kinds=path_kinds,
+                               frame_step=frame_step)
         self.batch = normalize_clip(data.batch(0))
         self.image_hw = tuple(int(s) for s in image_hw)
         self.gt_pose_enc = gt_pose_encoding(self.batch, self.image_hw)

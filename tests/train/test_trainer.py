@@ -238,4 +238,4 @@ def test_every_recipe_in_the_repository_is_a_valid_configuration():
         config = load_config(recipe)
         assert config.device == "cuda" and config.steps > 0, recipe.name
     flow = load_config(recipes[0].parent / "small_flow.yaml")
-    assert flow.matching_init and flow.loss.flow == 1.0 and flow.frame_step == 4
+    assert flow.matching_init and flow.loss.flow == 1.0 and flow.frame_step == flow.val_frame_step == 4

@@ -90,14 +90,15 @@ def test_a_run_records_validation_at_its_validation_steps(tmp_path):
 
 
 def test_held_out_clips_can_be_longer_and_have_other_scale_frames_than_the_training_clips(tmp_path):
-    """--val-frames / --val-scale-frames: a run on short clips is scored at the length and with
-    the scale frames it streams with; the recorded values are those of the final weights on
-    exactly such clips."""
+    """--val-frames / --val-scale-frames / --val-frame-step: a run on short clips is scored at the
+    length and with the scale frames it streams with (or at the motion it trains on); the
+    recorded values are those of the final weights on exactly such clips."""
     import mapstream
     from mapstream.train.forward import clip_forward
 
     config = TrainConfig(model="tiny", frames=2, image_hw=(28, 42), num_scale_frames=1, batch_size=1, warmup_steps=1,
-                         log_every=1, val_every=1, val_clips=2, val_frames=5, val_scale_frames=3, steps=1,
+                         log_every=1, val_every=1, val_clips=2, val_frames=5, val_scale_frames=3, val_frame_step=2,
+                         steps=1,
                          tensorboard=False, device="cpu", out=tmp_path)
     train(config, progress=False)
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
@@ -106,8 +107,11 @@ def test_held_out_clips_can_be_longer_and_have_other_scale_frames_than_the_train
     def forward(images, num_scale_frames=1):
         return clip_forward(model, images, num_scale_frames=num_scale_frames)
 
-    five_frames = Validation(2, 5, (28, 42), torch.device("cpu"), num_scale_frames=3)
+    five_frames = Validation(2, 5, (28, 42), torch.device("cpu"), num_scale_frames=3, frame_step=2)
     assert five_frames.batch["images"].shape[:2] == (2, 5)
+    # the paths of 9-frame clips, every second camera (rotations relative to the same first one)
+    stepped, nine = five_frames.batch["T_world_cam"], Validation(2, 9, (28, 42), torch.device("cpu")).batch["T_world_cam"]
+    torch.testing.assert_close(stepped[:, :, :3, :3], nine[:, ::2, :3, :3])
     expected = five_frames(forward)
     for key in ("val_loss", "val_rotation_deg", "val_translation_deg", "val_depth_abs_rel"):
         assert record[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
@@ -115,5 +119,7 @@ def test_held_out_clips_can_be_longer_and_have_other_scale_frames_than_the_train
     assert one_scale_frame["val_loss"] != pytest.approx(expected["val_loss"], rel=1e-6)  # the option reaches the forward
     with pytest.raises(ValueError, match="scale frames exceed"):
         TrainConfig(frames=4, num_scale_frames=2, val_frames=6, val_scale_frames=7)
+    with pytest.raises(ValueError, match="val_frame_step"):
+        TrainConfig(val_frame_step=0)
     with pytest.raises(ValueError, match="scale frames exceed"):
         TrainConfig(frames=8, num_scale_frames=4, val_frames=3)
