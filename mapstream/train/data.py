@@ -35,7 +35,9 @@ from mapstream.geometry import quat_to_mat
 from mapstream.io.images import (
     natural_sort_key, open_image, oriented_size, preprocess_image, preprocessed_height, resized_shape,
 )
-from mapstream.train.render import SCENE_OBJECTS, check_object_range, check_path_kinds, render_clips, sample_clip
+from mapstream.train.render import (
+    SCENE_OBJECTS, check_frame_step, check_object_range, check_path_kinds, render_clips, sample_clip,
+)
 
 __all__ = [
     "SPLITS", "split_seed", "seed_split", "ProceduralClips", "FolderClips", "mirror_clips", "model_intrinsics",
@@ -148,9 +150,7 @@ class ProceduralClips(_Steps):
         self.start_step, self.num_batches = start_step, num_batches
         self.reuse_reversed, self.path_kinds = reuse_reversed, check_path_kinds(path_kinds)
         self.reuse_mirrored, self.objects = reuse_mirrored, check_object_range(objects)
-        if int(frame_step) < 1:
-            raise ValueError(f"frame_step must be >= 1, got {frame_step}")
-        self.frame_step = int(frame_step)
+        self.frame_step = check_frame_step(frame_step)
         # (mirrored, reversed) of the steps that share one rendering, in the order they come.
         self._views = [(m, r) for m in (False, True)[: 1 + reuse_mirrored] for r in (False, True)[: 1 + reuse_reversed]]
         self._rendered: tuple[int, dict[str, Tensor]] | None = None  # (rendering, its batch)

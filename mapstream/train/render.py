@@ -229,10 +229,9 @@ def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
     clip takes every ``frame_step``-th camera of a path drawn that many times longer (the same
     path as a clip of that many frames, seen with larger motion between frames).
     """
-    if seed < 0 or num_frames < 1 or frame_step < 1:
-        raise ValueError(f"need seed >= 0, num_frames >= 1 and frame_step >= 1, got {seed}, {num_frames}, "
-                         f"{frame_step}")
-    objects = check_object_range(objects)
+    if seed < 0 or num_frames < 1:
+        raise ValueError(f"need seed >= 0 and num_frames >= 1, got {seed}, {num_frames}")
+    objects, frame_step = check_object_range(objects), check_frame_step(frame_step)
     kinds = check_path_kinds(path_kinds)
     rng = np.random.default_rng((_STREAM, int(seed)))
     half = np.array([rng.uniform(1.8, 5.0), rng.uniform(1.8, 5.0), rng.uniform(1.2, 2.0)])
@@ -252,6 +251,13 @@ def check_object_range(objects: Sequence[int]) -> tuple[int, int]:
     if len(objects) != 2 or not 0 <= int(objects[0]) <= int(objects[1]):
         raise ValueError(f"the objects' number must be a range (least, most) with 0 <= least <= most, got {tuple(objects)}")
     return int(objects[0]), int(objects[1])
+
+
+def check_frame_step(frame_step: int) -> int:
+    """``frame_step`` as an int; ValueError unless it is at least 1."""
+    if int(frame_step) != frame_step or frame_step < 1:
+        raise ValueError(f"frame_step must be an integer >= 1, got {frame_step}")
+    return int(frame_step)
 
 
 def check_path_kinds(path_kinds: Sequence[str] | None) -> tuple[str, ...]:
