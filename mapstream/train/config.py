@@ -54,7 +54,7 @@ class TrainConfig:
     scene_objects: tuple[int, int] = SCENE_OBJECTS
     """Procedural clips: the least and most objects in a room (more objects: more landmarks to follow between frames, and more rendering); the held-out clips keep the default."""
     frame_step: int = 1
-    """Procedural clips: take every k-th camera of a path drawn k times longer (larger motion between frames, as a video with frames skipped); the held-out clips keep 1."""
+    """Procedural clips: take every k-th camera of a path drawn k times longer (larger motion between frames, as a video with frames skipped); the held-out clips take --val-frame-step."""
     folder_stride: int = 1
     """Frame step inside a clip cut from a folder."""
     batch_size: int = 4

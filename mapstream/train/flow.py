@@ -57,7 +57,8 @@ def patch_flow_targets(
     def centres(x: Tensor) -> Tensor:  # [B, S, H, W] -> [B, S, P]
         return x[:, :, rows][:, :, :, cols].flatten(2)
 
-    z, ok = centres(depth), centres(valid) & (centres(depth) > 0)
+    z = centres(depth)
+    ok = centres(valid) & (z > 0)
     v, u = (g.flatten().float() for g in torch.meshgrid(rows, cols, indexing="ij"))
     rays = torch.einsum("bsij,pj->bspi", torch.linalg.inv(K), torch.stack((u, v, torch.ones_like(u)), dim=-1))
     world = transform_points(T, rays * z[..., None])  # [B, S, P, 3]

@@ -18,10 +18,10 @@ frame and the others, from the first step.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
-
-import math
 
 __all__ = ["LAYER_SCALE_INIT", "init_for_training_", "init_head_for_training_", "sincos_positions_",
            "tie_global_keys_"]
