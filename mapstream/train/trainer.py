@@ -322,6 +322,11 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
         log.info("training %d parameters (%s, %s) on %d process(es) (%s), device %s", sum(
             p.numel() for p in model.parameters() if p.requires_grad), preset, config.finetune, world,
             config.distributed, device)
+        if validation is not None:
+            levels = validation.references(model.config.patch_size if config.loss.flow else None)
+            atomic_write_text(out / "val_references.json", json.dumps(levels, indent=2) + "\n")
+            log.info("held-out levels of no motion learned: %s",
+                     ", ".join(f"{k} {v:.4g}" for k, v in levels.items()))
 
     params = [p for p in clips.parameters() if p.requires_grad]
     autocast = torch.autocast("cuda", torch.bfloat16) if config.precision == "bf16" else nullcontext()

@@ -14,7 +14,9 @@ the clip forward on them without gradients and returns, as ``val_*`` values:
   by the ratio of medians, computed by `mapstream eval`'s own depth metrics.
 
 A head that predicts one mean camera for every frame keeps the angles where they start; a
-camera that learns brings them down.
+camera that learns brings them down. `Validation.references` gives the levels to read them
+against: the rotation error of a camera that never turns and the flow loss of a flow of zero
+on the same clips (a run writes them to ``val_references.json``).
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from ..eval.depth import depth_metrics
 from ..eval.trajectory import rotation_angle_deg
 from ..geometry import pose_encoding_to_extri_intri
 from .data import ProceduralClips
-from .losses import LossWeights, total_loss
+from .flow import patch_flow_targets
+from .losses import LossWeights, flow_loss, total_loss
 from .normalize import gt_pose_encoding, normalize_clip, valid_mask
 
 __all__ = ["Validation", "camera_errors_deg", "depth_abs_rel"]
@@ -99,3 +102,18 @@ class Validation:
         values["val_rotation_deg"], values["val_translation_deg"] = rotation, translation
         values["val_depth_abs_rel"] = depth_abs_rel(pred["depth"][..., 0], self.batch["depth"], valid_mask(self.batch))
         return values
+
+    @torch.no_grad()
+    def references(self, patch_size: int | None = None) -> dict[str, float]:
+        """The values a network that has learned nothing of the motion scores on these clips:
+        ``val_rotation_deg`` of the identity rotation (every frame predicted to face as the
+        first) and, given the network's ``patch_size``, ``val_flow`` of predicting zero flow
+        for every patch (the flow loss's own weighting and Huber width)."""
+        T = pose_encoding_to_extri_intri(self.gt_pose_enc.double(), self.image_hw)[0][:, 1:]
+        levels = {"val_rotation_deg": float(rotation_angle_deg(T[..., :3, :3].cpu().numpy()).mean())}
+        if patch_size is not None:
+            gt_flow, known = patch_flow_targets(self.batch["depth"], valid_mask(self.batch),
+                                                self.batch["T_world_cam"], self.batch["K"], int(patch_size))
+            loss, _ = flow_loss(torch.zeros_like(gt_flow), gt_flow, known, delta=self.loss.flow_delta)
+            levels["val_flow"] = float(loss)
+        return levels

@@ -75,6 +75,30 @@ def test_validation_scores_held_out_clips_and_leaves_the_training_mode(tmp_path)
     assert set(values) >= {"val_loss", "val_camera_rotation", "val_depth_gradient"}
 
 
+def test_the_reference_levels_are_what_a_still_camera_and_a_zero_flow_score(tmp_path):
+    """Validation.references: the val_rotation_deg and val_flow that a network predicting the
+    identity rotation and no motion for every patch records on the same clips."""
+    from mapstream.train.losses import LossWeights
+
+    validation = Validation(3, 3, HW, torch.device("cpu"), loss=LossWeights(flow=1.0), frame_step=3)
+    still = validation.gt_pose_enc.float().clone()
+    still[..., 3:7] = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    patches = (HW[0] // 14) * (HW[1] // 14)
+
+    def forward(images):
+        return {"pose_enc": still, "pose_enc_list": [still], "depth": validation.batch["depth"][..., None],
+                "depth_conf": torch.ones_like(validation.batch["depth"]),
+                "patch_flow": torch.zeros(*images.shape[:2], patches, 4)}
+
+    values = validation(forward)
+    levels = validation.references(patch_size=14)
+    assert set(levels) == {"val_rotation_deg", "val_flow"}
+    assert levels["val_rotation_deg"] == pytest.approx(values["val_rotation_deg"], abs=1e-6)
+    assert levels["val_flow"] == pytest.approx(values["val_flow"], rel=1e-6)
+    assert levels["val_rotation_deg"] > 1.0 and levels["val_flow"] > 0  # these clips turn and move
+    assert set(validation.references()) == {"val_rotation_deg"}
+
+
 def test_a_run_records_validation_at_its_validation_steps(tmp_path):
     config = TrainConfig(model="tiny", frames=2, image_hw=(28, 28), num_scale_frames=1, batch_size=1, warmup_steps=1,
                          log_every=1, val_every=2, val_clips=2, steps=3, tensorboard=False, device="cpu", out=tmp_path)
@@ -82,6 +106,8 @@ def test_a_run_records_validation_at_its_validation_steps(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     with_val = [r["step"] for r in records if "val_loss" in r]
     assert with_val == [2, 3]  # every second step and the last
+    levels = json.loads((tmp_path / "val_references.json").read_text())
+    assert levels == pytest.approx(Validation(2, 2, (28, 28), torch.device("cpu")).references())
     for record in records:
         if "val_loss" in record:
             assert all(math.isfinite(record[k]) for k in ("val_loss", "val_rotation_deg", "val_depth_abs_rel"))
