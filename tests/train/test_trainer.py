@@ -233,9 +233,11 @@ def test_every_recipe_in_the_repository_is_a_valid_configuration():
     from pathlib import Path
 
     recipes = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
-    assert len(recipes) >= 4
+    assert len(recipes) >= 5
     for recipe in recipes:
         config = load_config(recipe)
         assert config.device == "cuda" and config.steps > 0, recipe.name
     flow = load_config(recipes[0].parent / "small_flow.yaml")
-    assert flow.matching_init and flow.loss.flow == 1.0 and flow.frame_step == flow.val_frame_step == 4
+    assert flow.matching_init and flow.loss.flow == 1.0 and flow.frames == 2 and flow.frame_step == flow.val_frame_step == 3
+    flow4 = load_config(recipes[0].parent / "small_flow4.yaml")
+    assert not flow4.matching_init and flow4.frames == 4 and flow4.model == "runs/small_flow/model.safetensors"
