@@ -84,9 +84,9 @@ class Train(TrainConfig):
         summary = train(config, progress=not self.quiet)
         if summary.world_size > 1 and summary.weights is None:
             return 0  # the other processes of a torchrun: rank 0 prints the summary
-        if summary.weights is None:
-            print(f"stopped at step {summary.steps} of {config.steps} (checkpoint: {summary.checkpoint}); "
-                  "the same command continues the run")
+        if summary.steps < config.steps:
+            print(f"stopped at step {summary.steps} of {config.steps} (checkpoint: {summary.checkpoint}; "
+                  f"weights so far: {summary.weights}); the same command continues the run")
             return 0
         first = summary.losses[0] if summary.losses else float("nan")
         last = summary.losses[-1] if summary.losses else float("nan")

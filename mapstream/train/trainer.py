@@ -64,7 +64,8 @@ class TrainSummary:
     losses: tuple[float, ...]
     """The total loss of each step this run took (averaged over all processes)."""
     weights: Path | None
-    """The exported model.safetensors (None when interrupted)."""
+    """The exported model.safetensors: at the last step, or at a stop by the time limit (the
+    weights so far); None when interrupted."""
     checkpoint: Path | None
     """The latest checkpoint written."""
     preset: str
@@ -334,6 +335,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     losses: list[float] = []
     pending: list[torch.Tensor] = []  # this process's step losses not yet read back from the device
     step, saved, last_checkpoint = start_step, start_step, resumed
+    timed_out = False
 
     def checkpoint() -> Path | None:
         """Write a checkpoint (rank 0) and return its path; sharded, every rank takes part in
@@ -395,7 +397,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                     if not last and _out_of_time(started, config.time_limit_minutes, world, device):
                         log.info("time limit of %s minutes reached at step %d", config.time_limit_minutes, step)
                         stop_at = step
-                        last = True
+                        last = timed_out = True
                 if step % config.checkpoint_every == 0 or last:
                     written = checkpoint()
                     last_checkpoint, saved = written or last_checkpoint, step  # written: None off rank 0
@@ -412,7 +414,9 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
             writer.close()
 
     weights = None
-    if (lead or parallel.sharded) and step >= config.steps:
+    # A stop by the time limit is agreed by every process, so the export (a gather, sharded)
+    # is safe there too: each leg of a job leaves usable weights.
+    if (lead or parallel.sharded) and (step >= config.steps or timed_out):
         with (ema.applied(model) if ema is not None else nullcontext()):
             # Sharded runs hold no LoRA adapters (Parallel.wrap refuses them): the state is the export.
             # Written inside: the unsharded state's tensors are the parameters, restored on exit.

@@ -203,14 +203,29 @@ def test_the_ema_forgets_its_start_during_its_warm_up():
     assert again.updates == ema.updates and torch.equal(again.shadow["weight"], ema.shadow["weight"])
 
 
-def test_a_time_limit_stops_at_a_log_step_and_the_same_command_continues(tmp_path):
+def test_a_time_limit_stops_at_a_log_step_and_the_same_command_continues(tmp_path, capsys):
     whole = train(_config(tmp_path / "whole", steps=4, log_every=2), progress=False)
     limited = _config(tmp_path / "legs", steps=4, log_every=2, time_limit_minutes=1e-9)
     first = train(limited, progress=False)
-    assert (first.steps, first.weights) == (2, None)  # the first log step, with a checkpoint
+    assert first.steps == 2  # the first log step, with a checkpoint and the weights so far
     assert first.checkpoint == latest_checkpoint(tmp_path / "legs") and first.checkpoint.stem.endswith("00000002")
+    from safetensors import safe_open
+    with safe_open(str(first.weights), "pt") as handle:
+        assert handle.metadata()["step"] == "2"
+        so_far = {k: handle.get_tensor(k) for k in handle.keys()}
+    state = load_checkpoint(first.checkpoint)
+    averaged = state["ema"]["shadow"] if "ema" in state else {}
+    assert all(torch.equal(so_far[k], averaged.get(k, v).float()) for k, v in state["model"].items())
     second = train(dataclasses.replace(limited, time_limit_minutes=None), progress=False)
-    assert (second.start_step, second.steps) == (2, 4)
+    assert (second.start_step, second.steps) == (2, 4) and second.weights == first.weights
+    from mapstream.cli.main import main
+    cli = tmp_path / "cli"
+    flags = ["train", "--model", "tiny", "--frames", "2", "--image-hw", "28", "28", "--num-scale-frames", "1",
+             "--batch-size", "1", "--warmup-steps", "1", "--log-every", "2", "--steps", "4", "--no-tensorboard",
+             "--device", "cpu", "--quiet", "--out", str(cli)]
+    assert main(flags + ["--time-limit-minutes", "1e-9"]) == 0
+    said = capsys.readouterr().out
+    assert "stopped at step 2 of 4" in said and f"weights so far: {cli / 'model.safetensors'}" in said
     assert first.losses + second.losses == whole.losses
     records = [json.loads(line) for line in (tmp_path / "legs" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4]
