@@ -182,6 +182,22 @@ def test_eval_synthetic_scores_each_seed_through_run_and_eval_against_the_target
     assert not result["met"]["abs_rel"]  # untrained weights reach no target
 
 
+def test_eval_synthetic_passes_its_run_args_to_mapstream_run(tmp_path, monkeypatch):
+    module = _load("eval_synthetic")
+    commands = []
+
+    def record(cmd, **kwargs):
+        commands.append(cmd)
+        raise RuntimeError("stop after the first command")
+
+    monkeypatch.setattr(module.subprocess, "run", record)
+    with pytest.raises(RuntimeError, match="stop after"):
+        module.main(["--model", "tiny", "--seeds", "101", "--frames", "3", "--hw", "28", "42",
+                     "--run-args", "--num-scale-frames 1 --sliding-window 4"])
+    (cmd,) = commands
+    assert cmd[2:4] == ["mapstream", "run"] and cmd[-4:] == ["--num-scale-frames", "1", "--sliding-window", "4"]
+
+
 def test_rule_weights_keeps_a_file_already_written_and_says_how_to_call_it(tmp_path):
     # Writing the official architecture's 4.6 GB takes the GPU machine; here: the file kept.
     module = _load("rule_weights")
