@@ -198,6 +198,22 @@ def test_eval_synthetic_passes_its_run_args_to_mapstream_run(tmp_path, monkeypat
     assert cmd[2:4] == ["mapstream", "run"] and cmd[-4:] == ["--num-scale-frames", "1", "--sliding-window", "4"]
 
 
+def test_score_by_path_scores_each_path_kind_against_a_still_camera(tmp_path):
+    import torch
+
+    from mapstream.train.validate import Validation
+
+    out = tmp_path / "by_path.json"
+    result = _load("score_by_path").main(["--model", "tiny", "--frames", "3", "--frame-step", "2", "--hw", "28", "42",
+                                          "--clips", "2", "--kinds", "pan", "orbit", "--out", str(out)])
+    assert json.loads(out.read_text()) == result and list(result["kinds"]) == ["pan", "orbit"]
+    for kind, row in result["kinds"].items():
+        still = Validation(2, 3, (28, 42), torch.device("cpu"), path_kinds=(kind,), frame_step=2).references()
+        assert row["still_rotation_deg"] == pytest.approx(still["val_rotation_deg"])
+        assert row["rotation_ratio"] == pytest.approx(row["rotation_deg"] / row["still_rotation_deg"])
+        assert row["rotation_deg"] >= 0 and row["depth_abs_rel"] > 0
+
+
 def test_rule_weights_keeps_a_file_already_written_and_says_how_to_call_it(tmp_path):
     # Writing the official architecture's 4.6 GB takes the GPU machine; here: the file kept.
     module = _load("rule_weights")
