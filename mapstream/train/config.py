@@ -55,6 +55,8 @@ class TrainConfig:
     """Procedural clips: the least and most objects in a room (more objects: more landmarks to follow between frames, and more rendering); the held-out clips keep the default."""
     frame_step: int = 1
     """Procedural clips: take every k-th camera of a path drawn k times longer (larger motion between frames, as a video with frames skipped); the held-out clips take --val-frame-step."""
+    prefetch_scenes: bool = False
+    """Procedural clips: draw the next rendering's rooms and camera paths in a worker process while the current one trains (the same batches; the drawing is CPU work the training loop would otherwise wait for)."""
     folder_stride: int = 1
     """Frame step inside a clip cut from a folder."""
     batch_size: int = 4

@@ -36,8 +36,9 @@ from mapstream.io.images import (
     natural_sort_key, open_image, oriented_size, preprocess_image, preprocessed_height, resized_shape,
 )
 from mapstream.train.render import (
-    SCENE_OBJECTS, check_frame_step, check_object_range, check_path_kinds, render_clips, sample_clip,
+    SCENE_OBJECTS, check_frame_step, check_object_range, check_path_kinds, render_clips,
 )
+from mapstream.train.scene_prefetch import ScenePrefetch, sample_clips
 
 __all__ = [
     "SPLITS", "split_seed", "seed_split", "ProceduralClips", "FolderClips", "mirror_clips", "model_intrinsics",
@@ -124,6 +125,9 @@ class ProceduralClips(_Steps):
         objects: the range of the scenes' object counts (:func:`~mapstream.train.render.sample_clip`).
         frame_step: every how many cameras of a path the clip's frames are taken
             (:func:`~mapstream.train.render.sample_clip`).
+        prefetch_scenes: draw the next rendering's scenes in a worker process while this one
+            serves its steps (:class:`~mapstream.train.scene_prefetch.ScenePrefetch`; the
+            batches are the same).
     """
 
     def __init__(
@@ -132,7 +136,7 @@ class ProceduralClips(_Steps):
         split: str = "train", rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
         reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None, reuse_mirrored: bool = False,
-        objects: tuple[int, int] = SCENE_OBJECTS, frame_step: int = 1,
+        objects: tuple[int, int] = SCENE_OBJECTS, frame_step: int = 1, prefetch_scenes: bool = False,
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
@@ -154,6 +158,7 @@ class ProceduralClips(_Steps):
         # (mirrored, reversed) of the steps that share one rendering, in the order they come.
         self._views = [(m, r) for m in (False, True)[: 1 + reuse_mirrored] for r in (False, True)[: 1 + reuse_reversed]]
         self._rendered: tuple[int, dict[str, Tensor]] | None = None  # (rendering, its batch)
+        self._prefetch = ScenePrefetch() if prefetch_scenes else None
 
     def _rendering(self, step: int) -> int:
         return step // len(self._views)
@@ -180,10 +185,23 @@ class ProceduralClips(_Steps):
             batch = {k: (v.flip(1) if k != "seed" else v) for k, v in batch.items()}
         return batch
 
+    def _spec_args(self, rendering: int) -> tuple | None:
+        """Rendering ``rendering``'s arguments of :func:`sample_clips` (None past the end)."""
+        if self.num_batches is not None and rendering * len(self._views) >= self.start_step + self.num_batches:
+            return None
+        return (self._seeds(rendering), self.num_frames, self.sizes[rendering % len(self.sizes)], self.path_kinds,
+                self.objects, self.frame_step)
+
+    def close(self) -> None:
+        """Stop the scene-prefetching worker, if any."""
+        if self._prefetch is not None:
+            self._prefetch.close()
+
     def _render(self, rendering: int) -> dict[str, Tensor]:
         seeds = self._seeds(rendering)
         hw = self.sizes[rendering % len(self.sizes)]
-        specs = [sample_clip(s, self.num_frames, hw, self.path_kinds, self.objects, self.frame_step) for s in seeds]
+        specs = self._prefetch(rendering, self._spec_args) if self._prefetch is not None \
+            else sample_clips(*self._spec_args(rendering))
         cams = np.stack([s.T_room_cam for s in specs])
         K = np.repeat(np.stack([s.K for s in specs])[:, None], self.num_frames, 1)
         images, depth = render_clips([s.scene for s in specs], cams, K, hw, self.device,

@@ -156,7 +156,8 @@ def _data(config: TrainConfig, rank: int, world: int, device: torch.device, star
         return ProceduralClips(config.batch_size, config.frames, sizes, rank=rank, world_size=world,
                                device=device, start_step=start_step, reuse_reversed=config.reuse_reversed,
                                path_kinds=config.path_kinds, reuse_mirrored=config.reuse_mirrored,
-                               objects=config.scene_objects, frame_step=config.frame_step)
+                               objects=config.scene_objects, frame_step=config.frame_step,
+                               prefetch_scenes=config.prefetch_scenes)
     return FolderClips(config.data, config.batch_size, config.frames, config.image_hw[1], stride=config.folder_stride,
                        seed=config.seed, rank=rank, world_size=world, device=device, start_step=start_step)
 
@@ -306,7 +307,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
             group["lr"] = base * lr_factor(start_step, config.warmup_steps, config.steps, config.min_lr_ratio)
         changed = {k for k, v in config_dict(config).items() if state["config"].get(k) != v}
         # How long this call runs and how it spreads over processes, not what it trains.
-        changed -= {"steps", "resume", "time_limit_minutes", "distributed"}
+        changed -= {"steps", "resume", "time_limit_minutes", "distributed", "prefetch_scenes"}
         log.info("resuming from %s (step %d)%s", resumed, start_step,
                  f"; settings changed since: {sorted(changed)}" if changed else "")
     if start_step >= config.steps:
@@ -331,7 +332,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
 
     params = [p for p in clips.parameters() if p.requires_grad]
     autocast = torch.autocast("cuda", torch.bfloat16) if config.precision == "bf16" else nullcontext()
-    batches = iter(_data(config, rank, world, device, start_step))
+    data = _data(config, rank, world, device, start_step)
+    batches = iter(data)
     losses: list[float] = []
     pending: list[torch.Tensor] = []  # this process's step losses not yet read back from the device
     step, saved, last_checkpoint = start_step, start_step, resumed
@@ -412,6 +414,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     finally:
         if writer is not None:
             writer.close()
+        if hasattr(data, "close"):  # procedural clips' scene-prefetching worker
+            data.close()
 
     weights = None
     # A stop by the time limit is agreed by every process, so the export (a gather, sharded)

@@ -385,3 +385,26 @@ def test_a_frame_step_takes_every_kth_camera_of_a_longer_path():
         sample_clip(0, 3, HW, frame_step=0)
     with pytest.raises(ValueError, match="frame_step"):
         TrainConfig(frame_step=0)
+
+
+def test_prefetched_scenes_give_the_same_batches_and_the_worker_stops():
+    """--prefetch-scenes: the next rendering's clips are drawn in a worker process; every batch,
+    through renderings, a jump to another step (a resume) and the dataset's end, equals the
+    batch drawn in place, and close() ends the worker."""
+    kwargs = dict(batch_size=2, num_frames=2, image_hw=(28, 42), reuse_reversed=True, frame_step=2, num_batches=5)
+    plain = ProceduralClips(**kwargs)
+    ahead = ProceduralClips(**kwargs, prefetch_scenes=True)
+    try:
+        for step in [0, 1, 2, 3, 4, 1, 0]:  # three renderings, then back (a jump)
+            a, b = plain.batch(step), ahead.batch(step)
+            assert all(torch.equal(a[k], b[k]) for k in a), step
+        assert ahead._prefetch._ahead is not None and ahead._prefetch._ahead[0] == 1  # one rendering ahead
+        ahead.batch(4)  # the last rendering (steps 4-5 of num_batches 5): nothing to draw past it
+        assert ahead._prefetch._ahead is None
+        pool = ahead._prefetch._pool
+        workers = list(pool._processes.values())
+        assert len(workers) == 1 and workers[0].is_alive()
+    finally:
+        ahead.close()
+    workers[0].join(timeout=30)
+    assert not workers[0].is_alive() and ahead._prefetch._pool is None

@@ -233,6 +233,13 @@ def test_a_time_limit_stops_at_a_log_step_and_the_same_command_continues(tmp_pat
                           "optimizer_seconds"} for r in records)
 
 
+def test_prefetching_scenes_trains_exactly_as_drawing_them_in_place(tmp_path):
+    plain = train(_config(tmp_path / "plain", steps=3, reuse_reversed=True), progress=False)
+    ahead = train(_config(tmp_path / "ahead", steps=3, reuse_reversed=True, prefetch_scenes=True), progress=False)
+    assert ahead.losses == plain.losses
+    assert all(torch.equal(a, b) for a, b in zip(load_file(plain.weights).values(), load_file(ahead.weights).values()))
+
+
 def test_procedural_clips_take_their_sizes_in_turn():
     from mapstream.train.data import ProceduralClips
 
