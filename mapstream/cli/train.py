@@ -43,6 +43,8 @@ class Train(TrainConfig):
     """Weight of the rotation part of the camera loss."""
     loss_camera_fov: float = LossWeights.camera_fov
     """Weight of the field-of-view part of the camera loss."""
+    loss_camera_direction: float = LossWeights.camera_direction
+    """Weight of the translation-direction part of the camera loss (1 - cos between predicted and true translation: a small motion's direction asked for as firmly as a large one's)."""
     loss_depth_alpha: float = LossWeights.depth_alpha
     """Weight of the depth confidence's -alpha log(conf) regulariser."""
     loss_depth_gradient: float = LossWeights.depth_gradient

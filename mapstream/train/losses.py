@@ -5,7 +5,8 @@ What each term is and where it comes from is written down in ``docs/TRAINING.md`
 
 * camera: a robust (Huber) distance between the predicted and the true pose encoding,
   translation, quaternion (up to its sign) and field of view separately, over every
-  refinement iteration of the camera head with weight ``gamma ** (n - 1 - i)``;
+  refinement iteration of the camera head with weight ``gamma ** (n - 1 - i)``, and
+  optionally ``1 - cos`` between predicted and true translation (its direction);
 * depth / points: ``conf * |r| + conf * |grad r| - alpha * log(conf)`` averaged over the
   valid pixels, ``r`` the residual and ``grad r`` its finite differences across the image;
 * patch flow (training from scratch, optional): a robust distance between each patch's
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from mapstream.train.flow import patch_flow_targets
@@ -71,6 +73,11 @@ class LossWeights:
     """Weight of the quaternion part within the camera loss."""
     camera_fov: float = 0.5
     """Weight of the field-of-view part within the camera loss."""
+    camera_direction: float = 0.0
+    """Weight of the translation-direction part within the camera loss: ``1 - cos`` of the
+    angle between predicted and true translation, frames that moved only. Scale-free: it
+    asks for the direction of a small motion as firmly as of a large one, where the
+    translation part's Huber distance barely tells a small motion from none."""
     depth_alpha: float = 0.2
     """Weight ``alpha`` of the depth confidence's ``-alpha * log(conf)`` regulariser."""
     depth_gradient: float = 1.0
@@ -146,6 +153,7 @@ def camera_loss(
     translation_weight: float = 1.0,
     rotation_weight: float = 1.0,
     fov_weight: float = 0.5,
+    direction_weight: float = 0.0,
     mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Robust loss between predicted and true pose encodings, over the head's iterations.
@@ -156,7 +164,9 @@ def camera_loss(
     * rotation: ``min(sum h(q - q_gt), sum h(q + q_gt)) / 4``: ``q`` and ``-q`` are the same
       rotation, and the head's quaternion is not normalised (its length is pulled to 1 by
       the unit-length ground truth);
-    * field of view: mean of ``h`` over ``(fov_h, fov_w)``.
+    * field of view: mean of ``h`` over ``(fov_h, fov_w)``;
+    * direction (computed when ``direction_weight`` > 0): ``1 - cos(t, t_gt)``, over the
+      frames whose true ``t`` is not 0 (a clip's first frame has none).
 
     Each part is averaged over the frames of a clip (those of ``mask``), then over the clips,
     and summed over iterations ``i = 0 .. n-1`` with weight ``gamma ** (n - 1 - i)``.
@@ -167,13 +177,14 @@ def camera_loss(
         gt: ``[B, S, 9]`` (:func:`mapstream.train.normalize.gt_pose_encoding`).
         gamma: iteration decay.
         delta: Huber width.
-        translation_weight, rotation_weight, fov_weight: the parts' weights in the loss.
+        translation_weight, rotation_weight, fov_weight, direction_weight: the parts'
+            weights in the loss.
         mask: ``[B, S]`` bool, the frames that count (all when None).
 
     Returns:
         ``(loss, parts)``, parts ``camera_translation``, ``camera_rotation``,
-        ``camera_fov`` (each summed over iterations with the decay, before the parts'
-        weights) and ``camera`` (= loss).
+        ``camera_fov`` and, with a direction weight, ``camera_direction`` (each summed over
+        iterations with the decay, before the parts' weights) and ``camera`` (= loss).
     """
     iterations = _check_iterations(pose_enc_list, gt)
     if mask is None:
@@ -182,6 +193,8 @@ def camera_loss(
         raise ValueError(f"mask must have shape {list(gt.shape[:-1])} ([B, S]), got {list(mask.shape)}")
     n = len(iterations)
     total_t = total_r = total_f = None
+    moved = mask & (_norm(gt[..., 0:3]) > 1e-6)
+    total_d = gt.new_zeros(())
     for i, pred in enumerate(iterations):
         weight = gamma ** (n - 1 - i)
         diff = pred - gt
@@ -190,17 +203,23 @@ def camera_loss(
         loss_r = torch.minimum(huber(q - q_gt, delta).sum(-1), huber(q + q_gt, delta).sum(-1)) / 4
         loss_f = huber(diff[..., 7:9], delta).mean(-1)
         parts = [weight * _masked_clip_mean(x, mask) for x in (loss_t, loss_r, loss_f)]
+        if direction_weight:
+            cos = F.cosine_similarity(pred[..., 0:3], gt[..., 0:3], dim=-1, eps=1e-8)
+            total_d = total_d + weight * _masked_clip_mean(1 - cos, moved)
         if total_t is None:
             total_t, total_r, total_f = parts
         else:
             total_t, total_r, total_f = total_t + parts[0], total_r + parts[1], total_f + parts[2]
     loss = translation_weight * total_t + rotation_weight * total_r + fov_weight * total_f
     parts = {
-        "camera": loss.detach(),
         "camera_translation": total_t.detach(),
         "camera_rotation": total_r.detach(),
         "camera_fov": total_f.detach(),
     }
+    if direction_weight:
+        loss = loss + direction_weight * total_d
+        parts["camera_direction"] = total_d.detach()
+    parts["camera"] = loss.detach()
     return loss, parts
 
 
@@ -417,7 +436,7 @@ def total_loss(
             iterations, gt,
             gamma=weights.camera_gamma, delta=weights.camera_delta,
             translation_weight=weights.camera_translation, rotation_weight=weights.camera_rotation,
-            fov_weight=weights.camera_fov, mask=has_scale,
+            fov_weight=weights.camera_fov, direction_weight=weights.camera_direction, mask=has_scale,
         )
         terms.append(weights.camera * loss)
         parts.update(camera_parts)

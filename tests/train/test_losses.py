@@ -225,6 +225,27 @@ def test_iterations_weigh_gamma_to_the_distance_from_the_last():
     assert camera_loss(iterations[-1:], gt, gamma=0.1)[0].item() == pytest.approx(each[-1], rel=1e-15)
 
 
+def test_the_direction_part_is_one_minus_the_cosine_over_frames_that_moved():
+    gt = _identity_encoding(2, 3)
+    gt[0, 1, 0:3] = torch.tensor([0.0, 0.0, 0.05], dtype=F64)  # clip 0: frame 1 moved forward a little
+    gt[0, 2, 0:3] = torch.tensor([2.0, 0.0, 0.0], dtype=F64)  # frame 2 far to the right
+    gt[1, 1, 0:3] = torch.tensor([0.0, -1.0, 0.0], dtype=F64)  # clip 1: frame 1 up; frame 2 did not move
+    pred = gt.clone()
+    pred[0, 1, 0:3] = torch.tensor([0.0, 3.0, 3.0], dtype=F64)  # 45 degrees off, any length: 1 - cos = 1 - 1/sqrt 2
+    pred[0, 2, 0:3] = torch.tensor([5.0, 0.0, 0.0], dtype=F64)  # the right direction, too long: 0
+    pred[1, 1, 0:3] = torch.tensor([0.0, 1.0, 0.0], dtype=F64)  # opposite: 2
+    pred[1, 2, 0:3] = torch.tensor([7.0, 7.0, 7.0], dtype=F64)  # a frame that did not move: not counted
+    plain_loss, plain = camera_loss([pred], gt, delta=0.05)
+    loss, parts = camera_loss([pred], gt, delta=0.05, direction_weight=0.5)
+    expected = ((1 - 1 / math.sqrt(2) + 0) / 2 + 2 / 1) / 2  # each clip's moved frames, then the clips
+    assert parts["camera_direction"].item() == pytest.approx(expected, abs=1e-12)
+    assert loss.item() == pytest.approx(plain_loss.item() + 0.5 * expected, abs=1e-12)
+    assert "camera_direction" not in plain and parts["camera"].item() == loss.item()
+    pred.requires_grad_(True)
+    camera_loss([pred], gt, direction_weight=1.0)[0].backward()
+    assert torch.isfinite(pred.grad).all()
+
+
 def test_the_camera_mask_leaves_frames_and_clips_out():
     gt = _identity_encoding(2, 2)
     pred = gt.clone()
