@@ -40,7 +40,7 @@ class ScenePrefetch:
         :func:`sample_clips` (None past the dataset's end)."""
         if self._ahead is not None and self._ahead[0] == rendering:
             specs = self._ahead[1].result()
-        else:  # the first rendering, or a jump (a resume): drawn here
+        else:  # the first rendering, or a step out of order: drawn here
             if self._ahead is not None:
                 self._ahead[1].cancel()
             specs = sample_clips(*args_of(rendering))

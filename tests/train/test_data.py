@@ -395,7 +395,7 @@ def test_prefetched_scenes_give_the_same_batches_and_the_worker_stops():
     plain = ProceduralClips(**kwargs)
     ahead = ProceduralClips(**kwargs, prefetch_scenes=True)
     try:
-        for step in [0, 1, 2, 3, 4, 1, 0]:  # three renderings, then back (a jump)
+        for step in [0, 1, 2, 3, 4, 1, 0]:  # three renderings, then back (out of order)
             a, b = plain.batch(step), ahead.batch(step)
             assert all(torch.equal(a[k], b[k]) for k in a), step
         assert ahead._prefetch._ahead is not None and ahead._prefetch._ahead[0] == 1  # one rendering ahead
