@@ -54,9 +54,9 @@ class ScenePrefetch:
         return self._pool
 
     def close(self) -> None:
-        """Stop the worker (pending draws are dropped)."""
+        """Stop the worker and wait for it to exit (a draw not yet started is dropped)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)  # at most one draw to finish
             self._pool, self._ahead = None, None
 
     def __del__(self) -> None:
