@@ -87,6 +87,9 @@ class _Steps(IterableDataset):
             raise TypeError(f"{type(self).__name__} without num_batches is endless")
         return self.num_batches
 
+    def close(self) -> None:
+        """Release what the dataset holds beside its batches (nothing here)."""
+
 
 def _check_rank(batch_size: int, rank: int, world_size: int) -> None:
     if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:

@@ -193,8 +193,9 @@ def camera_loss(
         raise ValueError(f"mask must have shape {list(gt.shape[:-1])} ([B, S]), got {list(mask.shape)}")
     n = len(iterations)
     total_t = total_r = total_f = None
-    moved = mask & (_norm(gt[..., 0:3]) > 1e-6)
     total_d = gt.new_zeros(())
+    if direction_weight:
+        moved = mask & (_norm(gt[..., 0:3]) > 1e-6)
     for i, pred in enumerate(iterations):
         weight = gamma ** (n - 1 - i)
         diff = pred - gt

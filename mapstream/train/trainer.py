@@ -414,8 +414,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     finally:
         if writer is not None:
             writer.close()
-        if hasattr(data, "close"):  # procedural clips' scene-prefetching worker
-            data.close()
+        data.close()  # procedural clips' scene-prefetching worker, if any
 
     weights = None
     # A stop by the time limit is agreed by every process, so the export (a gather, sharded)

@@ -109,8 +109,9 @@ class Validation:
         ``val_rotation_deg`` of the identity rotation (every frame predicted to face as the
         first) and, given the network's ``patch_size``, ``val_flow`` of predicting zero flow
         for every patch (the flow loss's own weighting and Huber width)."""
-        T = pose_encoding_to_extri_intri(self.gt_pose_enc.double(), self.image_hw)[0][:, 1:]
-        levels = {"val_rotation_deg": float(rotation_angle_deg(T[..., :3, :3].cpu().numpy()).mean())}
+        still = self.gt_pose_enc.clone()
+        still[..., 3:7] = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=still.dtype)  # x, y, z, w: no turn
+        levels = {"val_rotation_deg": camera_errors_deg(still, self.gt_pose_enc, self.image_hw)[0]}
         if patch_size is not None:
             gt_flow, known = patch_flow_targets(self.batch["depth"], valid_mask(self.batch),
                                                 self.batch["T_world_cam"], self.batch["K"], int(patch_size))
