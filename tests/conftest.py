@@ -82,3 +82,34 @@ def tiny_weights() -> dict[str, torch.Tensor]:
     if not path.exists():
         pytest.skip("tiny golden weights not found")
     return load_file(str(path))
+
+
+@pytest.fixture(scope="session")
+def _synthetic_small_file(tmp_path_factory) -> Path:
+    """The small preset with the weight rule's weights, stored as the shipped file is (fp16)."""
+    import mapstream
+    from safetensors.torch import save_file
+
+    model = mapstream.fill_synthetic_(mapstream.build_model("small"))
+    path = tmp_path_factory.mktemp("weights") / "small.safetensors"
+    save_file({k: v.to(torch.float16) if v.is_floating_point() else v for k, v in model.state_dict().items()},
+              str(path))
+    return path
+
+
+@pytest.fixture
+def shipped_small(monkeypatch, _synthetic_small_file) -> Path:
+    """Stand-in shipped small weights (known values, whatever the package ships): the file
+    `mapstream.weights.small_weights()` returns for the test's duration."""
+    import mapstream.weights
+
+    monkeypatch.setattr(mapstream.weights, "_SMALL_FILE", _synthetic_small_file)
+    return _synthetic_small_file
+
+
+@pytest.fixture
+def no_shipped_small(monkeypatch, tmp_path) -> None:
+    """An installation of mapstream without the shipped small weights."""
+    import mapstream.weights
+
+    monkeypatch.setattr(mapstream.weights, "_SMALL_FILE", tmp_path / "missing" / "small.safetensors")

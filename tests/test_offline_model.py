@@ -1,9 +1,12 @@
-"""`mapstream run` without network: it stops at once with the ways forward, uses a cached
-checkpoint without waiting, and downloads for real when a hub answers (here a local one)."""
+"""`mapstream run` without network: it goes on at once with mapstream's shipped small model
+and names the ways to the official weights (or, without shipped weights or for another
+checkpoint, stops at once with them), uses a cached checkpoint without waiting, and downloads
+for real when a hub answers (here a local one)."""
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import socket
 import threading
 import time
@@ -19,6 +22,7 @@ import mapstream
 from mapstream import hub
 from mapstream.cli.main import main
 from mapstream.pipeline.model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
+from mapstream.weights import SMALL_MODEL, SMALL_WARNING
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -64,11 +68,56 @@ def photos(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("offline", ["no hub answers", "HF_HUB_OFFLINE=1", "no name resolution"])
-def test_an_offline_run_stops_at_once_naming_the_ways_forward(tmp_path, hub_at, monkeypatch, capsys, offline):
+def go_offline(hub_at, monkeypatch, offline: str) -> Path:
     cache = hub_at(f"http://127.0.0.1:{closed_port()}" if offline != "no name resolution" else "https://hub.invalid")
     if offline == "HF_HUB_OFFLINE=1":
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+OFFLINE = ["no hub answers", "HF_HUB_OFFLINE=1", "no name resolution"]
+
+
+@pytest.mark.parametrize("offline", OFFLINE)
+def test_an_offline_run_goes_on_with_the_small_model_naming_the_ways_to_the_official_one(
+    tmp_path, hub_at, monkeypatch, capsys, offline, shipped_small
+):
+    cache = go_offline(hub_at, monkeypatch, offline)
+    folder = photos(tmp_path)
+    flags = ["--quiet", "--image-size", "56", "--num-scale-frames", "2", "--formats", "npz"]
+    started = time.perf_counter()
+    assert main(["run", str(folder), "--out", str(tmp_path / "out"), *flags]) == 0
+    assert time.perf_counter() - started < 15.0  # huggingface_hub's own retries alone take about 30 s
+    printed = capsys.readouterr().out
+    info = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert info["config"]["model"] == SMALL_MODEL and f"with {SMALL_MODEL}" in printed
+    small_warning, why = info["warnings"]
+    assert small_warning == SMALL_WARNING and f"WARNING: {SMALL_WARNING}" in printed
+    assert why.startswith(f"The official weights are not at hand: cannot get the checkpoint {DEFAULT_CHECKPOINT} "
+                          f"of {DEFAULT_REPO}")
+    assert f"--model /path/to/{DEFAULT_CHECKPOINT}" in why and str(cache) in why and "HF_HUB_CACHE" in why
+    # The same predictions as asking for the small model by name.
+    assert main(["run", str(folder), "--out", str(tmp_path / "named"), "--model", "small", *flags]) == 0
+    fallback, named = np.load(tmp_path / "out" / "predictions.npz"), np.load(tmp_path / "named" / "predictions.npz")
+    for key in ("depth", "T_world_cam", "K"):
+        np.testing.assert_array_equal(fallback[key], named[key])
+    assert json.loads((tmp_path / "named" / "run.json").read_text())["warnings"] == [SMALL_WARNING]
+
+
+def test_another_checkpoint_that_cannot_be_had_stops_the_run(tmp_path, hub_at, monkeypatch, capsys, shipped_small):
+    go_offline(hub_at, monkeypatch, "no hub answers")
+    assert main(["run", str(photos(tmp_path)), "--out", str(tmp_path / "out"), "--quiet",
+                 "--model", "someone/fine-tuned-map"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot get the checkpoint lingbot-map-long.pt of someone/fine-tuned-map" in err and "--model small" in err
+    assert not (tmp_path / "out" / "run.json").exists()
+
+
+@pytest.mark.parametrize("offline", OFFLINE)
+def test_without_shipped_weights_an_offline_run_stops_at_once_naming_the_ways_forward(
+    tmp_path, hub_at, monkeypatch, capsys, offline, no_shipped_small
+):
+    cache = go_offline(hub_at, monkeypatch, offline)
     folder = photos(tmp_path)
     started = time.perf_counter()
     assert main(["run", str(folder), "--out", str(tmp_path / "out"), "--quiet"]) == 2
@@ -77,7 +126,7 @@ def test_an_offline_run_stops_at_once_naming_the_ways_forward(tmp_path, hub_at, 
     assert f"cannot get the checkpoint {DEFAULT_CHECKPOINT} of {DEFAULT_REPO}" in err
     assert f"--model /path/to/{DEFAULT_CHECKPOINT}" in err  # a local copy
     assert str(cache) in err and "HF_HUB_CACHE" in err  # the hub cache
-    assert "--model tiny" in err  # the untrained preset
+    assert "--model small" in err and "--model tiny" in err  # mapstream's own small model, the untrained preset
 
 
 def test_a_cached_checkpoint_is_used_without_waiting_for_the_hub(tmp_path, hub_at, checkpoint_bytes):

@@ -57,7 +57,7 @@ class Render:
 
     def main(self) -> int:
         from ..device import resolve_device
-        from ..export.summary import untrained_caption
+        from ..export.summary import weights_caption
         from ..render import RenderOptions, render_flythrough
         from ..render.flythrough import frames_drawn
         from ..render.path_file import load_path_file
@@ -80,12 +80,12 @@ class Render:
             frame_slice(self.frames)
         source = predictions_path(self.run_dir)
         out = check_video_path(self.out if self.out is not None else source.parent / "flythrough.mp4")
-        # The run folder's records say whether its weights were trained; a copy of the .npz
+        # The run folder's records say which weights made the predictions; a copy of the .npz
         # under another name is not what they describe.
-        caption = untrained_caption(source.parent) if source.name == "predictions.npz" else None
+        caption = weights_caption(source.parent) if source.name == "predictions.npz" else None
         options = dataclasses.replace(options, caption=caption)
         recon = select_frames(load_run(self.run_dir), self.frames)
         path = render_flythrough(recon, out, options, device=device, progress=not self.quiet)
-        note = " with the caption: untrained weights" if caption else ""
+        note = f" with the caption {caption!r}" if caption else ""
         print(f"wrote {path} ({len(frames_drawn(len(recon), self.every))} frames at {self.fps:g} FPS){note}")
         return 0

@@ -33,8 +33,9 @@ class Run:
     """Turn frames into camera poses, depth and a point cloud, written in common formats.
 
     INPUT is an image folder, a video file, a glob ("frames/*.jpg"), a webcam index (0) or a
-    stream URL. Without INPUT, --demo renders a short synthetic sequence and uses the official
-    weights if they are cached, else the tiny untrained preset (with a warning). Several
+    stream URL. Without INPUT, --demo renders a short synthetic sequence. The official weights
+    are used when they are cached or can be fetched (--demo: cached only), else mapstream's own
+    small model (with a warning). Several
     inputs, a .txt file listing them, --many or --ray run one folder an input under --out.
     """
 
@@ -47,7 +48,7 @@ class Run:
     demo: bool = False
     """Run on a built-in synthetic sequence (works offline; rendered 196 wide, whatever --image-size says)."""
     model: str = "robbyant/lingbot-map"
-    """Checkpoint path, folder, Hugging Face repo id (built as the preset its keys and shapes fit), or "tiny" (untrained, for tests)."""
+    """Checkpoint path, folder, Hugging Face repo id (built as the preset its keys and shapes fit), "small" (mapstream's own shipped model) or "tiny" (untrained, for tests)."""
     checkpoint_file: str = "lingbot-map-long.pt"
     """File inside the repo/folder given by --model."""
     mode: Literal["streaming", "windowed"] = "streaming"
@@ -152,17 +153,19 @@ class Run:
         """The live view, serving, when --view is given (else None)."""
         if not self.view:
             return None
-        from ..pipeline.model_source import uses_untrained_weights
+        from ..pipeline.model_source import known_fallback
         from ..viewer.live import LiveOptions, LiveView
         from ..viewer.run_notes import UNTRAINED_NOTE
+        from ..weights import SMALL_WARNING
 
         if not 0 <= self.view_port <= 65535:
             raise ValueError(f"--view-port must be in 0..65535 (0: any free port), got {self.view_port}")
-        untrained = uses_untrained_weights(self.model, filename=self.checkpoint_file, demo=self.demo)
+        fallback = known_fallback(self.model, filename=self.checkpoint_file, demo=self.demo)
+        notice = {"tiny": UNTRAINED_NOTE, "small": SMALL_WARNING}.get(fallback or "")
         view = LiveView(
             LiveOptions(conf_threshold=self.cloud.conf_threshold), host=self.view_host, port=self.view_port,
             title=f"mapstream run: {self.input or 'demo'}", allowed_origins=self.view_allow_origin,
-            notices=[UNTRAINED_NOTE] if untrained else [],
+            notices=[notice] if notice else [],
         ).start()
         print(f"live view at {view.url}")
         return view

@@ -49,7 +49,7 @@ class Serve:
     server: Annotated[ServeFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=ServeFlags)
     """Where it listens, who may connect, the limits."""
     model: str = "robbyant/lingbot-map"
-    """Checkpoint path, folder, Hugging Face repo id, or "tiny" (untrained, for tests)."""
+    """Checkpoint path, folder, Hugging Face repo id, "small" (mapstream's own shipped model) or "tiny" (untrained, for tests)."""
     checkpoint_file: str = "lingbot-map-long.pt"
     """File inside the repo/folder given by --model."""
     device: str = "auto"

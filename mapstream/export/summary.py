@@ -5,10 +5,11 @@ OpenCV-style world (y down) that is the view from above, not mirrored. Centres a
 time, keyframes are circled in red, the first frame is marked with a triangle. Matplotlib is
 used through its object API with the Agg canvas (no pyplot, no global backend change).
 
-A figure of predictions from untrained weights says so across its top: a summary.png looks
-like a result on its own, shared without the run's log. :func:`untrained_caption` reads that
-from the run folder's records (``run.json``, ``progress.json``), where a run on the tiny
-preset records its model as ``tiny (synthetic weights)``.
+A figure of predictions from untrained weights, or from mapstream's own small model, says so
+across its top: a summary.png looks like a result on its own, shared without the run's log.
+:func:`weights_caption` reads that from the run folder's records (``run.json``,
+``progress.json``), where a run records its model (``tiny (synthetic weights)``,
+:data:`mapstream.weights.SMALL_MODEL`).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from mapstream.export._optional import import_optional
 from mapstream.export.depth import colorize_depth, depth_range
 from mapstream.export.reconstruction import Reconstruction
 from mapstream.export.run_info import names_untrained_weights
+from mapstream.weights import names_small_weights
 from mapstream.io.atomic import atomic_path
 
 if TYPE_CHECKING:
@@ -31,10 +33,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["UNTRAINED_CAPTION", "sample_frames", "summary_figure", "untrained_caption", "write_summary_figure"]
+__all__ = ["SMALL_CAPTION", "UNTRAINED_CAPTION", "sample_frames", "summary_figure", "weights_caption",
+           "write_summary_figure"]
 
 UNTRAINED_CAPTION = "UNTRAINED WEIGHTS (tiny preset): this is not a reconstruction of the scene"
 """The caption of figures and videos of predictions from untrained weights."""
+SMALL_CAPTION = "MAPSTREAM'S SMALL MODEL (trained on procedural rooms), not the official LingBot-Map weights"
+"""The caption of figures and videos of predictions from mapstream's shipped small model."""
 _CAPTION_COLOR = "#c00000"
 
 
@@ -51,9 +56,10 @@ def _model_of(settings: Any) -> str:
     return model if isinstance(model, str) else ""
 
 
-def untrained_caption(run_folder: str | os.PathLike[str]) -> str | None:
+def weights_caption(run_folder: str | os.PathLike[str]) -> str | None:
     """:data:`UNTRAINED_CAPTION` when the run whose outputs the folder holds (or is being
-    written) ran on untrained weights, else None (also for a folder without a run's records).
+    written) ran on untrained weights, :data:`SMALL_CAPTION` when it ran on mapstream's small
+    model, else None (also for a folder without a run's records).
 
     The run is the one run.json names: while a run replaces the folder's outputs, run.json is
     marked (``state``) and its last ``replaced_by`` entry holds that run's settings; a
@@ -69,7 +75,9 @@ def untrained_caption(run_folder: str | os.PathLike[str]) -> str | None:
         model = _model_of(info.get("config"))
     else:
         model = _model_of(_record(folder / "progress.json").get("config"))
-    return UNTRAINED_CAPTION if names_untrained_weights(model) else None
+    if names_untrained_weights(model):
+        return UNTRAINED_CAPTION
+    return SMALL_CAPTION if names_small_weights(model) else None
 
 
 def sample_frames(num_frames: int, count: int) -> list[int]:
@@ -135,12 +143,12 @@ def write_summary_figure(
 ) -> Path:
     """Draw :func:`summary_figure` and save it atomically (format from the suffix, e.g. ``.png``).
 
-    ``caption``: None takes :func:`untrained_caption` of the folder written into (a run's
+    ``caption``: None takes :func:`weights_caption` of the folder written into (a run's
     folder: its records say which weights made the predictions); ``""`` draws none.
     """
     path = Path(path)
     if caption is None:
-        caption = untrained_caption(path.parent)
+        caption = weights_caption(path.parent)
     figure = summary_figure(recon, num_samples=num_samples, caption=caption)
     with atomic_path(path) as tmp:
         figure.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")

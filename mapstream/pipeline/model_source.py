@@ -1,9 +1,12 @@
-"""Which network a run uses: a checkpoint file, a hub id, or the untrained tiny preset.
+"""Which network a run uses: a checkpoint file, a hub id, mapstream's shipped small model, or
+the untrained tiny preset.
 
 A hub id is fetched with a quick look for the network first (`mapstream.hub`): a run on a
-machine without network reads the hub cache at once, and when the checkpoint is not there it
-stops in seconds with every way forward that works offline, instead of after half a minute of
-retries.
+machine without network reads the hub cache at once. When the official checkpoint (the
+default) is not there, the run goes on with mapstream's own small model (`mapstream.weights`)
+and says so in its log and run.json with every way to the official weights that works
+offline; any other checkpoint that cannot be had stops the run in seconds with those ways,
+instead of after half a minute of retries.
 """
 from __future__ import annotations
 
@@ -13,8 +16,9 @@ from pathlib import Path
 import torch
 
 from ..export.run_info import UNTRAINED_MODEL
+from ..weights import SMALL_MODEL, SMALL_WARNING, small_weights
 
-__all__ = ["DEFAULT_REPO", "DEFAULT_CHECKPOINT", "cached_official_checkpoint", "resolve_model", "uses_untrained_weights"]
+__all__ = ["DEFAULT_REPO", "DEFAULT_CHECKPOINT", "cached_official_checkpoint", "known_fallback", "resolve_model"]
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +52,38 @@ def _tiny(device: torch.device, backend: str, overrides: dict):
     return model.to(device).eval(), UNTRAINED_MODEL, [TINY_WARNING]
 
 
-def uses_untrained_weights(spec: str, *, filename: str, demo: bool = False) -> bool:
-    """Whether `resolve_model` of these arguments gives the tiny preset's untrained weights
-    (known before loading anything: a live view says so from the start)."""
-    return spec == "tiny" or (demo and spec == DEFAULT_REPO and cached_official_checkpoint(filename) is None)
+def _small(device: torch.device, backend: str, overrides: dict, why: str | None = None):
+    from ..checkpoint import load_model
+
+    path = small_weights()
+    if path is None:
+        raise FileNotFoundError("this installation of mapstream has no shipped small model "
+                                "(mapstream/weights/small.safetensors); give --model a checkpoint, or --model tiny")
+    warnings = [SMALL_WARNING] if why is None else [SMALL_WARNING, why]
+    for warning in warnings:
+        log.warning(warning)
+    model = load_model(path, preset="small", device=device, backend=backend, **overrides)
+    return model.eval(), SMALL_MODEL, warnings
+
+
+def _offline_default(device: torch.device, backend: str, overrides: dict, why: str | None = None):
+    """The network a run uses when the official checkpoint is not at hand: the shipped small
+    model, or the untrained tiny preset in an installation without it."""
+    if small_weights() is not None:
+        return _small(device, backend, overrides, why)
+    return _tiny(device, backend, overrides)
+
+
+def known_fallback(spec: str, *, filename: str, demo: bool = False) -> str | None:
+    """"tiny" or "small" when `resolve_model` of these arguments is known, before loading
+    anything, to give those weights (a live view says so from the start), else None. (A run
+    whose official checkpoint turns out to be unreachable falls back later; its log and
+    run.json say so.)"""
+    if spec in ("tiny", "small"):
+        return spec
+    if demo and spec == DEFAULT_REPO and cached_official_checkpoint(filename) is None:
+        return "small" if small_weights() is not None else "tiny"
+    return None
 
 
 def resolve_model(
@@ -59,24 +91,34 @@ def resolve_model(
 ):
     """Returns (model, description, warnings).
 
-    `spec` is "tiny", a checkpoint path, a folder, or a hub repo id. With `demo`, the official
-    checkpoint is used only if it is already cached; otherwise the tiny preset (loudly).
+    `spec` is "tiny", "small" (the shipped weights), a checkpoint path, a folder, or a hub repo
+    id. The official checkpoint (`DEFAULT_REPO`) is used whenever it is cached or can be
+    fetched (with `demo`, only if it is already cached); otherwise the shipped small model,
+    loudly (the tiny preset where mapstream ships no weights).
     `overrides`: runtime settings of the model's configuration (e.g. camera_num_iterations).
     """
     from ..checkpoint import load_model
+    from ..hub import HubDownloadError
 
     if spec == "tiny":
         return _tiny(device, backend, overrides)
-    if demo and spec == DEFAULT_REPO:
+    if spec == "small":
+        return _small(device, backend, overrides)
+    if spec == DEFAULT_REPO:
         cached = cached_official_checkpoint(filename)
-        if cached is None:
-            return _tiny(device, backend, overrides)
-        spec = str(cached)
+        if cached is None and demo:
+            return _offline_default(device, backend, overrides)
+        spec = str(cached) if cached is not None else spec
     # The architecture follows the checkpoint ("auto"): the command line has no preset option.
     if Path(spec).is_file():
         return load_model(spec, preset="auto", device=device, backend=backend, **overrides), spec, []
     if _is_hub_id(spec):
-        source, file_in_source = _hub_checkpoint(spec, filename), None
+        try:
+            source, file_in_source = _hub_checkpoint(spec, filename), None
+        except HubDownloadError as err:
+            if spec != DEFAULT_REPO or small_weights() is None:
+                raise
+            return _offline_default(device, backend, overrides, why=f"The official weights are not at hand: {err}")
     else:
         source, file_in_source = spec, filename  # a folder holding `filename` (or a missing path)
     return (load_model(source, filename=file_in_source, preset="auto", device=device, backend=backend, **overrides),
@@ -109,6 +151,8 @@ def _offline_ways(repo_id: str, filename: str, reason: str, cache: Path) -> str:
         f"(RunOptions(model=...)), downloaded elsewhere from {repo_id} on the Hugging Face hub;\n"
         f"  - the hub cache: copy {repo_folder} from the cache of a machine that downloaded it "
         f"(`hf download {repo_id} {filename}`) into {cache} (or point HF_HUB_CACHE at such a cache);\n"
+        f"  - --model small (RunOptions(model='small')): mapstream's own small model, shipped inside the package "
+        "(trained on procedural rooms; far less accurate than the official weights);\n"
         f"  - --model tiny (RunOptions(model='tiny')): the untrained tiny preset, to try every stage of "
         "mapstream without the weights (its outputs are not a reconstruction)."
     )

@@ -55,16 +55,17 @@ def _why_no_predictions(folder: Path, candidate: Path) -> str:
 def run_warnings(run: str | os.PathLike[str], recon: Reconstruction) -> tuple[str, ...]:
     """What the records of run folder ``run`` (or of its ``predictions.npz`` path) say about
     ``recon``, read from there: that a run into it did not finish (with the frames ``recon``
-    holds) and that its weights were untrained (:func:`~mapstream.viewer.run_notes.read_run_notes`)."""
+    holds) and which weights made it when they were untrained or mapstream's small model
+    (:func:`~mapstream.viewer.run_notes.read_run_notes`)."""
     notes = read_run_notes(run)
     npz = Path(run) if Path(run).suffix == ".npz" else Path(run) / PREDICTIONS_NAME
     unfinished = () if notes.unfinished is None else (f"{notes.unfinished} {npz} holds {frames_named(recon.names)}.",)
-    return (*unfinished, *(() if notes.untrained is None else (notes.untrained,)))
+    return (*unfinished, *(() if notes.weights is None else (notes.weights,)))
 
 
 def load_run(run: str | os.PathLike[str], *, log_notes: bool = True) -> Reconstruction:
     """The :class:`Reconstruction` saved in a run folder (or a ``predictions.npz`` path). With
-    ``log_notes``, :func:`run_warnings` (a run that did not finish, untrained weights) are logged
+    ``log_notes``, :func:`run_warnings` (a run that did not finish, which weights) are logged
     as warnings.
 
     Raises:

@@ -1,5 +1,5 @@
 """What a run folder's records say about the predictions in it, before anyone looks at them:
-whether the run finished, and whether its weights were trained.
+whether the run finished, and whether its weights were untrained or mapstream's own small model.
 
 `mapstream run` keeps its finished frames in ``.frames/`` and counts them in
 ``progress.json`` as they come, and writes ``run.json`` last. So a folder whose
@@ -8,7 +8,8 @@ configuration, another number of frames) holds a run that stopped before its exp
 run.json with a ``state`` is the mark of a run that stopped while writing them (its
 ``replaced_by`` entries say what that run was writing). Either way the same ``mapstream run``
 command resumes it. A run on the tiny preset's seeded random weights records its model as
-``tiny (synthetic weights)`` and that warning in run.json; the predictions are that run's, or,
+``tiny (synthetic weights)`` and that warning in run.json, a run on the shipped small model
+:data:`mapstream.weights.SMALL_MODEL` and its warning; the predictions are that run's, or,
 after a run stopped while writing its outputs, possibly the stopped run's.
 
 Only the records are read here; what predictions.npz holds is :func:`mapstream.viewer.load_run`'s.
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..export.run_info import names_untrained_weights
+from ..weights import SMALL_WARNING, names_small_weights
 
 __all__ = ["PREDICTIONS_NAME", "RunNotes", "frames_named", "read_run_notes"]
 
@@ -34,6 +36,11 @@ UNTRAINED_NOTE = (
     "every stage of mapstream but are not a reconstruction of the scene. Run `mapstream run` with the official "
     "checkpoint (--model) for real results."
 )
+SMALL_NOTE = (
+    "These predictions come from mapstream's own small model, trained on procedural rooms only, not from the "
+    "official LingBot-Map weights: its cameras and depth are far less accurate. Run `mapstream run` with the "
+    "official checkpoint (--model) for the official model's results."
+)
 
 
 @dataclass(frozen=True)
@@ -42,12 +49,12 @@ class RunNotes:
 
     unfinished: str | None = None
     """That a run into the folder did not finish, the frames it finished, and how to finish it."""
-    untrained: str | None = None
-    """That the predictions come from untrained weights."""
+    weights: str | None = None
+    """That the predictions come from untrained weights or from mapstream's small model."""
 
     @property
     def messages(self) -> tuple[str, ...]:
-        return tuple(note for note in (self.unfinished, self.untrained) if note is not None)
+        return tuple(note for note in (self.unfinished, self.weights) if note is not None)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -118,16 +125,20 @@ def _stopped_streaming(folder: Path, info: dict[str, Any] | None, progress: dict
             f"exported{earlier}. To finish it, {_resume_hint(folder, _dict(progress.get('config')))}.")
 
 
-def _untrained(info: dict[str, Any]) -> bool:
-    """Whether a run whose outputs may be in the folder ran on untrained weights: the finished
-    run of run.json, or a run that stopped while writing its outputs over it. (A run that
-    stopped before its exports wrote none.)"""
+def _weights_note(info: dict[str, Any]) -> str | None:
+    """What to say of the weights of a run whose outputs may be in the folder: the finished run
+    of run.json, or a run that stopped while writing its outputs over it. (A run that stopped
+    before its exports wrote none.)"""
     models = [_dict(info.get("config")).get("model")]
     if isinstance(info.get("replaced_by"), list):
         models += [_dict(_dict(e).get("settings")).get("model") for e in info["replaced_by"]]
-    warnings = info.get("warnings") if isinstance(info.get("warnings"), list) else []
-    return any(names_untrained_weights(m) for m in models) or any(
-        isinstance(w, str) and UNTRAINED_WARNING_MARK in w.lower() for w in warnings)
+    warnings = [w.lower() for w in info.get("warnings", ()) if isinstance(w, str)] \
+        if isinstance(info.get("warnings"), list) else []
+    if any(names_untrained_weights(m) for m in models) or any(UNTRAINED_WARNING_MARK in w for w in warnings):
+        return UNTRAINED_NOTE
+    if any(names_small_weights(m) for m in models) or SMALL_WARNING.lower() in warnings:
+        return SMALL_NOTE
+    return None
 
 
 def read_run_notes(run: str | os.PathLike[str]) -> RunNotes:
@@ -147,4 +158,4 @@ def read_run_notes(run: str | os.PathLike[str]) -> RunNotes:
         unfinished = _stopped_streaming(folder, info, progress)
     else:
         unfinished = None
-    return RunNotes(unfinished=unfinished, untrained=UNTRAINED_NOTE if _untrained(info or {}) else None)
+    return RunNotes(unfinished=unfinished, weights=_weights_note(info or {}))

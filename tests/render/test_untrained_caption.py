@@ -1,5 +1,6 @@
-"""Pictures of predictions from untrained weights say so: summary.png and the flythrough carry
-a visible caption when the run folder's records name the tiny preset's synthetic weights."""
+"""Pictures of predictions from untrained weights or mapstream's small model say so:
+summary.png and the flythrough carry a visible caption when the run folder's records name the
+tiny preset's synthetic weights or the shipped small weights."""
 from __future__ import annotations
 
 import json
@@ -10,8 +11,9 @@ import pytest
 from PIL import Image
 
 from mapstream.export import export_all
-from mapstream.export.summary import UNTRAINED_CAPTION, summary_figure, untrained_caption
+from mapstream.export.summary import SMALL_CAPTION, UNTRAINED_CAPTION, summary_figure, weights_caption
 from mapstream.render import RenderOptions, render_flythrough
+from mapstream.weights import SMALL_MODEL
 
 pytest.importorskip("av")
 
@@ -34,17 +36,18 @@ def caption_red(image: np.ndarray, rows: slice) -> float:
 
 
 def test_the_caption_follows_the_run_that_wrote_the_folder(tmp_path: Path) -> None:
-    assert untrained_caption(record(tmp_path / "tiny", "run.json", {"config": {"model": TINY}})) == UNTRAINED_CAPTION
-    assert untrained_caption(record(tmp_path / "trained", "run.json", {"config": {"model": TRAINED}})) is None
-    assert untrained_caption(tmp_path / "nothing") is None
+    assert weights_caption(record(tmp_path / "tiny", "run.json", {"config": {"model": TINY}})) == UNTRAINED_CAPTION
+    assert weights_caption(record(tmp_path / "trained", "run.json", {"config": {"model": TRAINED}})) is None
+    assert weights_caption(record(tmp_path / "small", "run.json", {"config": {"model": SMALL_MODEL}})) == SMALL_CAPTION
+    assert weights_caption(tmp_path / "nothing") is None
     # A run being written over an earlier one: the writing run's settings count, not the earlier's.
     over = {"config": {"model": TRAINED}, "state": "being replaced", "replaced_by": [{"settings": {"model": TINY}}]}
-    assert untrained_caption(record(tmp_path / "over", "run.json", over)) == UNTRAINED_CAPTION
+    assert weights_caption(record(tmp_path / "over", "run.json", over)) == UNTRAINED_CAPTION
     back = {"config": {"model": TINY}, "state": "being replaced", "replaced_by": [{"settings": {"model": TRAINED}}]}
-    assert untrained_caption(record(tmp_path / "back", "run.json", back)) is None
+    assert weights_caption(record(tmp_path / "back", "run.json", back)) is None
     # Frames kept, no run.json yet.
-    assert untrained_caption(record(tmp_path / "kept", "progress.json", {"config": {"model": TINY}})) == UNTRAINED_CAPTION
-    assert untrained_caption(record(tmp_path / "bad", "run.json", {"config": "not a dict"})) is None
+    assert weights_caption(record(tmp_path / "kept", "progress.json", {"config": {"model": TINY}})) == UNTRAINED_CAPTION
+    assert weights_caption(record(tmp_path / "bad", "run.json", {"config": "not a dict"})) is None
 
 
 def test_summary_png_of_an_untrained_run_carries_the_caption(tmp_path: Path) -> None:
@@ -83,7 +86,7 @@ def test_mapstream_render_captions_a_run_on_untrained_weights(tmp_path: Path, ca
                 "--no-inset"]
         assert main(args) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith("with the caption: untrained weights") and out[1].endswith("(3 frames at 10 FPS)")
+    assert out[0].endswith(f"with the caption {UNTRAINED_CAPTION!r}") and out[1].endswith("(3 frames at 10 FPS)")
     assert caption_red(decode(tmp_path / "tiny" / "flythrough.mp4")[0], slice(0, 3)) > 0.9
     assert caption_red(decode(tmp_path / "trained" / "flythrough.mp4")[0], slice(0, 3)) < 0.1
 

@@ -14,7 +14,8 @@ from viewer_synthetic import N, make_recon
 
 from mapstream.cli.main import main as cli_main
 from mapstream.viewer import load_run
-from mapstream.viewer.run_notes import UNTRAINED_NOTE, RunNotes, read_run_notes
+from mapstream.viewer.run_notes import SMALL_NOTE, UNTRAINED_NOTE, RunNotes, read_run_notes
+from mapstream.weights import SMALL_MODEL, SMALL_WARNING
 
 pytest.importorskip("viser")
 from mapstream.viewer import ViewerApp  # noqa: E402
@@ -93,27 +94,43 @@ def test_a_run_stopped_while_exporting_is_told(tmp_path: Path) -> None:
 
 def test_untrained_weights_are_told(tmp_path: Path) -> None:
     info = finished_run(tmp_path, model="tiny (synthetic weights)")
-    assert read_run_notes(tmp_path) == RunNotes(untrained=UNTRAINED_NOTE)
+    assert read_run_notes(tmp_path) == RunNotes(weights=UNTRAINED_NOTE)
     # Known from the recorded warning alone, or from a stopped run's settings.
     untrained_warning = "USING THE TINY PRESET WITH UNTRAINED (SYNTHETIC) WEIGHTS: ..."
     (tmp_path / "run.json").write_text(json.dumps({**info, "config": CONFIG, "warnings": [untrained_warning]}))
     write_progress(tmp_path, CONFIG, NAMES[:N])
-    assert read_run_notes(tmp_path).untrained == UNTRAINED_NOTE
+    assert read_run_notes(tmp_path).weights == UNTRAINED_NOTE
     trained = finished_run(tmp_path / "trained")
-    assert read_run_notes(tmp_path / "trained").untrained is None
+    assert read_run_notes(tmp_path / "trained").weights is None
     # A rerun on the tiny preset that stopped before its exports: the predictions are still the trained run's.
     write_progress(tmp_path / "trained", {**CONFIG, "model": "tiny (synthetic weights)"}, NAMES[:2])
     notes = read_run_notes(tmp_path / "trained")
-    assert notes.untrained is None and notes.unfinished is not None
+    assert notes.weights is None and notes.unfinished is not None
     stopped = copy.deepcopy(trained)
     stopped_while_exporting(tmp_path / "trained", stopped, frames=N)
     marked = json.loads((tmp_path / "trained" / "run.json").read_text())
     marked["replaced_by"][0]["settings"]["model"] = "tiny (synthetic weights)"
     (tmp_path / "trained" / "run.json").write_text(json.dumps(marked))
-    assert read_run_notes(tmp_path / "trained").untrained == UNTRAINED_NOTE
+    assert read_run_notes(tmp_path / "trained").weights == UNTRAINED_NOTE
     # Another .npz file: the folder's records are not about it.
     make_recon().save_npz(tmp_path / "copy.npz")
     assert read_run_notes(tmp_path / "copy.npz") == RunNotes()
+
+
+def test_the_small_model_is_told(tmp_path: Path) -> None:
+    finished_run(tmp_path, model=SMALL_MODEL)
+    assert read_run_notes(tmp_path) == RunNotes(weights=SMALL_NOTE)
+    # From the recorded warning alone (a run that fell back after the model was named).
+    info = finished_run(tmp_path / "fallback")
+    (tmp_path / "fallback" / "run.json").write_text(json.dumps({**info, "warnings": [SMALL_WARNING, "other"]}))
+    assert read_run_notes(tmp_path / "fallback") == RunNotes(weights=SMALL_NOTE)
+    # Untrained weights are the louder note when a stopped run mixed the two.
+    stopped = finished_run(tmp_path / "mixed", model=SMALL_MODEL)
+    stopped_while_exporting(tmp_path / "mixed", stopped, frames=N)
+    marked = json.loads((tmp_path / "mixed" / "run.json").read_text())
+    marked["replaced_by"][0]["settings"]["model"] = "tiny (synthetic weights)"
+    (tmp_path / "mixed" / "run.json").write_text(json.dumps(marked))
+    assert read_run_notes(tmp_path / "mixed").weights == UNTRAINED_NOTE
 
 
 def test_load_run_logs_the_notes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -182,4 +199,4 @@ def test_a_real_tiny_run_is_told_untrained_and_finished(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert cli_main(["run", str(frames), "--out", str(out), "--model", "tiny", "--image-size", "140",
                      "--num-scale-frames", "2", "--formats", "npz", "--quiet"]) == 0
-    assert read_run_notes(out) == RunNotes(untrained=UNTRAINED_NOTE)
+    assert read_run_notes(out) == RunNotes(weights=UNTRAINED_NOTE)

@@ -1,0 +1,73 @@
+"""mapstream's shipped small model: named with --model small, the demo's and the offline
+default's network when the official weights are not at hand, and said so in run.json, the
+summary figure and the live view."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from mapstream.cli.main import main
+from mapstream.export.run_info import UNTRAINED_MODEL
+from mapstream.export.summary import SMALL_CAPTION
+from mapstream.pipeline.model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, known_fallback, resolve_model
+from mapstream.weights import SMALL_MODEL, SMALL_WARNING
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def no_official(monkeypatch, tmp_path):
+    """An empty hub cache: the official checkpoint is not cached here."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+
+
+def test_the_small_model_is_the_shipped_file_in_the_small_architecture(shipped_small):
+    model, description, warnings = resolve_model("small", filename=DEFAULT_CHECKPOINT, device=CPU)
+    assert description == SMALL_MODEL and warnings == [SMALL_WARNING]
+    assert model.config.embed_dim == 192 and model.config.depth == 6  # the small preset
+    stored = load_file(str(shipped_small))
+    state = model.state_dict()
+    assert set(state) == set(stored)
+    for key, value in stored.items():
+        assert torch.equal(state[key], value.to(state[key].dtype)), key
+
+
+def test_the_demo_uses_the_small_model_when_the_official_weights_are_not_cached(no_official, shipped_small):
+    assert known_fallback(DEFAULT_REPO, filename=DEFAULT_CHECKPOINT, demo=True) == "small"
+    _, description, warnings = resolve_model(DEFAULT_REPO, filename=DEFAULT_CHECKPOINT, device=CPU, demo=True)
+    assert description == SMALL_MODEL and warnings == [SMALL_WARNING]
+
+
+def test_without_shipped_weights_the_demo_falls_back_to_the_tiny_preset(no_official, no_shipped_small, capsys):
+    assert known_fallback(DEFAULT_REPO, filename=DEFAULT_CHECKPOINT, demo=True) == "tiny"
+    _, description, _ = resolve_model(DEFAULT_REPO, filename=DEFAULT_CHECKPOINT, device=CPU, demo=True)
+    assert description == UNTRAINED_MODEL
+    assert main(["run", "--demo", "--model", "small", "--out", "unused", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "no shipped small model" in err and "--model tiny" in err
+
+
+def test_what_a_live_view_is_told_before_the_model_loads(no_official, shipped_small, tmp_path):
+    assert known_fallback("tiny", filename=DEFAULT_CHECKPOINT) == "tiny"
+    assert known_fallback("small", filename=DEFAULT_CHECKPOINT) == "small"
+    assert known_fallback(DEFAULT_REPO, filename=DEFAULT_CHECKPOINT) is None  # may yet be fetched
+    assert known_fallback(str(tmp_path / "model.safetensors"), filename=DEFAULT_CHECKPOINT, demo=True) is None
+
+
+def test_a_demo_on_the_small_model_says_so_in_run_json_and_on_its_summary(no_official, shipped_small, tmp_path):
+    out = tmp_path / "demo"
+    assert main(["run", "--demo", "--out", str(out), "--quiet",
+                 "--formats", "npz", "summary"]) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["config"]["model"] == SMALL_MODEL and info["warnings"] == [SMALL_WARNING]
+    top = np.asarray(Image.open(out / "summary.png").convert("RGB"))[:30].astype(int)
+    red = (top[..., 0] > 140) & (top[..., 1] < 80) & (top[..., 2] < 80)
+    assert red.mean() > 0.01  # the caption band's text
+    from mapstream.export.summary import weights_caption
+
+    assert weights_caption(out) == SMALL_CAPTION
