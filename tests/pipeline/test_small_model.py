@@ -43,11 +43,11 @@ def test_the_demo_uses_the_small_model_when_the_official_weights_are_not_cached(
     assert description == SMALL_MODEL and warnings == [SMALL_WARNING]
 
 
-def test_without_shipped_weights_the_demo_falls_back_to_the_tiny_preset(no_official, no_shipped_small, capsys):
+def test_without_shipped_weights_the_demo_falls_back_to_the_tiny_preset(no_official, no_shipped_small, capsys, tmp_path):
     assert known_fallback(DEFAULT_REPO, filename=DEFAULT_CHECKPOINT, demo=True) == "tiny"
     _, description, _ = resolve_model(DEFAULT_REPO, filename=DEFAULT_CHECKPOINT, device=CPU, demo=True)
     assert description == UNTRAINED_MODEL
-    assert main(["run", "--demo", "--model", "small", "--out", "unused", "--quiet"]) == 2
+    assert main(["run", "--demo", "--model", "small", "--out", str(tmp_path / "out"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "no shipped small model" in err and "--model tiny" in err
 
