@@ -1,7 +1,7 @@
 """A trained network's held-out camera and depth errors for each kind of camera path, against
 the levels of a camera that never turns (`mapstream.train.validate.Validation.references`).
 
-    python3 benchmarks/score_by_path.py --model runs/small_flow4/model.safetensors --preset small \
+    python3 benchmarks/score_by_path.py --model runs/small_clip8/model.safetensors --preset small \
         --frames 4 --frame-step 3 --hw 112 196 --clips 16 --out by_path.json
 
 Training's validation mixes the path kinds; this tells which of them (pans, orbits, forward

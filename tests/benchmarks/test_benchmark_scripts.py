@@ -307,6 +307,19 @@ def test_plot_training_draws_a_runs_metrics(tmp_path):
     assert smoothed.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0]
 
 
+def test_plot_training_chains_the_stages_of_a_curriculum(tmp_path):
+    module = _load("plot_training")
+    files = []
+    for name, steps in (("first", (25, 50)), ("second", (25, 50, 75))):
+        (tmp_path / name).mkdir()
+        files.append(tmp_path / name / "metrics.jsonl")
+        files[-1].write_text("".join(json.dumps({"step": s, "loss": 1.0, "camera": 0.5, "camera_rotation": 0.2,
+                                                 "camera_fov": 0.1, "depth": 0.3, "lr": 1e-4}) + "\n" for s in steps))
+    records, starts = module.chain(files)
+    assert [r["step"] for r in records] == [25, 50, 75, 100, 125] and starts == [(0, "first"), (50, "second")]
+    assert module.plot(files, tmp_path / "chain.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_make_videos_writes_decodable_videos_of_the_asked_size_from_different_seeds(tmp_path):
     import av
     import numpy as np

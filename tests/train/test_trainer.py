@@ -263,5 +263,9 @@ def test_every_recipe_in_the_repository_is_a_valid_configuration():
         assert config.device == "cuda" and config.steps > 0, recipe.name
     flow = load_config(recipes[0].parent / "small_flow.yaml")
     assert flow.matching_init and flow.loss.flow == 1.0 and flow.frames == 2 and flow.frame_step == flow.val_frame_step == 3
-    flow4 = load_config(recipes[0].parent / "small_flow4.yaml")
-    assert not flow4.matching_init and flow4.frames == 4 and flow4.model == "runs/small_flow/model.safetensors"
+    # The shipped model's chain: each stage starts from the previous stage's export.
+    clip8 = load_config(recipes[0].parent / "small_clip8.yaml")
+    clip16 = load_config(recipes[0].parent / "small_clip16.yaml")
+    assert not clip8.matching_init and clip8.frames == 8 and clip8.model == str(flow.out / "model.safetensors")
+    assert clip16.frames == 16 and clip16.frame_step == 1 and clip16.model == str(clip8.out / "model.safetensors")
+    assert flow.min_lr_ratio == clip8.min_lr_ratio == clip16.min_lr_ratio == 1.0  # legs of one schedule
