@@ -71,3 +71,26 @@ def test_a_demo_on_the_small_model_says_so_in_run_json_and_on_its_summary(no_off
     from mapstream.export.summary import weights_caption
 
     assert weights_caption(out) == SMALL_CAPTION
+
+
+def test_the_package_ships_the_small_weights_within_its_budget():
+    """The shipped file itself: at most 25 MB, float16, every weight of the small preset and
+    nothing else (strict loading), finite, and named as package data so that wheels carry it."""
+    import tomllib
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    import mapstream
+    from mapstream.weights import small_weights
+
+    path = small_weights()
+    assert path is not None and path.stat().st_size <= 25_000_000
+    stored = load_file(str(path))
+    assert all(v.dtype == torch.float16 for v in stored.values() if v.is_floating_point())
+    with safe_open(str(path), "pt") as handle:
+        assert handle.metadata()["preset"] == "small"
+    model = mapstream.load_model(path, preset="small")  # strict: the same keys and shapes
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    pyproject = tomllib.loads((Path(mapstream.__file__).parents[1] / "pyproject.toml").read_text())
+    assert "weights/*.safetensors" in pyproject["tool"]["setuptools"]["package-data"]["mapstream"]
