@@ -82,7 +82,7 @@ class TrainConfig:
     autocast_dense_heads: bool = True
     """With --precision bf16, run the depth (and point) head in bf16 too (the camera head stays fp32): half the memory traffic of the full-resolution DPT; inference runs the heads in fp32 either way."""
     dense_every: int = 1
-    """Run and supervise the depth (and point) head every this many steps; the steps between train the trunk and the camera head alone, at about half the cost of a full step (the full-resolution dense heads are most of a small network's step)."""
+    """Run and supervise the depth (and point) head every this many steps, in phase with the logged steps; the steps between train the trunk and the camera head alone, at about half the cost of a full step (the full-resolution dense heads are most of a small network's step). With --log-every a multiple of it, every logged step carries the depth loss."""
     checkpoint_layers: bool = False
     """Recompute each trunk layer's activations in the backward pass instead of keeping them: less memory, about a third more time."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"

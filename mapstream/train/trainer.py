@@ -366,7 +366,10 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                 batch = next(batches)
                 clock.mark("data")
                 with autocast:
-                    pred = forward(batch["images"], dense=step % config.dense_every == 0)
+                    # Dense steps are in phase with the log steps (step + 1 a multiple of
+                    # log_every): with log_every a multiple of dense_every, every log carries
+                    # the depth loss.
+                    pred = forward(batch["images"], dense=(step + 1 - config.log_every) % config.dense_every == 0)
                 clock.mark("forward")
                 loss, parts = total_loss(pred, batch, config.loss)
                 clock.mark("loss")

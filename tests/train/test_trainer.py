@@ -163,6 +163,12 @@ def test_steps_between_dense_steps_train_the_trunk_and_camera_alone(tmp_path):
         _config(tmp_path, dense_every=0)
 
 
+def test_every_logged_step_carries_the_depth_loss_when_log_every_is_a_multiple_of_dense_every(tmp_path):
+    train(_config(tmp_path / "run", steps=8, dense_every=2, log_every=4), progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [4, 8] and all("depth" in r for r in records)
+
+
 def test_a_flow_head_trains_beside_the_network_resumes_exactly_and_stays_out_of_the_export(tmp_path):
     flow = dict(frames=3, image_hw=(28, 56), loss=LossWeights(flow=1.0), steps=2)
     whole = train(_config(tmp_path / "whole", **flow), progress=False)
