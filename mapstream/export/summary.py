@@ -25,8 +25,8 @@ from mapstream.export._optional import import_optional
 from mapstream.export.depth import colorize_depth, depth_range
 from mapstream.export.reconstruction import Reconstruction
 from mapstream.export.run_info import names_untrained_weights
-from mapstream.weights import names_small_weights
 from mapstream.io.atomic import atomic_path
+from mapstream.weights import names_small_weights
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -66,11 +66,11 @@ def _small(device: torch.device, backend: str, overrides: dict, why: str | None 
     return model.eval(), SMALL_MODEL, warnings
 
 
-def _offline_default(device: torch.device, backend: str, overrides: dict, why: str | None = None):
-    """The network a run uses when the official checkpoint is not at hand: the shipped small
-    model, or the untrained tiny preset in an installation without it."""
+def _offline_default(device: torch.device, backend: str, overrides: dict):
+    """The demo's network when the official checkpoint is not cached: the shipped small model,
+    or the untrained tiny preset in an installation without it."""
     if small_weights() is not None:
-        return _small(device, backend, overrides, why)
+        return _small(device, backend, overrides)
     return _tiny(device, backend, overrides)
 
 
@@ -106,9 +106,10 @@ def resolve_model(
         return _small(device, backend, overrides)
     if spec == DEFAULT_REPO:
         cached = cached_official_checkpoint(filename)
-        if cached is None and demo:
+        if cached is not None:
+            spec = str(cached)
+        elif demo:
             return _offline_default(device, backend, overrides)
-        spec = str(cached) if cached is not None else spec
     # The architecture follows the checkpoint ("auto"): the command line has no preset option.
     if Path(spec).is_file():
         return load_model(spec, preset="auto", device=device, backend=backend, **overrides), spec, []
@@ -118,7 +119,7 @@ def resolve_model(
         except HubDownloadError as err:
             if spec != DEFAULT_REPO or small_weights() is None:
                 raise
-            return _offline_default(device, backend, overrides, why=f"The official weights are not at hand: {err}")
+            return _small(device, backend, overrides, why=f"The official weights are not at hand: {err}")
     else:
         source, file_in_source = spec, filename  # a folder holding `filename` (or a missing path)
     return (load_model(source, filename=file_in_source, preset="auto", device=device, backend=backend, **overrides),
