@@ -2,9 +2,11 @@
 
     python3 benchmarks/half_weights.py split RUN_DIR OUT_DIR     # latest checkpoint (EMA if kept) -> OUT_DIR/weights-{0,1}.safetensors
     python3 benchmarks/half_weights.py join OUT_DIR FILE.safetensors
+    python3 benchmarks/half_weights.py ship RUN_DIR mapstream/weights/small.safetensors   # one file, as the package ships it
 
 The halves hold disjoint keys; `join` writes one float16 safetensors file that
-`mapstream.load_model(FILE, preset=...)` reads.
+`mapstream.load_model(FILE, preset=...)` reads. `ship` writes a run's weights as one float16
+file whose metadata names its preset (``small``), the form of mapstream's shipped weights.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
-def split(run: Path, out: Path, parts: int = 2) -> list[Path]:
+def half_weights(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The latest checkpoint's weights (the EMA's where kept) in float16, and its step and name."""
     from mapstream.train.checkpointing import latest_checkpoint, load_checkpoint
 
     path = latest_checkpoint(run)
@@ -28,6 +31,17 @@ def split(run: Path, out: Path, parts: int = 2) -> list[Path]:
         weights = {k: shadow.get(k, v) for k, v in weights.items()}
     half = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
             for k, v in weights.items()}
+    return half, {"step": str(state["step"]), "source": path.name}
+
+
+def ship(run: Path, target: Path, preset: str = "small") -> Path:
+    half, meta = half_weights(run)
+    save_file(half, str(target), metadata={**meta, "preset": preset})
+    return target
+
+
+def split(run: Path, out: Path, parts: int = 2) -> list[Path]:
+    half, meta = half_weights(run)
     keys, total, files = sorted(half), sum(v.numel() * v.element_size() for v in half.values()), []
     budget, chunk, size = total / parts, {}, 0
     for key in keys:
@@ -37,12 +51,11 @@ def split(run: Path, out: Path, parts: int = 2) -> list[Path]:
             files.append(chunk)
             chunk, size = {}, 0
     files.append(chunk)
-    meta = {"step": str(state["step"]), "source": path.name}
     written = []
     for i, tensors in enumerate(files):
         written.append(out / f"weights-{i}.safetensors")
         save_file(tensors, str(written[-1]), metadata=meta)
-    print(f"step {state['step']}: {len(half)} tensors in {len(written)} files")
+    print(f"step {meta['step']}: {len(half)} tensors in {len(written)} files")
     return written
 
 
@@ -59,4 +72,4 @@ def join(folder: Path, target: Path) -> Path:
 
 if __name__ == "__main__":
     verb, a, b = sys.argv[1:4]
-    split(Path(a), Path(b)) if verb == "split" else join(Path(a), Path(b))
+    {"split": split, "join": join, "ship": ship}[verb](Path(a), Path(b))

@@ -288,6 +288,14 @@ def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(t
     exported = load_file(str(run / "model.safetensors"))  # the EMA's weights, in fp32
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, exported[key].to(torch.float16).float(), rtol=0, atol=0)
+    # `ship`: the same weights in one file, named with its preset as the package's shipped file is.
+    from safetensors import safe_open
+
+    shipped = module.ship(run, tmp_path / "shipped.safetensors", preset="tiny")
+    with safe_open(str(shipped), "pt") as handle:
+        assert handle.metadata() == {"preset": "tiny", "step": "2", "source": "step-00000002.pt"}
+    assert load_file(str(shipped)).keys() == load_file(str(joined)).keys()
+    assert all(torch.equal(load_file(str(shipped))[k], v) for k, v in load_file(str(joined)).items())
 
 
 def test_plot_training_draws_a_runs_metrics(tmp_path):
