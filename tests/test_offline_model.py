@@ -194,3 +194,44 @@ def test_the_checkpoint_is_downloaded_from_a_hub_that_answers(tmp_path, hub_at, 
     assert time.perf_counter() - started < 10.0
     assert sum(p.numel() for p in model.parameters()) == sum(
         v.numel() for v in torch.load(io.BytesIO(checkpoint_bytes), weights_only=True)["model"].values())
+
+
+def test_a_live_view_is_told_of_the_fallback_once_the_model_is_open(
+    tmp_path, hub_at, monkeypatch, free_port, shipped_small
+):
+    """Without --demo the fallback is learned only on loading the model (the hub may answer):
+    the live view gets the small model's notice then, above its status line."""
+    pytest.importorskip("viser")
+    from mapstream.viewer import live
+
+    go_offline(hub_at, monkeypatch, "no hub answers")
+    added = []
+    start_server = live.start_server
+
+    def recording_start(host, port, title, allowed_origins=()):
+        server = start_server(host, port, title, allowed_origins)
+        markdown = server.gui.add_markdown
+
+        def add(content, *args, **kwargs):
+            handle = markdown(content, *args, **kwargs)
+            added.append((content, handle))
+            return handle
+
+        server.gui.add_markdown = add
+        return server
+
+    monkeypatch.setattr(live, "start_server", recording_start)
+    assert main(["run", str(photos(tmp_path)), "--out", str(tmp_path / "out"), "--quiet", "--image-size", "56",
+                 "--num-scale-frames", "2", "--formats", "npz", "--view", "--no-keep-view",
+                 "--view-port", str(free_port)]) == 0
+    contents = [content for content, _ in added]
+    assert contents[0] == "waiting for the first frame"  # no notice known when the view started
+    notices = [handle for content, handle in added if content == f"**{SMALL_WARNING}**"]
+    assert len(notices) == 1 and notices[0].order < added[0][1].order  # above the status line
+    # With --demo it is known before the view starts: shown first, and not repeated.
+    added.clear()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    assert main(["run", "--demo", "--out", str(tmp_path / "demo"), "--quiet", "--formats", "npz", "--view",
+                 "--no-keep-view", "--view-port", str(free_port)]) == 0
+    contents = [content for content, _ in added]
+    assert contents[0] == f"**{SMALL_WARNING}**" and contents.count(f"**{SMALL_WARNING}**") == 1

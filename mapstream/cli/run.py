@@ -118,7 +118,8 @@ class Run:
             raise ValueError(as_flags(str(err), Run)) from err
         try:
             try:
-                summary = run(opts, progress=not self.quiet, on_frame=None if view is None else view.add)
+                summary = run(opts, progress=not self.quiet, on_frame=None if view is None else view.add,
+                              on_model=None if view is None else _tell_view(view))
             except ValueError as err:
                 raise ValueError(as_flags(str(err), Run)) from err
             print_run_summary(summary)
@@ -169,6 +170,18 @@ class Run:
         ).start()
         print(f"live view at {view.url}")
         return view
+
+
+def _tell_view(view):
+    """What a live view is told once the model is open: that the run fell back to mapstream's
+    small model, when that was learned only on loading it (the official checkpoint out of reach)."""
+    from ..weights import SMALL_WARNING
+
+    def on_model(description: str, warnings: list[str]) -> None:
+        if SMALL_WARNING in warnings:
+            view.add_notice(SMALL_WARNING)
+
+    return on_model
 
 
 def print_run_summary(summary, where: str = "") -> None:

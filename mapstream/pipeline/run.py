@@ -171,6 +171,7 @@ def run(
     opts: RunOptions, *, progress: bool | None = None,
     on_frame: Callable[[FramePrediction, torch.Tensor, int], None] | None = None,
     open_session: Callable[[RunOptions, torch.device, StreamConfig], OpenedSession] | None = None,
+    on_model: Callable[[str, list[str]], None] | None = None,
 ) -> RunSummary:
     """Run the whole job; see the module docstring. Returns what was done and where.
 
@@ -180,6 +181,8 @@ def run(
     open_session: where the frames are predicted, given the options, the device and the
         stream's settings (default: a `Session` of the model the options name, here; `mapstream
         stream` gives a session of a server).
+    on_model: called once the model is open, before the first frame, with its description and
+        warnings as run.json records them (e.g. a live view tells a fallback to other weights).
     """
     started = time.perf_counter()
     check_options(opts)  # fail on a bad option before any heavy work
@@ -190,6 +193,8 @@ def run(
     folder = RunFolder(opts.out, inputs=input_files(opts))
     with folder.held():  # an unwritable output, or another run there, is told before the model loads
         job = _prepare(opts, folder, source, device, open_session or _local_session)
+        if on_model is not None:
+            on_model(job.model_desc, list(job.warnings))
         loaded = time.perf_counter()
         streamed = stream_frames(
             job.session, source, job.store, scale_frames=opts.stream.num_scale_frames, out=folder.path,

@@ -210,6 +210,18 @@ class LiveView(Served):
         except KeyboardInterrupt:
             logger.info("live view: interrupted")
 
+    def add_notice(self, notice: str) -> None:
+        """Show ``notice`` in bold at the top of the panel too, above the status line: what the
+        run learned after the view started (e.g. that it fell back to other weights). A notice
+        already shown is not repeated."""
+        if notice in self.notices:
+            return
+        self.notices += (notice,)
+        if self.server is not None:
+            # Between the notices shown before and the status line, in the order they come.
+            order = self._gui["status"].order - 0.5 ** len(self.notices)
+            self.server.gui.add_markdown(f"**{notice}**", order=order)
+
     @property
     def frames_shown(self) -> list[int]:
         """The frames whose point cloud and frustum are in the scene, oldest first."""
