@@ -66,14 +66,6 @@ def _small(device: torch.device, backend: str, overrides: dict, why: str | None 
     return model.eval(), SMALL_MODEL, warnings
 
 
-def _offline_default(device: torch.device, backend: str, overrides: dict):
-    """The demo's network when the official checkpoint is not cached: the shipped small model,
-    or the untrained tiny preset in an installation without it."""
-    if small_weights() is not None:
-        return _small(device, backend, overrides)
-    return _tiny(device, backend, overrides)
-
-
 def known_fallback(spec: str, *, filename: str, demo: bool = False) -> str | None:
     """"tiny" or "small" when `resolve_model` of these arguments is known, before loading
     anything, to give those weights (a live view says so from the start), else None. (A run
@@ -100,16 +92,13 @@ def resolve_model(
     from ..checkpoint import load_model
     from ..hub import HubDownloadError
 
-    if spec == "tiny":
+    fallback = known_fallback(spec, filename=filename, demo=demo)  # the one place that decides it
+    if fallback == "tiny":
         return _tiny(device, backend, overrides)
-    if spec == "small":
+    if fallback == "small":
         return _small(device, backend, overrides)
-    if spec == DEFAULT_REPO:
-        cached = cached_official_checkpoint(filename)
-        if cached is not None:
-            spec = str(cached)
-        elif demo:
-            return _offline_default(device, backend, overrides)
+    if spec == DEFAULT_REPO and (cached := cached_official_checkpoint(filename)) is not None:
+        spec = str(cached)
     # The architecture follows the checkpoint ("auto"): the command line has no preset option.
     if Path(spec).is_file():
         return load_model(spec, preset="auto", device=device, backend=backend, **overrides), spec, []

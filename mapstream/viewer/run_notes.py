@@ -132,8 +132,8 @@ def _weights_note(info: dict[str, Any]) -> str | None:
     models = [_dict(info.get("config")).get("model")]
     if isinstance(info.get("replaced_by"), list):
         models += [_dict(_dict(e).get("settings")).get("model") for e in info["replaced_by"]]
-    warnings = [w.lower() for w in info.get("warnings", ()) if isinstance(w, str)] \
-        if isinstance(info.get("warnings"), list) else []
+    recorded = info.get("warnings")
+    warnings = [w.lower() for w in recorded if isinstance(w, str)] if isinstance(recorded, list) else []
     if any(names_untrained_weights(m) for m in models) or any(UNTRAINED_WARNING_MARK in w for w in warnings):
         return UNTRAINED_NOTE
     if any(names_small_weights(m) for m in models) or SMALL_WARNING.lower() in warnings:
