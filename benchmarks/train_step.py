@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> dict:
 
             peaks = [None] * world
             dist.all_gather_object(peaks, torch.cuda.max_memory_allocated() if on_gpu else None)
+            # Every process leaves together: one tearing its group down while a peer's transport
+            # still sends or receives can abort that peer at exit.
+            dist.barrier()
             dist.destroy_process_group()
     finally:
         if rank == 0:
