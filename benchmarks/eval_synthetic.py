@@ -26,7 +26,7 @@ TARGETS = {"ate_fraction": (0.05, "max"), "auc30": (0.6, "min"), "abs_rel": (0.1
 
 
 def evaluate_seed(model: str, seed: int, frames: int, hw: tuple[int, int], folder: Path,
-                  arc: float, run_args: tuple[str, ...] = ()) -> dict:
+                  arc: float, run_args: tuple[str, ...] = (), device: str = "cpu") -> dict:
     import numpy as np
 
     from mapstream.synthetic import render_sequence, write_sequence
@@ -35,7 +35,7 @@ def evaluate_seed(model: str, seed: int, frames: int, hw: tuple[int, int], folde
     scene = write_sequence(seq, folder / f"gt_{seed}", depth_format="npy")
     run = folder / f"run_{seed}"
     cmd = [sys.executable, "-m", "mapstream", "run", str(scene / "rgb"), "--out", str(run), "--model", model,
-           "--image-size", str(hw[1]), "--formats", "npz", "tum", "--quiet", "--no-resume", "--device", "cpu", *run_args]
+           "--image-size", str(hw[1]), "--formats", "npz", "tum", "--quiet", "--no-resume", "--device", device, *run_args]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     subprocess.run([sys.executable, "-m", "mapstream", "eval", str(run), "--gt", str(scene)],
                    check=True, capture_output=True, text=True)
@@ -58,11 +58,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--hw", type=int, nargs=2, default=(168, 294))
     ap.add_argument("--arc", type=float, default=1.0, help="radians travelled along the path (render_sequence)")
     ap.add_argument("--run-args", default="", help="further `mapstream run` flags, one string")
+    ap.add_argument("--device", default="cpu", help="where `mapstream run` reconstructs (cpu, cuda)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     run_args = tuple(shlex.split(args.run_args))
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [evaluate_seed(args.model, s, args.frames, tuple(args.hw), Path(tmp), args.arc, run_args)
+        rows = [evaluate_seed(args.model, s, args.frames, tuple(args.hw), Path(tmp), args.arc, run_args,
+                              args.device)
                 for s in args.seeds]
     for row in rows:
         print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("median " + " ".join(f"{k} {v:.3f} ({'met' if met[k] else 'target ' + str(TARGETS[k][0])})"
                                for k, v in medians.items()))
     result = {"model": args.model, "frames": args.frames, "hw": list(args.hw), "arc": args.arc,
-              "run_args": list(run_args), "seeds": rows,
+              "run_args": list(run_args), "device": args.device, "seeds": rows,
               "median": medians, "met": met}
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))

@@ -198,6 +198,37 @@ def test_eval_synthetic_passes_its_run_args_to_mapstream_run(tmp_path, monkeypat
     assert cmd[2:4] == ["mapstream", "run"] and cmd[-4:] == ["--num-scale-frames", "1", "--sliding-window", "4"]
 
 
+def test_score_variants_places_runs_by_their_mean_rank_over_the_four_metrics():
+    placing = _load("score_variants").placing
+    medians = {
+        "a": {"ate_fraction": 0.10, "auc30": 0.20, "abs_rel": 0.30, "delta1": 0.70},
+        "b": {"ate_fraction": 0.20, "auc30": 0.30, "abs_rel": 0.20, "delta1": 0.80},  # best on three
+        "c": {"ate_fraction": 0.05, "auc30": 0.10, "abs_rel": 0.40, "delta1": 0.60},  # best ATE only
+    }
+    assert placing(medians) == ["b", "a", "c"]
+    # equal mean ranks go to the lower ATE
+    assert placing({"x": {**medians["a"], "ate_fraction": 0.2}, "y": {**medians["a"], "ate_fraction": 0.1}}) == ["y", "x"]
+
+
+def test_score_variants_scores_every_run_and_splits_the_best_runs_weights(tmp_path):
+    from mapstream.train.config import TrainConfig
+    from mapstream.train.trainer import train
+
+    runs = tmp_path / "runs"
+    for name, seed in (("one", 1), ("two", 2)):
+        train(TrainConfig(model="tiny", frames=3, num_scale_frames=2, image_hw=(28, 42), batch_size=1, steps=1,
+                          seed=seed, out=runs / name, tensorboard=False, log_every=1), progress=False)
+    out = tmp_path / "out"
+    result = _load("score_variants").main(["one", "two", "gone", "--runs", str(runs), "--seeds", "101",
+                                           "--frames", "3", "--hw", "28", "42", "--keep", "1", "--out", str(out)])
+    assert json.loads((out / "scores.json").read_text()) == result
+    assert sorted(result["order"][:2]) == ["one", "two"] and result["order"][2] == "gone"
+    assert list(result["failed"]) == ["gone"] and set(result["runs"]) == {"one", "two"}
+    assert [row["seed"] for row in result["runs"]["one"]["seeds"]] == [101]
+    best, other = result["order"][:2]
+    assert len(list((out / best).glob("weights-*.safetensors"))) == 2 and not (out / other).exists()
+
+
 def test_score_by_path_scores_each_path_kind_against_a_still_camera(tmp_path):
     import torch
 
