@@ -3,6 +3,7 @@
     python3 benchmarks/half_weights.py split RUN_DIR OUT_DIR     # latest checkpoint (EMA if kept) -> OUT_DIR/weights-{0,1}.safetensors
     python3 benchmarks/half_weights.py join OUT_DIR FILE.safetensors
     python3 benchmarks/half_weights.py ship RUN_DIR mapstream/weights/small.safetensors   # one file, as the package ships it
+    python3 benchmarks/half_weights.py ship OUT_DIR mapstream/weights/small.safetensors   # the same from split's halves
 
 The halves hold disjoint keys; `join` writes one float16 safetensors file that
 `mapstream.load_model(FILE, preset=...)` reads. `ship` writes a run's weights as one float16
@@ -35,7 +36,8 @@ def half_weights(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def ship(run: Path, target: Path, preset: str = "small") -> Path:
-    half, meta = half_weights(run)
+    """RUN_DIR is a training run, or a folder of halves that `split` wrote on another machine."""
+    half, meta = read_halves(run) if any(run.glob("weights-*.safetensors")) else half_weights(run)
     save_file(half, str(target), metadata={**meta, "preset": preset})
     return target
 
@@ -59,13 +61,19 @@ def split(run: Path, out: Path, parts: int = 2) -> list[Path]:
     return written
 
 
-def join(folder: Path, target: Path) -> Path:
+def read_halves(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+
     tensors, meta = {}, {}
     for path in sorted(folder.glob("weights-*.safetensors")):
-        from safetensors import safe_open
         with safe_open(str(path), "pt") as handle:
             meta = handle.metadata() or meta
         tensors.update(load_file(str(path)))
+    return tensors, meta
+
+
+def join(folder: Path, target: Path) -> Path:
+    tensors, meta = read_halves(folder)
     save_file(tensors, str(target), metadata=meta)
     return target
 

@@ -327,6 +327,11 @@ def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(t
         assert handle.metadata() == {"preset": "tiny", "step": "2", "source": "step-00000002.pt"}
     assert load_file(str(shipped)).keys() == load_file(str(joined)).keys()
     assert all(torch.equal(load_file(str(shipped))[k], v) for k, v in load_file(str(joined)).items())
+    # `ship` from the halves (what comes back from the device) writes the same file
+    from_halves = module.ship(tmp_path, tmp_path / "from_halves.safetensors", preset="tiny")
+    with safe_open(str(from_halves), "pt") as handle:
+        assert handle.metadata() == {"preset": "tiny", "step": "2", "source": "step-00000002.pt"}
+    assert all(torch.equal(load_file(str(from_halves))[k], v) for k, v in load_file(str(shipped)).items())
 
 
 def test_plot_training_draws_a_runs_metrics(tmp_path):

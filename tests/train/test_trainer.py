@@ -279,4 +279,8 @@ def test_every_recipe_in_the_repository_is_a_valid_configuration():
     clip24 = load_config(recipes[0].parent / "small_clip24.yaml")
     assert clip24.model == str(clip16.out / "model.safetensors") and clip24.frames == 24
     assert clip24.num_scale_frames == mapstream.StreamConfig().num_scale_frames
-    assert flow.min_lr_ratio == clip8.min_lr_ratio == clip16.min_lr_ratio == clip24.min_lr_ratio == 1.0  # legs of one schedule
+    # and the shipped stage continues it at the size the procedural sequences are scored at.
+    hw294 = load_config(recipes[0].parent / "small_hw294.yaml")
+    assert hw294.model == str(clip24.out / "model.safetensors") and hw294.image_hw == (168, 294)
+    assert (hw294.frames, hw294.num_scale_frames) == (clip24.frames, clip24.num_scale_frames)
+    assert all(c.min_lr_ratio == 1.0 for c in (flow, clip8, clip16, clip24, hw294))  # legs of one schedule
