@@ -26,7 +26,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from eval_synthetic import TARGETS  # noqa: E402  (a sibling script, not a package)
+from eval_synthetic import TARGETS  # noqa: E402  (sibling scripts, not a package)
+from half_weights import split  # noqa: E402
 
 
 def placing(medians: dict[str, dict[str, float]]) -> list[str]:
@@ -76,8 +77,6 @@ def main(argv: list[str] | None = None) -> dict:
               "runs": {name: {"median": s["median"], "seeds": s["seeds"]} for name, s in scores.items()},
               "failed": failed}
     (args.out / "scores.json").write_text(json.dumps(result, indent=2))
-    from half_weights import split
-
     for name in [n for n in order if n in scores][: args.keep]:
         (args.out / name).mkdir(exist_ok=True)
         split(args.runs / name, args.out / name)
