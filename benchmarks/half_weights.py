@@ -4,6 +4,7 @@
     python3 benchmarks/half_weights.py join OUT_DIR FILE.safetensors
     python3 benchmarks/half_weights.py ship RUN_DIR mapstream/weights/small.safetensors   # one file, as the package ships it
     python3 benchmarks/half_weights.py ship OUT_DIR mapstream/weights/small.safetensors   # the same from split's halves
+    python3 benchmarks/half_weights.py ship RUN_DIR FILE.safetensors --int8   # large matrices in 8 bits (mapstream.weights.int8)
 
 The halves hold disjoint keys; `join` writes one float16 safetensors file that
 `mapstream.load_model(FILE, preset=...)` reads. `ship` writes a run's weights as one float16
@@ -35,10 +36,17 @@ def half_weights(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return half, {"step": str(state["step"]), "source": path.name}
 
 
-def ship(run: Path, target: Path, preset: str = "small") -> Path:
-    """RUN_DIR is a training run, or a folder of halves that `split` wrote on another machine."""
+def ship(run: Path, target: Path, preset: str = "small", int8: bool = False) -> Path:
+    """RUN_DIR is a training run, or a folder of halves that `split` wrote on another machine;
+    with `int8`, the large matrices are stored in 8 bits with a scale per row, about half the
+    bytes (every loader of mapstream reads that form)."""
     half, meta = read_halves(run) if any(run.glob("weights-*.safetensors")) else half_weights(run)
-    save_file(half, str(target), metadata={**meta, "preset": preset})
+    meta = {**meta, "preset": preset}
+    if int8:
+        from mapstream.weights.int8 import INT8_ROWS, STORAGE_KEY, quantize
+
+        half, meta = quantize(half), {**meta, STORAGE_KEY: INT8_ROWS}
+    save_file(half, str(target), metadata=meta)
     return target
 
 
@@ -79,5 +87,10 @@ def join(folder: Path, target: Path) -> Path:
 
 
 if __name__ == "__main__":
-    verb, a, b = sys.argv[1:4]
-    {"split": split, "join": join, "ship": ship}[verb](Path(a), Path(b))
+    verb, a, b, *flags = sys.argv[1:]
+    if flags and (verb, flags) != ("ship", ["--int8"]):
+        raise SystemExit(f"unknown flags {flags} for {verb} (only ship takes --int8)")
+    if flags:
+        ship(Path(a), Path(b), int8=True)
+    else:
+        {"split": split, "join": join, "ship": ship}[verb](Path(a), Path(b))

@@ -39,6 +39,7 @@ from torch.overrides import TorchFunctionMode
 from .compat import GCTStream
 from .config import get_preset, preset_names, split_overrides
 from .hub import CHECKPOINT_SUFFIXES, DEFAULT_FILENAME, download_checkpoint, looks_like_repo_id
+from .weights import int8
 
 
 __all__ = [
@@ -366,6 +367,25 @@ def _unwrap(obj: Any, path: Path) -> Mapping[str, torch.Tensor]:
     return obj
 
 
+def _restore_storage(tensors: dict[str, torch.Tensor], storage: str | None, path: Path) -> dict[str, torch.Tensor]:
+    """Float weights from a safetensors file's tensors, as its metadata says they are stored."""
+    if storage == int8.INT8_ROWS:
+        try:
+            return int8.dequantize(tensors)
+        except ValueError as exc:
+            raise CheckpointError(f"{path} is damaged: {exc}; write it again from its source") from exc
+    if storage is not None:
+        raise CheckpointError(f"{path} stores its weights as {storage!r}, which this mapstream does not read "
+                              f"(it reads {int8.INT8_ROWS!r}); upgrade mapstream, or write the file again in "
+                              "float16 or float32")
+    packed = sorted(k for k, v in tensors.items() if v.dtype == torch.int8)
+    if packed:
+        raise CheckpointError(f"{path} holds 8-bit tensors ({_summarize_keys(packed)}) but its metadata does not "
+                              f"say how they are scaled ({int8.STORAGE_KEY!r}); write it with "
+                              "mapstream.weights.int8.quantize and that metadata")
+    return tensors
+
+
 def read_state_dict(path: str | os.PathLike, *, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
     """The weights of a local checkpoint file, with canonical key names.
 
@@ -375,12 +395,16 @@ def read_state_dict(path: str | os.PathLike, *, trust_pickle: bool = False) -> d
     """
     path = Path(path)
     if _is_safetensors(path):
+        from safetensors import safe_open
         from safetensors.torch import load_file
 
         try:
+            with safe_open(str(path), "pt", device="cpu") as handle:
+                metadata = handle.metadata() or {}
             obj: Any = load_file(path, device="cpu")
         except Exception as exc:  # a damaged header or a truncated file
             raise CheckpointError(_unreadable(path, exc)) from exc
+        obj = _restore_storage(obj, metadata.get(int8.STORAGE_KEY), path)
     else:
         obj = _torch_load(path, trust_pickle)
     return checkpoint_filter_fn(_unwrap(obj, path))

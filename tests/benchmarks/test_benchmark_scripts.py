@@ -332,6 +332,16 @@ def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(t
     with safe_open(str(from_halves), "pt") as handle:
         assert handle.metadata() == {"preset": "tiny", "step": "2", "source": "step-00000002.pt"}
     assert all(torch.equal(load_file(str(from_halves))[k], v) for k, v in load_file(str(shipped)).items())
+    # `ship --int8`: the large matrices in 8 bits, read back by every loader
+    from mapstream.weights.int8 import INT8_ROWS, STORAGE_KEY
+
+    small = module.ship(tmp_path, tmp_path / "int8.safetensors", preset="tiny", int8=True)
+    with safe_open(str(small), "pt") as handle:
+        assert handle.metadata()[STORAGE_KEY] == INT8_ROWS and handle.metadata()["preset"] == "tiny"
+    assert small.stat().st_size < 0.6 * shipped.stat().st_size
+    restored = mapstream.load_model(str(small), preset="tiny").state_dict()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(restored[key], value, rtol=0, atol=float(value.abs().max()) / 127)
 
 
 def test_plot_training_draws_a_runs_metrics(tmp_path):

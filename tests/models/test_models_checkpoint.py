@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -566,3 +567,57 @@ def test_a_folder_without_the_named_checkpoint_lists_every_checkpoint_it_holds(t
         (tmp_path / name).write_bytes(b"x")
     with pytest.raises(FileNotFoundError, match="Checkpoints in .*: last.ckpt, pytorch_model.bin;"):
         load_model(tmp_path)
+
+
+def _save_packed(path: Path, tensors: dict[str, torch.Tensor], storage: str | None) -> Path:
+    from mapstream.weights import int8
+
+    save_file(tensors, str(path), metadata=None if storage is None else {int8.STORAGE_KEY: storage})
+    return path
+
+
+def test_weights_stored_in_8_bits_load_within_half_a_step_of_the_source(tmp_path, ref):
+    from mapstream.weights import int8
+
+    packed = int8.quantize(ref)
+    large = [k for k, v in ref.items() if v.is_floating_point() and v.ndim >= 2 and v.numel() >= int8.MIN_NUMEL]
+    assert large and [k for k in ref if packed[k].dtype == torch.int8] == large
+    assert set(packed) == set(ref) | {k + int8.SCALE_SUFFIX for k in large}
+    pos = "aggregator.patch_embed.pos_embed"  # [1, tokens, dim]: a scale per token, not one for the table
+    assert ref[pos].shape[0] == 1 and packed[pos + int8.SCALE_SUFFIX].shape == (ref[pos].shape[1],)
+    model = load_model(_save_packed(tmp_path / "w8.safetensors", packed, int8.INT8_ROWS), preset="tiny")
+    assert model.load_report.ok
+    state = model.state_dict()
+    for key, value in ref.items():
+        if key not in large:
+            assert torch.equal(state[key], value), key
+            continue
+        scale = packed[key + int8.SCALE_SUFFIX]
+        rows = scale.numel()
+        assert scale.dtype == torch.float32
+        # each row spans the full int8 range, and every weight comes back within half a step
+        assert (packed[key].reshape(rows, -1).abs().amax(1) == 127).all(), key
+        error = (state[key] - value).reshape(rows, -1).abs().amax(1)
+        assert (error <= scale / 2 + 1e-7).all(), key
+    stored = sum(packed[k].numel() for k in large)
+    assert stored == sum(ref[k].numel() for k in large)  # one byte a weight
+
+
+def test_8_bit_files_that_do_not_say_how_they_are_scaled_are_refused(tmp_path, ref):
+    from mapstream.weights import int8
+
+    packed = int8.quantize(ref)
+    with pytest.raises(CheckpointError, match="does not say how they are scaled"):
+        load_model(_save_packed(tmp_path / "bare.safetensors", packed, None), preset="tiny")
+    with pytest.raises(CheckpointError, match="'int4'.*upgrade mapstream"):
+        load_model(_save_packed(tmp_path / "int4.safetensors", packed, "int4"), preset="tiny")
+    key = next(k for k in ref if packed[k].dtype == torch.int8)
+    no_scale = {k: v for k, v in packed.items() if k != key + int8.SCALE_SUFFIX}
+    with pytest.raises(CheckpointError, match=f"damaged: 8-bit tensor '{re.escape(key)}' has no scales"):
+        load_model(_save_packed(tmp_path / "cut.safetensors", no_scale, int8.INT8_ROWS), preset="tiny")
+    orphan = {k: v for k, v in packed.items() if k != key}
+    with pytest.raises(CheckpointError, match="have no tensor"):
+        load_model(_save_packed(tmp_path / "orphan.safetensors", orphan, int8.INT8_ROWS), preset="tiny")
+    damaged = dict(ref, **{key: torch.full_like(ref[key], float("nan"))})
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        int8.quantize(damaged)
