@@ -65,8 +65,9 @@ def quantize(state: Mapping[str, torch.Tensor], *, min_numel: int = MIN_NUMEL) -
 
 
 def dequantize(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The float32 weights of a file `quantize` wrote, under the model's own key names. Raises
-    ValueError when an int8 tensor and its scales do not come in pairs of matching rows."""
+    """The tensors of a file `quantize` wrote under the model's own key names, its 8-bit ones
+    restored in float32 and the rest as stored. Raises ValueError when an int8 tensor and its
+    scales do not come in pairs of matching rows."""
     scales = {key[: -len(SCALE_SUFFIX)]: value for key, value in tensors.items() if key.endswith(SCALE_SUFFIX)}
     out: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
