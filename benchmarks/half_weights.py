@@ -90,7 +90,5 @@ if __name__ == "__main__":
     verb, a, b, *flags = sys.argv[1:]
     if flags and (verb, flags) != ("ship", ["--int8"]):
         raise SystemExit(f"unknown flags {flags} for {verb} (only ship takes --int8)")
-    if flags:
-        ship(Path(a), Path(b), int8=True)
-    else:
-        {"split": split, "join": join, "ship": ship}[verb](Path(a), Path(b))
+    options = {"int8": True} if flags else {}
+    {"split": split, "join": join, "ship": ship}[verb](Path(a), Path(b), **options)

@@ -396,12 +396,11 @@ def read_state_dict(path: str | os.PathLike, *, trust_pickle: bool = False) -> d
     path = Path(path)
     if _is_safetensors(path):
         from safetensors import safe_open
-        from safetensors.torch import load_file
 
-        try:
+        try:  # one open reads the metadata (how the weights are stored) and the tensors
             with safe_open(str(path), "pt", device="cpu") as handle:
                 metadata = handle.metadata() or {}
-            obj: Any = load_file(path, device="cpu")
+                obj: Any = {key: handle.get_tensor(key) for key in handle.keys()}
         except Exception as exc:  # a damaged header or a truncated file
             raise CheckpointError(_unreadable(path, exc)) from exc
         obj = _restore_storage(obj, metadata.get(int8.STORAGE_KEY), path)

@@ -81,7 +81,7 @@ def dequantize(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         scale = scales.get(key)
         if scale is None:
             raise ValueError(f"8-bit tensor {key!r} has no scales ({key + SCALE_SUFFIX!r})")
-        if scale.ndim != 1 or value.numel() % max(scale.numel(), 1) or scale.numel() == 0:
+        if scale.ndim != 1 or scale.numel() == 0 or value.numel() % scale.numel():
             raise ValueError(f"8-bit tensor {key!r} of shape {tuple(value.shape)} does not divide into rows for "
                              f"its scales of shape {tuple(scale.shape)}")
         rows = value.reshape(scale.numel(), -1).to(torch.float32) * scale.to(torch.float32)[:, None]
