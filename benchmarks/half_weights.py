@@ -1,22 +1,25 @@
 """A training run's current weights in half precision, split into files small enough to carry.
 
-    python3 benchmarks/half_weights.py split RUN_DIR OUT_DIR     # latest checkpoint (EMA if kept) -> OUT_DIR/weights-{0,1}.safetensors
+    python3 benchmarks/half_weights.py split RUN_DIR OUT_DIR     # latest checkpoint (EMA if kept) -> OUT_DIR/weights-{0,1,...}.safetensors
     python3 benchmarks/half_weights.py join OUT_DIR FILE.safetensors
     python3 benchmarks/half_weights.py ship RUN_DIR mapstream/weights/small.safetensors   # one file, as the package ships it
     python3 benchmarks/half_weights.py ship OUT_DIR mapstream/weights/small.safetensors   # the same from split's halves
     python3 benchmarks/half_weights.py ship RUN_DIR FILE.safetensors --int8   # large matrices in 8 bits (mapstream.weights.int8)
+    python3 benchmarks/half_weights.py ship RUN_DIR FILE.safetensors --preset small-deep   # another preset's weights
 
-The halves hold disjoint keys; `join` writes one float16 safetensors file that
+The parts hold disjoint keys; `join` writes one float16 safetensors file that
 `mapstream.load_model(FILE, preset=...)` reads. `ship` writes a run's weights as one float16
-file whose metadata names its preset (``small``), the form of mapstream's shipped weights.
+file whose metadata names its preset (``small`` unless --preset says), the form of mapstream's shipped weights.
 """
 from __future__ import annotations
 
-import sys
+import math
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+CARRY_BYTES = 12 * 2**20  # the device returns files of 16 MB at most; a part may end one tensor past this
 
 
 def half_weights(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -50,9 +53,11 @@ def ship(run: Path, target: Path, preset: str = "small", int8: bool = False) -> 
     return target
 
 
-def split(run: Path, out: Path, parts: int = 2) -> list[Path]:
+def split(run: Path, out: Path, parts: int | None = None) -> list[Path]:
+    """At least two files, and as many more as keep each under CARRY_BYTES."""
     half, meta = half_weights(run)
     keys, total, files = sorted(half), sum(v.numel() * v.element_size() for v in half.values()), []
+    parts = parts or max(2, math.ceil(total / CARRY_BYTES))
     budget, chunk, size = total / parts, {}, 0
     for key in keys:
         chunk[key] = half[key]
@@ -87,8 +92,16 @@ def join(folder: Path, target: Path) -> Path:
 
 
 if __name__ == "__main__":
-    verb, a, b, *flags = sys.argv[1:]
-    if flags and (verb, flags) != ("ship", ["--int8"]):
-        raise SystemExit(f"unknown flags {flags} for {verb} (only ship takes --int8)")
-    options = {"int8": True} if flags else {}
-    {"split": split, "join": join, "ship": ship}[verb](Path(a), Path(b), **options)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("verb", choices=("split", "join", "ship"))
+    parser.add_argument("source", type=Path)
+    parser.add_argument("target", type=Path)
+    parser.add_argument("--int8", action="store_true", help="ship: large matrices in 8 bits")
+    parser.add_argument("--preset", help="ship: the preset the file names (default: small)")
+    args = parser.parse_args()
+    if args.verb != "ship" and (args.int8 or args.preset):
+        parser.error("only ship takes --int8 and --preset")
+    options = {"int8": args.int8, "preset": args.preset or "small"} if args.verb == "ship" else {}
+    {"split": split, "join": join, "ship": ship}[args.verb](args.source, args.target, **options)

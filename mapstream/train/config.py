@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from ..config import get_preset
 from ..validation import check_count
 from .distributed import DISTRIBUTED_MODES
 from .forward import ATTENTION_KINDS
@@ -35,6 +36,8 @@ class TrainConfig:
     """File inside the folder or repo given by --model (default: load_model's)."""
     matching_init: bool = False
     """From scratch (--model a preset): draw the patch embedding's position table as 2-D sines and cosines and tie the global blocks' keys to their queries, so that tokens attend to like content in other frames from the first step (with --loss-flow, what lets a small network learn to match frames; docs/TRAINING.md)."""
+    deepen: Optional[str] = None
+    """A deeper preset of the same width (e.g. small-deep) to grow the checkpoint given by --model into before training: its blocks spread over the deeper stacks, the added blocks starting as the identity, so training starts from the checkpoint's function (mapstream.train.deepen)."""
     enable_point: bool = False
     """Build and train the world-point head; a checkpoint without one gets a new head drawn from --seed."""
     data: Optional[Path] = None
@@ -173,6 +176,8 @@ def check_train_config(c: TrainConfig) -> None:
     if c.precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {c.precision!r}")
     check_path_kinds(c.path_kinds)
+    if c.deepen is not None:
+        get_preset(c.deepen)  # a ValueError naming the valid presets
     if c.attention not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {c.attention!r}")
     if not c.lora_alpha > 0:

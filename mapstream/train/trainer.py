@@ -35,6 +35,7 @@ from .checkpointing import (
     save_checkpoint, set_rng_state,
 )
 from .config import TrainConfig, config_dict
+from .deepen import deepen_state_dict
 from .distributed import Parallel
 from .ema import EMA
 from .flow import PatchFlowHead
@@ -102,6 +103,9 @@ def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
     from ..config import preset_names
 
     if config.model in preset_names():
+        if config.deepen is not None:
+            raise ValueError(f"--deepen grows a trained checkpoint, but --model {config.model} is a preset name: "
+                             "give the checkpoint to deepen as --model")
         model = mapstream.build_model(config.model, enable_point=config.enable_point)
         return init_for_training_(model, config.seed, matching=config.matching_init), config.model
     if config.matching_init:
@@ -112,9 +116,25 @@ def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
         raise ValueError(f"--model {config.model}: neither a preset ({', '.join(preset_names())}) "
                          "nor an existing checkpoint file or folder")
     model = mapstream.load_model(config.model, filename=config.checkpoint_file, preset=config.preset)
+    if config.deepen is not None:
+        model = _deepened(model, config.deepen)
     if config.enable_point and model.point_head is None:
         model = _with_new_point_head(config, model)
+    if config.deepen is not None:
+        return model, config.deepen
     return model, _preset_of(model) if config.preset == "auto" else config.preset
+
+
+def _deepened(loaded: nn.Module, preset: str) -> nn.Module:
+    """`loaded` grown into the deeper `preset` (`mapstream.train.deepen`): the same function."""
+    from ..config import get_preset
+
+    target = dataclasses.replace(get_preset(preset).model, enable_point=loaded.config.enable_point)
+    model = type(loaded)(target, loaded.stream_config)
+    model.load_state_dict(deepen_state_dict(loaded.state_dict(), loaded.config, target))
+    log.info("deepened the checkpoint into %s: %d -> %d parameters, every added block the identity", preset,
+             sum(p.numel() for p in loaded.parameters()), sum(p.numel() for p in model.parameters()))
+    return model.eval()
 
 
 def _with_new_point_head(config: TrainConfig, loaded: nn.Module) -> nn.Module:

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -298,7 +299,7 @@ def test_train_step_times_the_real_loop_and_reports_its_steps(tmp_path):
     assert all(v > 0 for v in phases.values()) and sum(phases.values()) <= result["step_seconds"]
 
 
-def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(tmp_path):
+def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(tmp_path, monkeypatch):
     import mapstream
     import torch
     from mapstream.train.config import TrainConfig
@@ -314,6 +315,16 @@ def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(t
 
     halves = [load_file(str(p)) for p in parts]
     assert not set(halves[0]) & set(halves[1])
+    # A larger network is carried in more parts, each within the limit but for its last tensor.
+    total = sum(v.numel() * v.element_size() for half in halves for v in half.values())
+    largest = max(v.numel() * v.element_size() for half in halves for v in half.values())
+    monkeypatch.setattr(module, "CARRY_BYTES", total // 3 - 1)
+    (tmp_path / "more").mkdir()
+    more = module.split(run, tmp_path / "more")
+    assert len(more) == 4
+    sizes = [sum(v.numel() * v.element_size() for v in load_file(str(p)).values()) for p in more]
+    assert sum(sizes) == total and all(size < total // 3 + largest for size in sizes)
+    assert module.read_halves(tmp_path / "more")[0].keys() == halves[0].keys() | halves[1].keys()
     joined = module.join(tmp_path, tmp_path / "joined.safetensors")
     model = mapstream.load_model(str(joined), preset="tiny")
     exported = load_file(str(run / "model.safetensors"))  # the EMA's weights, in fp32
@@ -342,6 +353,16 @@ def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(t
     restored = mapstream.load_model(str(small), preset="tiny").state_dict()
     for key, value in model.state_dict().items():
         torch.testing.assert_close(restored[key], value, rtol=0, atol=float(value.abs().max()) / 127)
+    # The command line: ship names the preset it is told; other verbs refuse ship's options.
+    script = str(Path(module.__file__))
+    done = subprocess.run([sys.executable, script, "ship", str(tmp_path), str(tmp_path / "named.safetensors"),
+                           "--preset", "tiny", "--int8"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with safe_open(str(tmp_path / "named.safetensors"), "pt") as handle:
+        assert handle.metadata()["preset"] == "tiny" and handle.metadata()[STORAGE_KEY] == INT8_ROWS
+    refused = subprocess.run([sys.executable, script, "join", str(tmp_path), str(tmp_path / "x.safetensors"), "--int8"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "only ship takes --int8 and --preset" in refused.stderr
 
 
 def test_plot_training_draws_a_runs_metrics(tmp_path):
