@@ -176,6 +176,8 @@ def test_eval_synthetic_scores_each_seed_through_run_and_eval_against_the_target
     for row in result["seeds"]:
         assert row["ate_fraction"] == pytest.approx(row["ate"] / row["extent"]) and row["extent"] > 0
         assert 0 <= row["auc30"] <= 1 and row["abs_rel"] > 0 and 0 <= row["delta1"] <= 1
+        assert row["chamfer"] > 0 and 0 <= row["f1"] <= 1
+    assert result["median"]["chamfer"] == pytest.approx(sum(row["chamfer"] for row in result["seeds"]) / 2)
     for key, (bound, how) in module.TARGETS.items():
         values = sorted(row[key] for row in result["seeds"])
         assert result["median"][key] == pytest.approx(sum(values) / 2)
