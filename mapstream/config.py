@@ -345,9 +345,9 @@ _register(
             dpt_out_channels=(48, 96, 192, 192),
         ),
         stream=StreamConfig(),
-        description="The architecture `mapstream train` trains as mapstream's own small model (11 M parameters, "
-        "under 25 MB in half precision, a few seconds for the demo on two CPU cores); heads of dimension 64 as "
-        "the official model's.",
+        description="The base of mapstream's own model (11 M parameters, under 25 MB in half precision, a few "
+        "seconds for the demo on two CPU cores), trained from scratch by the recipes and then deepened into "
+        "small-deep; heads of dimension 64 as the official model's.",
     )
 )
 
@@ -359,9 +359,10 @@ _register(
             PRESETS["small"].model, vit_depth=8, depth=12, camera_trunk_depth=2, selected_layers=(3, 7, 9, 11)
         ),
         stream=StreamConfig(),
-        description="The small model at twice its depth (20 M parameters, 8-bit storage for 25 MB): what "
-        "`mapstream train --deepen small-deep` grows the small model's weights into, every added block "
-        "starting as the identity (its heads read the small model's selected layers where they moved).",
+        description="The small model at twice its depth (20 M parameters, under 25 MB in 8 bits): the "
+        "architecture of mapstream's shipped model, grown from small's weights by `mapstream train --deepen "
+        "small-deep`, every added block starting as the identity (its heads read the small model's selected "
+        "layers where they moved).",
     )
 )
 

@@ -86,7 +86,8 @@ def tiny_weights() -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="session")
 def _synthetic_small_file(tmp_path_factory) -> Path:
-    """The small preset with the weight rule's weights, stored as the shipped file is (fp16)."""
+    """The small preset with the weight rule's weights in float16 (the loaders read any preset and
+    storage; the package's own file is checked in tests/pipeline/test_small_model.py)."""
     import mapstream
     from safetensors.torch import save_file
 

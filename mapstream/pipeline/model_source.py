@@ -62,7 +62,7 @@ def _small(device: torch.device, backend: str, overrides: dict, why: str | None 
     warnings = [SMALL_WARNING] if why is None else [SMALL_WARNING, why]
     for warning in warnings:
         log.warning(warning)
-    model = load_model(path, preset="small", device=device, backend=backend, **overrides)
+    model = load_model(path, preset="auto", device=device, backend=backend, **overrides)  # the preset it fits
     return model.eval(), SMALL_MODEL, warnings
 
 
