@@ -284,3 +284,10 @@ def test_every_recipe_in_the_repository_is_a_valid_configuration():
     assert hw294.model == str(clip24.out / "model.safetensors") and hw294.image_hw == (168, 294)
     assert (hw294.frames, hw294.num_scale_frames) == (clip24.frames, clip24.num_scale_frames)
     assert all(c.min_lr_ratio == 1.0 for c in (flow, clip8, clip16, clip24, hw294))  # legs of one schedule
+    # The sixth stage grows it into the deeper preset, then decays the learning rate.
+    deep = load_config(recipes[0].parent / "small_deep.yaml")
+    decay = load_config(recipes[0].parent / "small_deep_decay.yaml")
+    assert deep.model == str(hw294.out / "model.safetensors") and (deep.preset, deep.deepen) == ("small", "small-deep")
+    assert decay.model == str(deep.out / "model.safetensors") and decay.preset == "small-deep" and decay.deepen is None
+    assert deep.min_lr_ratio == 1.0 and decay.min_lr_ratio == 0.1 and (deep.steps, decay.steps) == (1175, 555)
+    assert all((c.frames, c.image_hw, c.batch_size) == (hw294.frames, hw294.image_hw, hw294.batch_size) for c in (deep, decay))
