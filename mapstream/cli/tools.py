@@ -42,8 +42,11 @@ class Eval:
     """How frames are paired: by file name, by timestamp (names read as seconds, else the run's own times; the nearest run frame per ground-truth frame, so a run denser than its ground truth is evaluated on the paired frames), by position (equal counts), or auto (the first that pairs every frame)."""
     max_dt: float = 0.02
     """Timestamp pairing tolerance in seconds (also used to pair TUM depth maps and poses)."""
+    points_align: Literal["poses", "trajectory"] = "poses"
+    """How the predicted point cloud is placed on the ground truth's: by the cameras' poses (the rotation from their orientations, scale and translation from their centres; a short or straight path's centres alone leave the rotation about it loose) or by the trajectory's alignment (the centres alone, as ATE)."""
 
     def main(self) -> int:
         from ..eval.runner import eval_main
 
-        return eval_main(self.pred, self.gt, self.out, self.align, emit=print, match=self.match, max_dt=self.max_dt)
+        return eval_main(self.pred, self.gt, self.out, self.align, emit=print, match=self.match, max_dt=self.max_dt,
+                         points_align=self.points_align)

@@ -16,8 +16,9 @@ Each metric group is computed when its inputs exist (a failing group is recorded
 * ``depth``: abs-rel ... delta_3 with ``depth_align`` (median / scale_shift / none) per frame or
   per sequence, in the prediction's pixels: the ground truth goes through the geometry of the
   run's own preprocessing (:mod:`mapstream.eval.input_geometry`; padding left out);
-* ``points``: predicted depth unprojected with predicted poses and moved by the trajectory
-  alignment, against the ground-truth depth unprojected with ground-truth poses (or
+* ``points``: predicted depth unprojected with predicted poses and moved by the poses'
+  alignment (``points_align="poses"``: the rotation from the cameras' orientations, which a
+  short or straight path's centres leave loose; ``"trajectory"``: the ATE's), against the ground-truth depth unprojected with ground-truth poses (or
   ``points.ply``), voxel-downsampled, optionally ICP-refined.
 
 Every group in the JSON carries the alignment its numbers were computed with (``"align"``).
@@ -44,12 +45,14 @@ from mapstream.eval.predictions import PREDICTIONS_FILE, Predictions, read_predi
 from mapstream.eval.table import AGGREGATED, format_table
 from mapstream.eval.trajectory import AUC_THRESHOLDS, PoseAUCResult, aggregate_auc, ate, pose_auc, rpe
 from mapstream.geometry import unproject_depth
-from mapstream.geometry.align import ALIGN_MODES, Sim3
+from mapstream.geometry.align import ALIGN_MODES, Sim3, align_poses
 from mapstream.progress import progress_bar
 
 __all__ = ["EvalReport", "SceneReport", "evaluate", "match_frames", "format_table", "eval_main", "write_json_atomic"]
 
 log = logging.getLogger(__name__)
+
+POINTS_ALIGN: tuple[str, ...] = ("poses", "trajectory")
 
 _AUC_ALIGN = "none (invariant to a Sim(3) of either trajectory)"
 
@@ -190,13 +193,20 @@ def _evaluate_scene(pred: Predictions, gt: GroundTruthSequence, geometry: InputG
 
     if not opts["points"]:
         return
-    if S is None:
-        report.errors["points"] = "needs the trajectory alignment, which failed"
-        return
     try:
-        report.metrics["points"] = _points_group(pred, gt, G, S, opts)
+        report.metrics["points"] = _points_group(pred, gt, G, _points_alignment(T_est, T_ref, S, opts), opts)
     except (OSError, RuntimeError, ValueError) as err:
         report.errors["points"] = str(err)
+
+
+def _points_alignment(T_est: np.ndarray, T_ref: np.ndarray, trajectory: Sim3 | None, opts: dict) -> Sim3:
+    """What places the predicted cloud: the camera poses' own alignment (orientations fix the
+    rotation that a short path's centres leave loose), or the trajectory's (centres only)."""
+    if opts["points_align"] == "poses":
+        return align_poses(T_est, T_ref, opts["align"])
+    if trajectory is None:
+        raise ValueError("needs the trajectory alignment, which failed")
+    return trajectory
 
 
 def _auc_dict(auc: PoseAUCResult) -> dict[str, Any]:
@@ -229,7 +239,7 @@ def _points_group(pred: Predictions, gt: GroundTruthSequence, G: np.ndarray, S: 
     m = pointcloud_metrics(P, Gp, threshold=opts["point_threshold"], voxel_size=voxel or None,
                            icp_refine=opts["icp"])
     return {
-        "align": f"{opts['align']} (trajectory)" + (" + ICP" if opts["icp"] else ""),
+        "align": f"{opts['align']} ({opts['points_align']})" + (" + ICP" if opts["icp"] else ""),
         "accuracy": m.accuracy, "completeness": m.completeness, "chamfer": m.chamfer,
         "accuracy_median": m.accuracy_median, "completeness_median": m.completeness_median,
         "precision": m.precision, "recall": m.recall, "f1": m.f1, "threshold": m.threshold,
@@ -272,6 +282,7 @@ def evaluate(
     max_depth: float | None = None,
     points: bool = True,
     point_threshold: float = 0.05,
+    points_align: str = "poses",
     voxel_size: float | None = None,
     icp: bool = False,
     max_cloud_points: int = 2_000_000,
@@ -294,6 +305,9 @@ def evaluate(
         min_depth, max_depth: ground-truth validity range (metres) for depth and points.
         points: compute point-cloud metrics.
         point_threshold: precision / recall / F1 threshold (metres).
+        points_align: how the predicted cloud is placed: ``"poses"`` (`align_poses`: the
+            rotation from the cameras' orientations, scale and translation from their centres)
+            or ``"trajectory"`` (the ATE's alignment of the centres alone).
         voxel_size: downsampling voxel (default ``point_threshold / 2``; 0 = none).
         icp: refine the aligned prediction onto the ground truth with ICP.
         max_cloud_points: random (seeded) subsampling of each cloud before voxelization.
@@ -308,6 +322,8 @@ def evaluate(
     """
     if align not in ALIGN_MODES:
         raise ValueError(f"align must be one of {ALIGN_MODES}, got {align!r}")
+    if points_align not in POINTS_ALIGN:
+        raise ValueError(f"points_align must be one of {POINTS_ALIGN}, got {points_align!r}")
     if match not in MATCH_MODES:
         raise ValueError(f"match must be one of {MATCH_MODES}, got {match!r}")
     if not (math.isfinite(max_dt) and max_dt >= 0):
@@ -315,7 +331,7 @@ def evaluate(
     pred_dir = Path(pred_dir)
     opts = dict(align=align, rpe_delta=rpe_delta, auc_thresholds=tuple(auc_thresholds), depth_align=depth_align,
                 depth_per=depth_per, min_depth=min_depth, max_depth=max_depth, points=points,
-                point_threshold=point_threshold, voxel_size=voxel_size, icp=icp, max_cloud_points=max_cloud_points,
+                point_threshold=point_threshold, points_align=points_align, voxel_size=voxel_size, icp=icp, max_cloud_points=max_cloud_points,
                 match=match, max_dt=max_dt, tum_camera=tum_camera)
     scenes: list[SceneReport] = []
     pairs = _pair_scenes(pred_dir, gt)

@@ -4,7 +4,9 @@
 ``sum_i w_i |dst_i - (s R src_i + t)|^2`` in closed form (Umeyama, "Least-squares estimation
 of transformation parameters between two point patterns", PAMI 1991; the same estimator as
 evo's ``umeyama_alignment``). ``align_trajectories`` applies it to camera centres, as
-``evo_ape --align [--correct_scale]`` does.
+``evo_ape --align [--correct_scale]`` does. ``align_poses`` uses the cameras' orientations as
+well: the centres of a short or straight path leave the rotation about the path poorly fixed
+(undetermined when they are collinear), while every orientation fixes it.
 
 Conventions: poses are ``T_world_cam`` (camera-to-world, OpenCV axes), ``[*, 3, 4]`` or
 ``[*, 4, 4]``. A :class:`Sim3` named ``S_ref_est`` maps points of the estimate's world frame
@@ -20,7 +22,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-__all__ = ["Sim3", "AlignMode", "ALIGN_MODES", "umeyama", "align_trajectories", "as_pose4", "as_float64"]
+__all__ = ["Sim3", "AlignMode", "ALIGN_MODES", "umeyama", "align_trajectories", "align_poses", "as_pose4",
+           "as_float64"]
 
 AlignMode = Literal["none", "se3", "sim3"]
 ALIGN_MODES: tuple[str, ...] = ("none", "se3", "sim3")
@@ -232,3 +235,57 @@ def align_trajectories(
     if mode == "none":
         return Sim3.identity()
     return umeyama(est[:, :3, 3], ref[:, :3, 3], with_scale=(mode == "sim3"), weights=weights)
+
+
+def align_poses(
+    T_world_cam_est: ArrayLike,
+    T_world_cam_ref: ArrayLike,
+    mode: str = "sim3",
+) -> Sim3:
+    """Alignment of estimated camera poses onto reference ones from orientations and centres.
+
+    The rotation is the least-squares one over the orientations, ``argmin_R sum_i
+    |R R_est_i - R_ref_i|_F^2`` (the rotation nearest to ``sum_i R_ref_i R_est_i^T``); with
+    it fixed, the scale and translation are the least-squares fit of the centres,
+    ``argmin_{s,t} sum_i |c_ref_i - (s R c_est_i + t)|^2``. Where the centres spread in every
+    direction and the orientations agree with them, this is close to :func:`align_trajectories`;
+    on a short arc or a straight path it still fixes the rotation.
+
+    Args:
+        T_world_cam_est: estimated camera-to-world poses ``[N, 3|4, 4]``.
+        T_world_cam_ref: reference camera-to-world poses ``[N, 3|4, 4]`` (same frames, same order).
+        mode: ``"none"`` (identity), ``"se3"`` (rigid) or ``"sim3"`` (rigid + scale).
+
+    Returns:
+        ``S_ref_est``: apply with :meth:`Sim3.apply_poses` to the estimate.
+
+    Raises:
+        ValueError: unknown mode, mismatched lengths, non-finite poses, or for ``"sim3"`` fewer
+            than two distinct estimated centres or a scale that is not positive (the estimate
+            moves against the reference).
+    """
+    if mode not in ALIGN_MODES:
+        raise ValueError(f"align must be one of {ALIGN_MODES}, got {mode!r}")
+    est = as_pose4(T_world_cam_est, "T_world_cam_est")
+    ref = as_pose4(T_world_cam_ref, "T_world_cam_ref")
+    if est.ndim != 3 or ref.ndim != 3 or len(est) != len(ref) or not len(est):
+        raise ValueError(f"poses must be two non-empty [N, 3|4, 4] arrays of one length, got {list(est.shape)} "
+                         f"and {list(ref.shape)}")
+    if not (np.isfinite(est).all() and np.isfinite(ref).all()):
+        raise ValueError("alignment inputs contain NaN or infinite values")
+    if mode == "none":
+        return Sim3.identity()
+    U, _, Vt = np.linalg.svd(np.einsum("nij,nkj->ik", ref[:, :3, :3], est[:, :3, :3]))
+    R = U @ np.diag([1.0, 1.0, np.linalg.det(U @ Vt)]) @ Vt
+    x, y = est[:, :3, 3], ref[:, :3, 3]
+    xr = (x - x.mean(0)) @ R.T
+    s = 1.0
+    if mode == "sim3":
+        spread = float((xr * xr).sum())
+        if spread <= (1e-12 * max(np.abs(x).max(), 1.0)) ** 2:
+            raise ValueError("degenerate alignment: the estimated camera centres are all equal, the scale is undetermined")
+        s = float(((y - y.mean(0)) * xr).sum() / spread)
+        if not s > 0:
+            raise ValueError(f"degenerate alignment: the best scale is {s:.3g}, the estimated path runs against the "
+                             "reference")
+    return Sim3(R, y.mean(0) - s * (R @ x.mean(0)), s)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.spatial.transform import Rotation
 
-from mapstream.geometry.align import Sim3, align_trajectories, as_pose4, umeyama
+from mapstream.geometry.align import Sim3, align_poses, align_trajectories, as_pose4, umeyama
 
 
 def random_sim3(seed: int, scale: float = 2.5) -> Sim3:
@@ -90,3 +90,59 @@ def test_alignment_argument_errors() -> None:
         align_trajectories(T, T, "affine")
     with pytest.raises(ValueError, match="same shape"):
         umeyama(np.zeros((4, 3)), np.zeros((5, 3)))
+
+
+@pytest.mark.parametrize("mode", ["sim3", "se3"])
+def test_align_poses_recovers_a_known_transform_and_agrees_with_the_centres_alignment(mode: str) -> None:
+    S = random_sim3(4, scale=2.5 if mode == "sim3" else 1.0)
+    est = random_poses(12, 5)
+    ref = S.apply_poses(est)
+    found = align_poses(est, ref, mode)
+    np.testing.assert_allclose(found.R, S.R, atol=1e-12)
+    np.testing.assert_allclose(found.t, S.t, atol=1e-10)
+    assert found.s == pytest.approx(S.s, rel=1e-12)
+    centres = align_trajectories(est, ref, mode)
+    np.testing.assert_allclose(found.matrix(), centres.matrix(), atol=1e-9)
+    none = align_poses(est, ref, "none")
+    assert np.array_equal(none.R, np.eye(3)) and np.array_equal(none.t, np.zeros(3)) and none.s == 1.0
+
+
+def test_align_poses_fixes_the_rotation_that_collinear_centres_leave_undetermined() -> None:
+    S = random_sim3(6, scale=0.4)
+    est = random_poses(6, 7)
+    est[:, :3, 3] = np.linspace(0, 1, 6)[:, None] * np.array([1.0, 2.0, -0.5])  # a straight path
+    ref = S.apply_poses(est)
+    with pytest.raises(ValueError, match="collinear"):
+        align_trajectories(est, ref, "sim3")
+    found = align_poses(torch.from_numpy(est), ref)
+    np.testing.assert_allclose(found.apply_poses(est), ref, atol=1e-10)
+    assert found.s == pytest.approx(0.4, rel=1e-12)
+
+
+def test_align_poses_takes_the_nearest_rotation_to_noisy_orientations() -> None:
+    # Orientations each off by a few degrees about random axes: the found rotation lies within
+    # that noise of the true one, and the scale still comes from the centres.
+    S = random_sim3(8, scale=1.7)
+    est = random_poses(40, 9)
+    ref = S.apply_poses(est)
+    noise = Rotation.random(40, random_state=10).as_rotvec()
+    noise *= np.radians(3.0) / np.linalg.norm(noise, axis=1, keepdims=True)
+    ref[:, :3, :3] = Rotation.from_rotvec(noise).as_matrix() @ ref[:, :3, :3]
+    found = align_poses(est, ref)
+    assert np.degrees(Rotation.from_matrix(found.R.T @ S.R).magnitude()) < 1.5
+    assert found.s == pytest.approx(1.7, rel=0.05)
+
+
+def test_align_poses_refuses_what_fixes_no_scale() -> None:
+    est = random_poses(5, 11)
+    with pytest.raises(ValueError, match="all equal"):
+        align_poses(np.repeat(est[:1], 5, 0), est)
+    backwards = est.copy()
+    backwards[:, :3, 3] *= -1.0  # the same orientations, the centres mirrored through the origin
+    with pytest.raises(ValueError, match="runs against the reference"):
+        align_poses(est, backwards)
+    with pytest.raises(ValueError, match="one length"):
+        align_poses(est, est[:3])
+    with pytest.raises(ValueError, match="align must be one of"):
+        align_poses(est, est, "affine")
+    assert align_poses(np.repeat(est[:1], 5, 0), est, "se3").s == 1.0  # rigid: no scale to fix
