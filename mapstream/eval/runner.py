@@ -18,8 +18,9 @@ Each metric group is computed when its inputs exist (a failing group is recorded
   run's own preprocessing (:mod:`mapstream.eval.input_geometry`; padding left out);
 * ``points``: predicted depth unprojected with predicted poses and moved by the poses'
   alignment (``points_align="poses"``: the rotation from the cameras' orientations, which a
-  short or straight path's centres leave loose; ``"trajectory"``: the ATE's), against the ground-truth depth unprojected with ground-truth poses (or
-  ``points.ply``), voxel-downsampled, optionally ICP-refined.
+  short or straight path's centres leave loose; ``"trajectory"``: the ATE's), against the
+  ground-truth depth unprojected with ground-truth poses (or ``points.ply``),
+  voxel-downsampled, optionally ICP-refined.
 
 Every group in the JSON carries the alignment its numbers were computed with (``"align"``).
 """

@@ -120,9 +120,7 @@ def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
         model = _deepened(model, config.deepen)
     if config.enable_point and model.point_head is None:
         model = _with_new_point_head(config, model)
-    if config.deepen is not None:
-        return model, config.deepen
-    return model, _preset_of(model) if config.preset == "auto" else config.preset
+    return model, config.deepen or (_preset_of(model) if config.preset == "auto" else config.preset)
 
 
 def _deepened(loaded: nn.Module, preset: str) -> nn.Module:
