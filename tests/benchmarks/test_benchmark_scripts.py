@@ -185,6 +185,12 @@ def test_eval_synthetic_scores_each_seed_through_run_and_eval_against_the_target
     assert not result["met"]["abs_rel"]  # untrained weights reach no target
 
 
+def test_eval_synthetic_scores_a_cloud_that_eval_could_not_place_as_the_worst():
+    module = _load("eval_synthetic")
+    assert module.cloud_scores({"points": {"chamfer": 0.3, "f1": 0.2}}) == {"chamfer": 0.3, "f1": 0.2}
+    assert module.cloud_scores({"depth": {}}) == {"chamfer": float("inf"), "f1": 0.0}
+
+
 def test_eval_synthetic_passes_its_run_args_to_mapstream_run(tmp_path, monkeypatch):
     module = _load("eval_synthetic")
     commands = []
