@@ -332,8 +332,8 @@ def evaluate(
     pred_dir = Path(pred_dir)
     opts = dict(align=align, rpe_delta=rpe_delta, auc_thresholds=tuple(auc_thresholds), depth_align=depth_align,
                 depth_per=depth_per, min_depth=min_depth, max_depth=max_depth, points=points,
-                point_threshold=point_threshold, points_align=points_align, voxel_size=voxel_size, icp=icp, max_cloud_points=max_cloud_points,
-                match=match, max_dt=max_dt, tum_camera=tum_camera)
+                point_threshold=point_threshold, points_align=points_align, voxel_size=voxel_size, icp=icp,
+                max_cloud_points=max_cloud_points, match=match, max_dt=max_dt, tum_camera=tum_camera)
     scenes: list[SceneReport] = []
     pairs = _pair_scenes(pred_dir, gt)
     with progress_bar(len(pairs), desc="eval", unit="scene", progress=progress) as bar:

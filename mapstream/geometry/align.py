@@ -224,6 +224,14 @@ def align_trajectories(
         ValueError: unknown mode, mismatched lengths, or a degenerate trajectory (see
             :func:`umeyama`; checked for ``"none"`` too, except the point-count rules).
     """
+    est, ref = _paired_poses(T_world_cam_est, T_world_cam_ref, mode)
+    if mode == "none":
+        return Sim3.identity()
+    return umeyama(est[:, :3, 3], ref[:, :3, 3], with_scale=(mode == "sim3"), weights=weights)
+
+
+def _paired_poses(T_world_cam_est: ArrayLike, T_world_cam_ref: ArrayLike, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """The two trajectories as float64 ``[N, 4, 4]`` of one length, `mode` checked."""
     if mode not in ALIGN_MODES:
         raise ValueError(f"align must be one of {ALIGN_MODES}, got {mode!r}")
     est = as_pose4(T_world_cam_est, "T_world_cam_est")
@@ -232,9 +240,7 @@ def align_trajectories(
         raise ValueError("trajectories must have shape [N, 3|4, 4]")
     if len(est) != len(ref):
         raise ValueError(f"trajectories have different lengths: {len(est)} estimated vs {len(ref)} reference")
-    if mode == "none":
-        return Sim3.identity()
-    return umeyama(est[:, :3, 3], ref[:, :3, 3], with_scale=(mode == "sim3"), weights=weights)
+    return est, ref
 
 
 def align_poses(
@@ -260,17 +266,13 @@ def align_poses(
         ``S_ref_est``: apply with :meth:`Sim3.apply_poses` to the estimate.
 
     Raises:
-        ValueError: unknown mode, mismatched lengths, non-finite poses, or for ``"sim3"`` fewer
+        ValueError: unknown mode, mismatched lengths, no poses, non-finite poses, or for ``"sim3"`` fewer
             than two distinct estimated centres or a scale that is not positive (the estimate
             moves against the reference).
     """
-    if mode not in ALIGN_MODES:
-        raise ValueError(f"align must be one of {ALIGN_MODES}, got {mode!r}")
-    est = as_pose4(T_world_cam_est, "T_world_cam_est")
-    ref = as_pose4(T_world_cam_ref, "T_world_cam_ref")
-    if est.ndim != 3 or ref.ndim != 3 or len(est) != len(ref) or not len(est):
-        raise ValueError(f"poses must be two non-empty [N, 3|4, 4] arrays of one length, got {list(est.shape)} "
-                         f"and {list(ref.shape)}")
+    est, ref = _paired_poses(T_world_cam_est, T_world_cam_ref, mode)
+    if not len(est):
+        raise ValueError("alignment needs at least one pose, got none")
     if not (np.isfinite(est).all() and np.isfinite(ref).all()):
         raise ValueError("alignment inputs contain NaN or infinite values")
     if mode == "none":
@@ -283,7 +285,8 @@ def align_poses(
     if mode == "sim3":
         spread = float((xr * xr).sum())
         if spread <= (1e-12 * max(np.abs(x).max(), 1.0)) ** 2:
-            raise ValueError("degenerate alignment: the estimated camera centres are all equal, the scale is undetermined")
+            raise ValueError("degenerate alignment: the estimated camera centres are all equal, "
+                             "the scale is undetermined")
         s = float(((y - y.mean(0)) * xr).sum() / spread)
         if not s > 0:
             raise ValueError(f"degenerate alignment: the best scale is {s:.3g}, the estimated path runs against the "

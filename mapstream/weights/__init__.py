@@ -4,9 +4,9 @@ when the official LingBot-Map checkpoint is not at hand.
 ``small.safetensors`` holds the ``small-deep`` preset's weights (the ``small`` preset's width
 at twice its depth) with its large matrices in 8 bits (`mapstream.weights.int8`), trained with
 ``mapstream train`` on procedural rooms (the recipe and its measured quality:
-docs/TRAINING.md). Loaders build the preset the file fits. A run that uses them records :data:`SMALL_MODEL` as its model and carries
-:data:`SMALL_WARNING`; figures of its predictions carry a caption that says which weights
-made them.
+docs/TRAINING.md). Loaders build the preset the file fits. A run that uses them records
+:data:`SMALL_MODEL` as its model and carries :data:`SMALL_WARNING`; figures of its
+predictions carry a caption that says which weights made them.
 """
 from __future__ import annotations
 

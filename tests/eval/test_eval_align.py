@@ -141,8 +141,10 @@ def test_align_poses_refuses_what_fixes_no_scale() -> None:
     backwards[:, :3, 3] *= -1.0  # the same orientations, the centres mirrored through the origin
     with pytest.raises(ValueError, match="runs against the reference"):
         align_poses(est, backwards)
-    with pytest.raises(ValueError, match="one length"):
+    with pytest.raises(ValueError, match="different lengths"):
         align_poses(est, est[:3])
+    with pytest.raises(ValueError, match="at least one pose"):
+        align_poses(est[:0], est[:0])
     with pytest.raises(ValueError, match="align must be one of"):
         align_poses(est, est, "affine")
     assert align_poses(np.repeat(est[:1], 5, 0), est, "se3").s == 1.0  # rigid: no scale to fix
