@@ -4,7 +4,7 @@
         --seeds 101 102 103 --frames 24 --hw 168 294 --out eval.json
 
 Each seed's sequence comes from `mapstream.synthetic.render_sequence` (the public API; seeds
-the training never draws, since training clips come from `mapstream.train.render`), written in
+below `mapstream.synthetic.FIRST_TRAINING_SEED`, which training never draws), written in
 the benchmark layout, reconstructed by `mapstream run` at its own width and scored by
 `mapstream eval` (Sim(3)-aligned ATE, pose AUC@30, median-scaled depth abs_rel and δ<1.25,
 and the fused point cloud's Chamfer distance and F1 within 5 cm).
@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from mapstream.synthetic import FIRST_TRAINING_SEED
 
 TARGETS = {"ate_fraction": (0.05, "max"), "auc30": (0.6, "min"), "abs_rel": (0.10, "max"), "delta1": (0.90, "min")}
 # The fused point cloud, predicted depth placed by the predicted cameras and the
@@ -74,6 +76,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu", help="where `mapstream run` reconstructs (cpu, cuda)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    trained = [s for s in args.seeds if s >= FIRST_TRAINING_SEED]
+    if trained:
+        ap.error(f"--seeds {trained}: seeds from {FIRST_TRAINING_SEED} on are training's scenes; "
+                 "score on smaller seeds")
     run_args = tuple(shlex.split(args.run_args))
     with tempfile.TemporaryDirectory() as tmp:
         rows = [evaluate_seed(args.model, s, args.frames, tuple(args.hw), Path(tmp), args.arc, run_args,

@@ -5,6 +5,7 @@ for the ray caster.
 """
 from mapstream.synthetic.scene import Box, Scene, Sphere, Texture, make_scene
 from mapstream.synthetic.sequence import (
+    FIRST_TRAINING_SEED,
     SyntheticSequence,
     camera_path,
     load_sequence,
@@ -14,6 +15,7 @@ from mapstream.synthetic.sequence import (
 )
 
 __all__ = [
+    "FIRST_TRAINING_SEED",
     "Box",
     "Scene",
     "Sphere",

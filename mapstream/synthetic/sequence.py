@@ -24,6 +24,7 @@ from mapstream.geometry import quat_to_mat
 from mapstream.synthetic.scene import make_scene
 
 __all__ = [
+    "FIRST_TRAINING_SEED",
     "SyntheticSequence",
     "camera_path",
     "load_sequence",
@@ -34,6 +35,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# Seeds from here on are training's (mapstream.train draws render_sequence's family with
+# them); a sequence rendered with a smaller seed is never seen in training, so scores on it
+# measure unseen scenes.
+FIRST_TRAINING_SEED = 1 << 40
 
 
 @dataclass

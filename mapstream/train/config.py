@@ -17,7 +17,7 @@ from ..validation import check_count
 from .distributed import DISTRIBUTED_MODES
 from .forward import ATTENTION_KINDS
 from .losses import LossWeights
-from .render import SCENE_OBJECTS, check_object_range, check_path_kinds
+from .render import SCENE_OBJECTS, check_object_range, check_path_kinds, check_share
 
 __all__ = ["TrainConfig", "FINETUNE_MODES", "check_train_config", "config_dict", "from_dict", "load_config"]
 
@@ -58,6 +58,8 @@ class TrainConfig:
     """Procedural clips: the least and most objects in a room (more objects: more landmarks to follow between frames, and more rendering); the held-out clips keep the default."""
     frame_step: int = 1
     """Procedural clips: take every k-th camera of a path drawn k times longer (larger motion between frames, as a video with frames skipped); the held-out clips take --val-frame-step."""
+    synthetic_share: float = 0.0
+    """Procedural clips: the share drawn from mapstream.synthetic's own family (render_sequence's rooms and inward orbit, with seeds reserved for training, at drawn arcs, fields of view and room sizes) instead of the wide draw; the held-out clips keep the wide draw."""
     prefetch_scenes: bool = False
     """Procedural clips: draw the next rendering's rooms and camera paths in a worker process while the current one trains (the same batches; the drawing is CPU work the training loop would otherwise wait for)."""
     folder_stride: int = 1
@@ -176,6 +178,7 @@ def check_train_config(c: TrainConfig) -> None:
     if c.precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {c.precision!r}")
     check_path_kinds(c.path_kinds)
+    check_share(c.synthetic_share)
     if c.deepen is not None:
         get_preset(c.deepen)  # a ValueError naming the valid presets
     if c.attention not in ATTENTION_KINDS:

@@ -36,7 +36,7 @@ from mapstream.io.images import (
     natural_sort_key, open_image, oriented_size, preprocess_image, preprocessed_height, resized_shape,
 )
 from mapstream.train.render import (
-    SCENE_OBJECTS, check_frame_step, check_object_range, check_path_kinds, render_clips,
+    SCENE_OBJECTS, check_frame_step, check_object_range, check_path_kinds, check_share, render_clips,
 )
 from mapstream.train.scene_prefetch import ScenePrefetch, sample_clips
 
@@ -128,6 +128,8 @@ class ProceduralClips(_Steps):
         objects: the range of the scenes' object counts (:func:`~mapstream.train.render.sample_clip`).
         frame_step: every how many cameras of a path the clip's frames are taken
             (:func:`~mapstream.train.render.sample_clip`).
+        synthetic_share: the share of clips drawn from :func:`mapstream.synthetic.render_sequence`'s
+            family instead (:func:`~mapstream.train.render.synthetic_clip`).
         prefetch_scenes: draw the next rendering's scenes in a worker process while this one
             serves its steps (:class:`~mapstream.train.scene_prefetch.ScenePrefetch`; the
             batches are the same).
@@ -140,6 +142,7 @@ class ProceduralClips(_Steps):
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
         reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None, reuse_mirrored: bool = False,
         objects: tuple[int, int] = SCENE_OBJECTS, frame_step: int = 1, prefetch_scenes: bool = False,
+        synthetic_share: float = 0.0,
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
@@ -157,7 +160,7 @@ class ProceduralClips(_Steps):
         self.start_step, self.num_batches = start_step, num_batches
         self.reuse_reversed, self.path_kinds = reuse_reversed, check_path_kinds(path_kinds)
         self.reuse_mirrored, self.objects = reuse_mirrored, check_object_range(objects)
-        self.frame_step = check_frame_step(frame_step)
+        self.frame_step, self.synthetic_share = check_frame_step(frame_step), check_share(synthetic_share)
         # (mirrored, reversed) of the steps that share one rendering, in the order they come.
         self._views = [(m, r) for m in (False, True)[: 1 + reuse_mirrored] for r in (False, True)[: 1 + reuse_reversed]]
         self._rendered: tuple[int, dict[str, Tensor]] | None = None  # (rendering, its batch)
@@ -193,7 +196,7 @@ class ProceduralClips(_Steps):
         if self.num_batches is not None and rendering * len(self._views) >= self.start_step + self.num_batches:
             return None
         return (self._seeds(rendering), self.num_frames, self.sizes[rendering % len(self.sizes)], self.path_kinds,
-                self.objects, self.frame_step)
+                self.objects, self.frame_step, self.synthetic_share)
 
     def close(self) -> None:
         """Stop the scene-prefetching worker, if any."""

@@ -5,7 +5,9 @@ spheres, value-noise textures, directional + ambient light), so the exact CPU ca
 :mod:`mapstream.synthetic` renders them too and serves as the oracle of :func:`render_clips`.
 :func:`sample_clip` draws the variety from one seed: room size, object count/sizes/kinds,
 texture palettes and scales, lighting, the camera path (forward walk, orbit, closed loop, pan),
-its speed, shake and roll, and the field of view (45-90 degrees horizontal).
+its speed, shake and roll, and the field of view (45-90 degrees horizontal). A share of the
+clips may instead come from :func:`mapstream.synthetic.render_sequence`'s own family (its
+rooms and inward orbit, with seeds of :data:`mapstream.synthetic.FIRST_TRAINING_SEED` on).
 
 Conventions are mapstream.synthetic's: ``T_room_cam`` is camera-to-room (OpenCV axes: x right,
 y down, z forward), the room is z-up with its floor at z = 0, ``K`` has its principal point at
@@ -20,14 +22,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mapstream.synthetic.scene import Box, Scene, Sphere, Texture
-from mapstream.synthetic.sequence import world_from_room
+from mapstream.synthetic.scene import Box, Scene, Sphere, Texture, make_scene
+from mapstream.synthetic.sequence import FIRST_TRAINING_SEED, camera_path, world_from_room
 
-__all__ = ["PATH_KINDS", "ClipSpec", "check_path_kinds", "sample_clip", "render_clips"]
+__all__ = [
+    "PATH_KINDS", "SYNTHETIC_PATH", "ClipSpec", "check_path_kinds", "check_share", "sample_clip", "synthetic_clip",
+    "render_clips",
+]
 
 PATH_KINDS: tuple[str, ...] = ("forward", "orbit", "loop", "pan")
 _PATH_WEIGHTS = (0.3, 0.3, 0.2, 0.2)
 _STREAM = 0x7472_6169  # the generators' own stream: seed k never replays mapstream.synthetic's seed k
+_FAMILY_STREAM = 0x6661_6D69  # whether a clip is mapstream.synthetic's, and its arc, FoV and room
+SYNTHETIC_PATH = "synthetic"  # ClipSpec.path of a clip of render_sequence's family
 _EPS = 1e-9  # the CPU caster's minimum hit distance
 _NONE, _BOX, _ROOM, _SPHERE = 0, 1, 2, 3
 _CLEARANCE = 0.3  # metres between every camera centre and every object
@@ -218,7 +225,7 @@ def _furnish(rng: np.random.Generator, half: np.ndarray, T_room_cam: np.ndarray,
 
 def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
                 path_kinds: Sequence[str] | None = None, objects: tuple[int, int] = SCENE_OBJECTS,
-                frame_step: int = 1) -> ClipSpec:
+                frame_step: int = 1, synthetic_share: float = 0.0) -> ClipSpec:
     """Draw one clip's room, objects, textures, light, camera path and FoV from ``seed`` (>= 0).
 
     The path is drawn first, the objects then avoid its camera centres, so no camera is inside
@@ -228,11 +235,15 @@ def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
     more landmarks to follow between frames (and the renderer more work). ``frame_step``: the
     clip takes every ``frame_step``-th camera of a path drawn that many times longer (the same
     path as a clip of that many frames, seen with larger motion between frames).
+    ``synthetic_share``: the probability that the clip is :func:`synthetic_clip`'s instead
+    (decided on a stream of its own, so the other seeds draw what they draw without it).
     """
     if seed < 0 or num_frames < 1:
         raise ValueError(f"need seed >= 0 and num_frames >= 1, got {seed}, {num_frames}")
     objects, frame_step = check_object_range(objects), check_frame_step(frame_step)
     kinds = check_path_kinds(path_kinds)
+    if check_share(synthetic_share) and np.random.default_rng((_FAMILY_STREAM, int(seed))).random() < synthetic_share:
+        return synthetic_clip(seed, num_frames, image_hw, frame_step)
     rng = np.random.default_rng((_STREAM, int(seed)))
     half = np.array([rng.uniform(1.8, 5.0), rng.uniform(1.8, 5.0), rng.uniform(1.2, 2.0)])
     weights = np.array([w if k in kinds else 0.0 for k, w in zip(PATH_KINDS, _PATH_WEIGHTS)])
@@ -244,6 +255,38 @@ def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
     fx = (W / 2) / np.tan(np.radians(fov) / 2)
     K = np.array([[fx, 0.0, W / 2], [0.0, fx, H / 2], [0.0, 0.0, 1.0]])
     return ClipSpec(int(seed), scene, T_room_cam, K, world_from_room(int(seed)), kind, fov)
+
+
+def synthetic_clip(seed: int, num_frames: int, image_hw: tuple[int, int], frame_step: int = 1) -> ClipSpec:
+    """A clip of :func:`mapstream.synthetic.render_sequence`'s family, drawn from ``seed`` (>= 0).
+
+    The room, its objects and the path are render_sequence's with the scene seed
+    ``FIRST_TRAINING_SEED + seed`` (never a seed below it, which scoring uses); the arc
+    travelled (0.4-2 rad, times ``frame_step``), the field of view (50-90 degrees) and the room's size (about the
+    default's, large enough for the path) are drawn from ``seed``, so the family is seen at
+    more than its default settings. ``frame_step`` as :func:`sample_clip`'s.
+    """
+    if seed < 0 or num_frames < 1:
+        raise ValueError(f"need seed >= 0 and num_frames >= 1, got {seed}, {num_frames}")
+    frame_step = check_frame_step(frame_step)
+    rng = np.random.default_rng((_FAMILY_STREAM, int(seed), 1))
+    arc, fov = float(rng.uniform(0.4, 2.0)), float(rng.uniform(50.0, 90.0))
+    half = (float(rng.uniform(2.5, 3.8)), float(rng.uniform(2.3, 3.4)), float(rng.uniform(1.2, 1.9)))
+    scene_seed = FIRST_TRAINING_SEED + int(seed)
+    cameras = (num_frames - 1) * frame_step + 1
+    T_room_cam = camera_path(cameras, scene_seed, arc=arc * frame_step)[::frame_step]
+    H, W = image_hw
+    fx = (W / 2) / np.tan(np.radians(fov) / 2)
+    K = np.array([[fx, 0.0, W / 2], [0.0, fx, H / 2], [0.0, 0.0, 1.0]])
+    return ClipSpec(int(seed), make_scene(scene_seed, room_half_size=half), T_room_cam, K,
+                    world_from_room(scene_seed), SYNTHETIC_PATH, fov)
+
+
+def check_share(share: float) -> float:
+    """``share`` as a float; ValueError unless it lies in [0, 1]."""
+    if not 0.0 <= float(share) <= 1.0:
+        raise ValueError(f"synthetic_share must lie in [0, 1], got {share}")
+    return float(share)
 
 
 def check_object_range(objects: Sequence[int]) -> tuple[int, int]:

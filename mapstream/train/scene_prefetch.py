@@ -18,13 +18,13 @@ from .render import ClipSpec, sample_clip
 
 __all__ = ["ScenePrefetch", "sample_clips"]
 
-SpecArgs = tuple  # (seeds, num_frames, image_hw, path_kinds, objects, frame_step)
+SpecArgs = tuple  # (seeds, num_frames, image_hw, path_kinds, objects, frame_step, synthetic_share)
 
 
 def sample_clips(seeds: Sequence[int], num_frames: int, image_hw: tuple[int, int], path_kinds: Sequence[str],
-                 objects: tuple[int, int], frame_step: int) -> list[ClipSpec]:
+                 objects: tuple[int, int], frame_step: int, synthetic_share: float = 0.0) -> list[ClipSpec]:
     """One rendering's clips, drawn from their seeds."""
-    return [sample_clip(s, num_frames, image_hw, path_kinds, objects, frame_step) for s in seeds]
+    return [sample_clip(s, num_frames, image_hw, path_kinds, objects, frame_step, synthetic_share) for s in seeds]
 
 
 class ScenePrefetch:

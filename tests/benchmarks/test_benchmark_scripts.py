@@ -191,6 +191,16 @@ def test_eval_synthetic_scores_a_cloud_that_eval_could_not_place_as_the_worst():
     assert module.cloud_scores({"depth": {}}) == {"chamfer": float("inf"), "f1": 0.0}
 
 
+def test_eval_synthetic_refuses_seeds_of_the_training_scenes(capsys):
+    module = _load("eval_synthetic")
+    from mapstream.synthetic import FIRST_TRAINING_SEED
+
+    with pytest.raises(SystemExit) as stop:
+        module.main(["--model", "tiny", "--seeds", "101", str(FIRST_TRAINING_SEED + 3)])
+    assert stop.value.code == 2
+    assert f"[{FIRST_TRAINING_SEED + 3}]" in capsys.readouterr().err
+
+
 def test_eval_synthetic_passes_its_run_args_to_mapstream_run(tmp_path, monkeypatch):
     module = _load("eval_synthetic")
     commands = []
