@@ -60,6 +60,8 @@ class TrainConfig:
     """Procedural clips: take every k-th camera of a path drawn k times longer (larger motion between frames, as a video with frames skipped); the held-out clips take --val-frame-step."""
     synthetic_share: float = 0.0
     """Procedural clips: the share drawn from mapstream.synthetic's own family (render_sequence's rooms and inward orbit, with seeds reserved for training, at drawn arcs, fields of view and room sizes) instead of the wide draw; the held-out clips keep the wide draw."""
+    first_clip: int = 0
+    """Procedural clips: the training split's clip index that step 0 draws from. A run that goes on from another run's export with a fresh optimizer passes the next_clip that export records, so it trains on new clips instead of the ones the other run saw."""
     prefetch_scenes: bool = False
     """Procedural clips: draw the next rendering's rooms and camera paths in a worker process while the current one trains (the same batches; the drawing is CPU work the training loop would otherwise wait for)."""
     folder_stride: int = 1
@@ -147,6 +149,9 @@ def check_train_config(c: TrainConfig) -> None:
                  "keep_checkpoints", "lora_rank", "folder_stride", "frame_step", "dense_every"):
         check_count(name, getattr(c, name))
     check_count("warmup_steps", c.warmup_steps, least=0)
+    check_count("first_clip", c.first_clip, least=0)
+    if c.first_clip and c.data is not None:
+        raise ValueError("first_clip applies to procedural clips; a --data folder's clips follow --seed")
     check_count("val_every", c.val_every, least=0)
     check_count("val_clips", c.val_clips)
     check_object_range(c.scene_objects)

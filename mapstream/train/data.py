@@ -39,6 +39,7 @@ from mapstream.train.render import (
     SCENE_OBJECTS, check_frame_step, check_object_range, check_path_kinds, check_share, render_clips,
 )
 from mapstream.train.scene_prefetch import ScenePrefetch, sample_clips
+from mapstream.validation import check_count
 
 __all__ = [
     "SPLITS", "split_seed", "seed_split", "ProceduralClips", "FolderClips", "mirror_clips", "model_intrinsics",
@@ -133,6 +134,9 @@ class ProceduralClips(_Steps):
         prefetch_scenes: draw the next rendering's scenes in a worker process while this one
             serves its steps (:class:`~mapstream.train.scene_prefetch.ScenePrefetch`; the
             batches are the same).
+        first_clip: the split's clip index the steps start from (step 0 draws clips
+            ``first_clip ..``): a run going on from another's weights passes that run's
+            :meth:`next_clip`, so that it sees new clips instead of the same ones again.
     """
 
     def __init__(
@@ -142,10 +146,12 @@ class ProceduralClips(_Steps):
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
         reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None, reuse_mirrored: bool = False,
         objects: tuple[int, int] = SCENE_OBJECTS, frame_step: int = 1, prefetch_scenes: bool = False,
-        synthetic_share: float = 0.0,
+        synthetic_share: float = 0.0, first_clip: int = 0,
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
+        check_count("first_clip", first_clip, least=0)
+        self.first_clip = int(first_clip)
         sizes = [image_hw] if len(image_hw) == 2 and all(isinstance(s, (int, np.integer)) for s in image_hw) \
             else list(image_hw)
         for H, W in sizes:
@@ -174,8 +180,13 @@ class ProceduralClips(_Steps):
         return self._seeds(self._rendering(step))
 
     def _seeds(self, rendering: int) -> list[int]:
-        first = (rendering * self.world_size + self.rank) * self.batch_size
+        first = self.first_clip + (rendering * self.world_size + self.rank) * self.batch_size
         return [split_seed(self.split, first + b) for b in range(self.batch_size)]
+
+    def next_clip(self, steps: int) -> int:
+        """The first clip index that steps ``0 .. steps - 1`` of every rank leave unseen."""
+        renderings = -(-int(steps) // len(self._views))
+        return self.first_clip + renderings * self.world_size * self.batch_size
 
     def batch(self, step: int) -> dict[str, Tensor]:
         """The batch of ``step``: its rendering as rendered, or reversed and/or mirrored

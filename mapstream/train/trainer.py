@@ -175,7 +175,8 @@ def _data(config: TrainConfig, rank: int, world: int, device: torch.device, star
                                device=device, start_step=start_step, reuse_reversed=config.reuse_reversed,
                                path_kinds=config.path_kinds, reuse_mirrored=config.reuse_mirrored,
                                objects=config.scene_objects, frame_step=config.frame_step,
-                               prefetch_scenes=config.prefetch_scenes, synthetic_share=config.synthetic_share)
+                               prefetch_scenes=config.prefetch_scenes, synthetic_share=config.synthetic_share,
+                               first_clip=config.first_clip)
     return FolderClips(config.data, config.batch_size, config.frames, config.image_hw[1], stride=config.folder_stride,
                        seed=config.seed, rank=rank, world_size=world, device=device, start_step=start_step)
 
@@ -446,11 +447,15 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
             # Written inside: the unsharded state's tensors are the parameters, restored on exit.
             exported = parallel.model_state(model) if parallel.sharded else merged_state_dict(model)
             if lead:
-                weights = export_weights(exported, out / WEIGHTS_NAME, {
-                    "format": "pt", "architecture": "GCTStream", "preset": preset, "step": str(step),
-                    "finetune": config.finetune, "ema": str(ema is not None)})
+                metadata = {"format": "pt", "architecture": "GCTStream", "preset": preset, "step": str(step),
+                            "finetune": config.finetune, "ema": str(ema is not None)}
+                if hasattr(data, "next_clip"):
+                    metadata["next_clip"] = str(data.next_clip(step))
+                weights = export_weights(exported, out / WEIGHTS_NAME, metadata)
     if weights is not None:
         log.info("wrote %s (step %d; load it with mapstream.load_model(path, preset=%r))", weights, step, preset)
+        if "next_clip" in metadata:
+            log.info("a run going on from these weights sees new clips with --first-clip %s", metadata["next_clip"])
     if world > 1:
         dist.barrier()
     return TrainSummary(out=out, start_step=start_step, steps=step, losses=tuple(losses), weights=weights,

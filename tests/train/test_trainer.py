@@ -248,6 +248,37 @@ def test_prefetching_scenes_trains_exactly_as_drawing_them_in_place(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(load_file(plain.weights).values(), load_file(ahead.weights).values()))
 
 
+def test_a_run_going_on_from_an_export_with_its_next_clip_sees_only_new_clips(tmp_path):
+    from safetensors import safe_open
+
+    from mapstream.train.data import ProceduralClips
+
+    first = train(_config(tmp_path / "first", steps=3, batch_size=2, reuse_reversed=True), progress=False)
+    with safe_open(str(first.weights), "pt") as handle:
+        next_clip = int(handle.metadata()["next_clip"])
+    assert next_clip == 4  # steps 0-2: renderings 0 and 1 (each serves two steps) of two clips
+    seen = {s for step in range(3) for s in ProceduralClips(2, 2, (28, 28), reuse_reversed=True).seeds(step)}
+    going_on = ProceduralClips(2, 2, (28, 28), reuse_reversed=True, first_clip=next_clip)
+    fresh = [s for step in range(6) for s in going_on.seeds(step)]
+    assert not seen & set(fresh)
+    # The same clips as the first run's own later steps, and so for every rank of a DDP run.
+    assert fresh == [s for step in range(4, 10) for s in ProceduralClips(2, 2, (28, 28), reuse_reversed=True).seeds(step)]
+    ranks = [ProceduralClips(1, 2, (28, 28), rank=r, world_size=2, first_clip=next_clip) for r in range(2)]
+    assert sorted(s for r in ranks for s in r.seeds(0)) == going_on.seeds(0)
+    assert ranks[0].next_clip(3) == next_clip + 6
+    second = train(_config(tmp_path / "second", steps=1, batch_size=2, model=str(first.weights), preset="tiny",
+                           first_clip=next_clip), progress=False)
+    with safe_open(str(second.weights), "pt") as handle:
+        assert handle.metadata()["next_clip"] == str(next_clip + 2)
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="first_clip"):
+            TrainConfig(first_clip=bad)
+        with pytest.raises(ValueError, match="first_clip"):
+            ProceduralClips(1, 2, (28, 28), first_clip=bad)
+    with pytest.raises(ValueError, match="first_clip applies to procedural clips"):
+        TrainConfig(first_clip=4, data=tmp_path)
+
+
 def test_procedural_clips_take_their_sizes_in_turn():
     from mapstream.train.data import ProceduralClips
 
