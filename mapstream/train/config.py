@@ -48,6 +48,8 @@ class TrainConfig:
     """Height and width of procedural clips (multiples of 14); a folder's frames take the width and their own aspect's height."""
     more_image_hw: tuple[tuple[int, int], ...] = ()
     """Further sizes of procedural clips: step k renders the (k mod n)-th of (image_hw, *more_image_hw), so that a model learns several resolutions."""
+    more_frames: tuple[int, ...] = ()
+    """Further lengths of procedural clips, taken in turn as the sizes are (each length over every size): a model that streams longer than its clips learns the later frames too."""
     reuse_reversed: bool = False
     """Procedural clips: each rendered batch also serves the next step with its clips' frames in reverse order (another clip for the causal model), halving the rendering per step."""
     reuse_mirrored: bool = False
@@ -150,6 +152,10 @@ def check_train_config(c: TrainConfig) -> None:
         check_count(name, getattr(c, name))
     check_count("warmup_steps", c.warmup_steps, least=0)
     check_count("first_clip", c.first_clip, least=0)
+    for count in c.more_frames:
+        check_count("more_frames", count)
+    if c.more_frames and c.data is not None:
+        raise ValueError("more_frames applies to procedural clips; a --data folder's clips are --frames long")
     if c.first_clip and c.data is not None:
         raise ValueError("first_clip applies to procedural clips; a --data folder's clips follow --seed")
     check_count("val_every", c.val_every, least=0)
@@ -225,7 +231,7 @@ def from_dict(values: dict[str, Any], *, source: str = "the configuration") -> T
             kwargs[key] = LossWeights(**value)
         elif key in ("data", "out") and value is not None:
             kwargs[key] = Path(value)
-        elif key in ("image_hw", "betas", "path_kinds", "scene_objects") and isinstance(value, (list, tuple)):
+        elif key in ("image_hw", "betas", "path_kinds", "scene_objects", "more_frames") and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(value)
         elif key == "more_image_hw" and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(tuple(hw) for hw in value)

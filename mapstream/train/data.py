@@ -134,6 +134,9 @@ class ProceduralClips(_Steps):
         prefetch_scenes: draw the next rendering's scenes in a worker process while this one
             serves its steps (:class:`~mapstream.train.scene_prefetch.ScenePrefetch`; the
             batches are the same).
+        more_frames: further clip lengths: rendering ``r`` takes the
+            ``(r // len(sizes)) mod n``-th of ``(num_frames, *more_frames)``, so that with
+            several sizes every pairing of length and size comes in turn.
         first_clip: the split's clip index the steps start from (step 0 draws clips
             ``first_clip ..``): a run going on from another's weights passes that run's
             :meth:`next_clip`, so that it sees new clips instead of the same ones again.
@@ -146,7 +149,7 @@ class ProceduralClips(_Steps):
         start_step: int = 0, num_batches: int | None = None, chunk_frames: int | None = None,
         reuse_reversed: bool = False, path_kinds: Sequence[str] | None = None, reuse_mirrored: bool = False,
         objects: tuple[int, int] = SCENE_OBJECTS, frame_step: int = 1, prefetch_scenes: bool = False,
-        synthetic_share: float = 0.0, first_clip: int = 0,
+        synthetic_share: float = 0.0, first_clip: int = 0, more_frames: Sequence[int] = (),
     ) -> None:
         _check_rank(batch_size, rank, world_size)
         split_seed(split, 0)
@@ -160,6 +163,9 @@ class ProceduralClips(_Steps):
         if not sizes:
             raise ValueError("image_hw: give at least one size")
         self.sizes = [(int(H), int(W)) for H, W in sizes]
+        for count in more_frames:
+            check_count("more_frames", count)
+        self.frame_counts = [int(num_frames), *(int(n) for n in more_frames)]
         self.batch_size, self.num_frames, self.image_hw = batch_size, num_frames, self.sizes[0]
         self.split, self.rank, self.world_size = split, rank, world_size
         self.device, self.chunk_frames = torch.device(device), chunk_frames
@@ -202,11 +208,15 @@ class ProceduralClips(_Steps):
             batch = {k: (v.flip(1) if k != "seed" else v) for k, v in batch.items()}
         return batch
 
+    def frames_of(self, rendering: int) -> int:
+        """The clip length of rendering ``rendering`` (the lengths in turn, each over every size)."""
+        return self.frame_counts[(rendering // len(self.sizes)) % len(self.frame_counts)]
+
     def _spec_args(self, rendering: int) -> tuple | None:
         """Rendering ``rendering``'s arguments of :func:`sample_clips` (None past the end)."""
         if self.num_batches is not None and rendering * len(self._views) >= self.start_step + self.num_batches:
             return None
-        return (self._seeds(rendering), self.num_frames, self.sizes[rendering % len(self.sizes)], self.path_kinds,
+        return (self._seeds(rendering), self.frames_of(rendering), self.sizes[rendering % len(self.sizes)], self.path_kinds,
                 self.objects, self.frame_step, self.synthetic_share)
 
     def close(self) -> None:
@@ -220,7 +230,7 @@ class ProceduralClips(_Steps):
         specs = self._prefetch(rendering, self._spec_args) if self._prefetch is not None \
             else sample_clips(*self._spec_args(rendering))
         cams = np.stack([s.T_room_cam for s in specs])
-        K = np.repeat(np.stack([s.K for s in specs])[:, None], self.num_frames, 1)
+        K = np.repeat(np.stack([s.K for s in specs])[:, None], self.frames_of(rendering), 1)
         images, depth = render_clips([s.scene for s in specs], cams, K, hw, self.device,
                                      chunk_frames=self.chunk_frames)
         as_dev = lambda a: torch.as_tensor(a, dtype=torch.float32, device=self.device)  # noqa: E731

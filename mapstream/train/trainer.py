@@ -176,7 +176,7 @@ def _data(config: TrainConfig, rank: int, world: int, device: torch.device, star
                                path_kinds=config.path_kinds, reuse_mirrored=config.reuse_mirrored,
                                objects=config.scene_objects, frame_step=config.frame_step,
                                prefetch_scenes=config.prefetch_scenes, synthetic_share=config.synthetic_share,
-                               first_clip=config.first_clip)
+                               first_clip=config.first_clip, more_frames=config.more_frames)
     return FolderClips(config.data, config.batch_size, config.frames, config.image_hw[1], stride=config.folder_stride,
                        seed=config.seed, rank=rank, world_size=world, device=device, start_step=start_step)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -288,6 +290,34 @@ def test_procedural_clips_take_their_sizes_in_turn():
     assert tuple(ProceduralClips(1, 2, (28, 42)).batch(0)["images"].shape[-2:]) == (28, 42)
     with pytest.raises(ValueError, match="multiples of 14"):
         ProceduralClips(1, 2, [(28, 42), (20, 28)])
+
+
+def test_procedural_clips_take_their_lengths_in_turn_over_every_size(tmp_path):
+    from mapstream.train.data import ProceduralClips
+
+    clips = ProceduralClips(1, 2, [(28, 42), (14, 28)], more_frames=(4,), num_batches=6, reuse_reversed=True)
+    batches = [clips.batch(step) for step in range(6)]
+    shapes = [tuple(b["images"].shape[1:2]) + tuple(b["images"].shape[-2:]) for b in batches]
+    # Each rendering serves two steps (as rendered, then reversed); lengths change every two sizes.
+    assert shapes == [(2, 28, 42), (2, 28, 42), (2, 14, 28), (2, 14, 28), (4, 28, 42), (4, 28, 42)]
+    for b in batches:
+        S = b["images"].shape[1]
+        assert b["depth"].shape[1] == b["T_world_cam"].shape[1] == b["K"].shape[1] == S
+    assert [clips.frames_of(r) for r in range(5)] == [2, 2, 4, 4, 2]
+    # A rendering's clips are those its seeds draw at its length.
+    from mapstream.train.render import sample_clip
+
+    spec = sample_clip(clips.seeds(4)[0], 4, (28, 42))
+    np.testing.assert_allclose(batches[4]["T_world_cam"][0].numpy(), spec.T_world_cam, atol=1e-5)
+    run = train(_config(tmp_path / "lengths", steps=2, more_frames=(3,)), progress=False)
+    assert len(run.losses) == 2 and all(math.isfinite(x) for x in run.losses)
+    assert load_config(None, more_frames=[3, 4]).more_frames == (3, 4)
+    with pytest.raises(ValueError, match="more_frames"):
+        TrainConfig(more_frames=(0,))
+    with pytest.raises(ValueError, match="more_frames applies to procedural clips"):
+        TrainConfig(more_frames=(4,), data=tmp_path)
+    with pytest.raises(ValueError, match="more_frames"):
+        ProceduralClips(1, 2, (28, 42), more_frames=(2, -1))
 
 
 def test_every_recipe_in_the_repository_is_a_valid_configuration():
