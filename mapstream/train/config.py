@@ -231,7 +231,8 @@ def from_dict(values: dict[str, Any], *, source: str = "the configuration") -> T
             kwargs[key] = LossWeights(**value)
         elif key in ("data", "out") and value is not None:
             kwargs[key] = Path(value)
-        elif key in ("image_hw", "betas", "path_kinds", "scene_objects", "more_frames") and isinstance(value, (list, tuple)):
+        elif key in ("image_hw", "betas", "path_kinds", "scene_objects", "more_frames") \
+                and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(value)
         elif key == "more_image_hw" and isinstance(value, (list, tuple)):
             kwargs[key] = tuple(tuple(hw) for hw in value)

@@ -216,8 +216,8 @@ class ProceduralClips(_Steps):
         """Rendering ``rendering``'s arguments of :func:`sample_clips` (None past the end)."""
         if self.num_batches is not None and rendering * len(self._views) >= self.start_step + self.num_batches:
             return None
-        return (self._seeds(rendering), self.frames_of(rendering), self.sizes[rendering % len(self.sizes)], self.path_kinds,
-                self.objects, self.frame_step, self.synthetic_share)
+        return (self._seeds(rendering), self.frames_of(rendering), self.sizes[rendering % len(self.sizes)],
+                self.path_kinds, self.objects, self.frame_step, self.synthetic_share)
 
     def close(self) -> None:
         """Stop the scene-prefetching worker, if any."""

@@ -262,9 +262,10 @@ def synthetic_clip(seed: int, num_frames: int, image_hw: tuple[int, int], frame_
 
     The room, its objects and the path are render_sequence's with the scene seed
     ``FIRST_TRAINING_SEED + seed`` (never a seed below it, which scoring uses); the arc
-    travelled (0.4-2 rad, times ``frame_step``), the field of view (50-90 degrees) and the room's size (about the
-    default's, large enough for the path) are drawn from ``seed``, so the family is seen at
-    more than its default settings. ``frame_step`` as :func:`sample_clip`'s.
+    travelled (0.4-2 rad, times ``frame_step``), the field of view (50-90 degrees) and the
+    room's size (about the default's, large enough for the path) are drawn from ``seed``, so
+    the family is seen at more than its default settings. ``frame_step`` as
+    :func:`sample_clip`'s.
     """
     if seed < 0 or num_frames < 1:
         raise ValueError(f"need seed >= 0 and num_frames >= 1, got {seed}, {num_frames}")

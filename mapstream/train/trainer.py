@@ -439,6 +439,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
         data.close()  # procedural clips' scene-prefetching worker, if any
 
     weights = None
+    # Procedural clips: where a run going on from this export starts to see clips it never saw.
+    next_clip = data.next_clip(step) if hasattr(data, "next_clip") else None
     # A stop by the time limit is agreed by every process, so the export (a gather, sharded)
     # is safe there too: each leg of a job leaves usable weights.
     if (lead or parallel.sharded) and (step >= config.steps or timed_out):
@@ -449,13 +451,13 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
             if lead:
                 metadata = {"format": "pt", "architecture": "GCTStream", "preset": preset, "step": str(step),
                             "finetune": config.finetune, "ema": str(ema is not None)}
-                if hasattr(data, "next_clip"):
-                    metadata["next_clip"] = str(data.next_clip(step))
+                if next_clip is not None:
+                    metadata["next_clip"] = str(next_clip)
                 weights = export_weights(exported, out / WEIGHTS_NAME, metadata)
     if weights is not None:
         log.info("wrote %s (step %d; load it with mapstream.load_model(path, preset=%r))", weights, step, preset)
-        if "next_clip" in metadata:
-            log.info("a run going on from these weights sees new clips with --first-clip %s", metadata["next_clip"])
+        if next_clip is not None:
+            log.info("a run going on from these weights sees new clips with --first-clip %d", next_clip)
     if world > 1:
         dist.barrier()
     return TrainSummary(out=out, start_step=start_step, steps=step, losses=tuple(losses), weights=weights,

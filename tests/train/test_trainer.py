@@ -264,7 +264,8 @@ def test_a_run_going_on_from_an_export_with_its_next_clip_sees_only_new_clips(tm
     fresh = [s for step in range(6) for s in going_on.seeds(step)]
     assert not seen & set(fresh)
     # The same clips as the first run's own later steps, and so for every rank of a DDP run.
-    assert fresh == [s for step in range(4, 10) for s in ProceduralClips(2, 2, (28, 28), reuse_reversed=True).seeds(step)]
+    later = ProceduralClips(2, 2, (28, 28), reuse_reversed=True)
+    assert fresh == [s for step in range(4, 10) for s in later.seeds(step)]
     ranks = [ProceduralClips(1, 2, (28, 28), rank=r, world_size=2, first_clip=next_clip) for r in range(2)]
     assert sorted(s for r in ranks for s in r.seeds(0)) == going_on.seeds(0)
     assert ranks[0].next_clip(3) == next_clip + 6
