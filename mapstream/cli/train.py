@@ -53,6 +53,8 @@ class Train(TrainConfig):
     """Weight of the point confidence's -alpha log(conf) regulariser."""
     loss_points_gradient: float = LossWeights.points_gradient
     """Weight of the point-map gradient term."""
+    loss_placed: float = LossWeights.placed
+    """Weight of the placed-points loss (each pixel's predicted depth placed by its predicted camera, against its true world point: ties the path's scale to the depth's, what a fused cloud needs); 0: off."""
     loss_flow: float = LossWeights.flow
     """Weight of the patch-flow loss (each patch's displacement to the first and the previous frame, read by a training-only head; helps a model from scratch learn to match frames); 0: no flow head."""
     loss_flow_delta: float = LossWeights.flow_delta

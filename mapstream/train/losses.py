@@ -9,6 +9,9 @@ What each term is and where it comes from is written down in ``docs/TRAINING.md`
   optionally ``1 - cos`` between predicted and true translation (its direction);
 * depth / points: ``conf * |r| + conf * |grad r| - alpha * log(conf)`` averaged over the
   valid pixels, ``r`` the residual and ``grad r`` its finite differences across the image;
+* placed points (optional): the distance between each valid pixel's true world point and
+  its predicted depth unprojected by its predicted camera, the points a fused cloud is made
+  of, which ties the scale of the predicted translations to that of the predicted depth;
 * patch flow (training from scratch, optional): a robust distance between each patch's
   predicted and true displacement to the first and the previous frame, over the patches
   whose flow is known (:mod:`mapstream.train.flow`).
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mapstream.geometry import pose_encoding_to_extri_intri, unproject_depth
 from mapstream.train.flow import patch_flow_targets
 from mapstream.train.normalize import gt_pose_encoding, normalize_clip, world_points
 
@@ -42,6 +46,7 @@ __all__ = [
     "depth_loss",
     "flow_loss",
     "huber",
+    "placed_points_loss",
     "point_loss",
     "total_loss",
 ]
@@ -86,6 +91,12 @@ class LossWeights:
     """Weight ``alpha`` of the point confidence's ``-alpha * log(conf)`` regulariser."""
     points_gradient: float = 1.0
     """Weight of the point-map gradient term relative to the point residual term."""
+    placed: float = 0.0
+    """Weight of the placed-points loss (:func:`placed_points_loss`): the predicted depth
+    unprojected by the predicted camera against the true world points, on the steps that
+    predict depth. The other terms score the depth and the cameras apart, so the scale of a
+    predicted path may disagree with the depth's, which misplaces every frame of a fused
+    cloud; this term scores them together."""
     flow: float = 0.0
     """Weight of the patch-flow loss in the total (used only when the predictions hold
     ``patch_flow``: the trainer's flow head, on when this weight is above 0)."""
@@ -370,6 +381,42 @@ def point_loss(
     )
 
 
+def placed_points_loss(
+    depth: Tensor, pose_enc: Tensor, gt_points: Tensor, valid: Tensor, image_hw: Sequence[int]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Mean distance between the true world point of each valid pixel and its predicted depth
+    placed by its predicted camera (``T_world_cam`` and ``K`` of ``pose_enc``), averaged over
+    each clip's valid pixels, then over the clips. Gradients reach both the depth and the
+    camera: a path whose length disagrees with the depth's scale costs here.
+
+    Args:
+        depth: predicted depth ``[B, S, H, W, 1]`` (or ``[B, S, H, W]``).
+        pose_enc: the camera head's final ``pose_enc`` ``[B, S, 9]``.
+        gt_points: ``[B, S, H, W, 3]`` (:func:`mapstream.train.normalize.world_points` of a
+            normalised batch).
+        valid: ``[B, S, H, W]`` bool.
+        image_hw: ``(H, W)`` of the frames the encoding's fields of view refer to.
+
+    Returns:
+        ``(loss, {"placed": loss})``.
+    """
+    if depth.ndim == 5:
+        depth = depth.squeeze(-1)
+    if depth.shape != valid.shape or gt_points.shape != (*valid.shape, 3) or pose_enc.shape[:2] != valid.shape[:2]:
+        raise ValueError(f"placed points: depth {list(depth.shape)}, pose_enc {list(pose_enc.shape)}, true points "
+                         f"{list(gt_points.shape)} and valid {list(valid.shape)} do not describe the same frames")
+    valid = valid.to(torch.bool)
+    zero = torch.zeros((), dtype=depth.dtype, device=depth.device)
+    # Pixels outside the mask are zeroed before the camera multiplies them: a non-finite
+    # depth there would otherwise reach the camera's gradient (0 * NaN) through the sum.
+    depth = torch.where(valid, depth, zero)
+    T_world_cam, K = pose_encoding_to_extri_intri(pose_enc, image_hw)
+    placed = unproject_depth(depth, K, T_world_cam)
+    gt = torch.where(valid[..., None], gt_points.to(placed.dtype), zero.to(placed.dtype))
+    loss = _masked_clip_mean(_norm(placed - gt), valid)
+    return loss, {"placed": loss.detach()}
+
+
 def flow_loss(flow: Tensor, gt_flow: Tensor, known: Tensor, *, delta: float = 0.25) -> tuple[Tensor, dict[str, Tensor]]:
     """Patch-flow loss: ``huber(|flow - gt|, delta)`` per patch and reference frame, averaged
     over the known ones.
@@ -408,7 +455,7 @@ def total_loss(
     pred: Mapping[str, Any], batch: Mapping[str, Any], weights: LossWeights = LossWeights()
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The training objective: ``camera * L_camera + depth * L_depth + points * L_points``
-    (``+ flow * L_flow`` with a flow head).
+    (``+ placed * L_placed`` where that weight is set, ``+ flow * L_flow`` with a flow head).
 
     ``batch`` is normalised first (:func:`mapstream.train.normalize.normalize_clip`) unless it
     already carries ``scale``. The camera term uses ``pose_enc_list`` (``pose_enc`` alone when
@@ -459,6 +506,12 @@ def total_loss(
         )
         terms.append(weights.points * loss)
         parts.update(point_parts)
+
+    if weights.placed and "depth" in pred and "pose_enc" in pred:
+        loss, placed_parts = placed_points_loss(_fp(pred["depth"]), _fp(pred["pose_enc"]), world_points(batch), valid,
+                                                image_hw)
+        terms.append(weights.placed * loss)
+        parts.update(placed_parts)
 
     if weights.flow and "patch_flow" in pred:
         flow = _fp(pred["patch_flow"])

@@ -483,3 +483,50 @@ def test_loss_weights_are_frozen_and_documented():
         assert f'{field.name}: ' in source
         after = source.split(f"{field.name}: ", 1)[1].splitlines()[1].strip()
         assert after.startswith('"""'), f"{field.name} has no docstring"
+
+
+def test_placed_points_are_exact_for_the_true_depth_and_cameras_and_measure_a_path_too_long():
+    from mapstream.train.losses import placed_points_loss
+
+    batch = normalize_clip(_batch(B=2, S=3, H=6, W=8, seed=3))
+    valid, hw = batch["valid"], (6, 8)
+    gt = world_points(batch)
+    pose = gt_pose_encoding(batch, hw)
+    loss, parts = placed_points_loss(batch["depth"], pose, gt, valid, hw)
+    assert loss.item() < 1e-12 and parts["placed"].item() == loss.item()
+    # Every translation k times too long, the depth right: each pixel of frame s lies off by
+    # (k - 1) |t_s|, so a clip scores the valid-pixel-weighted mean of those lengths.
+    k = 1.5
+    long = pose.clone()
+    long[..., :3] *= k
+    loss, _ = placed_points_loss(batch["depth"], long, gt, valid, hw)
+    lengths = batch["T_world_cam"][..., :3, 3].norm(dim=-1)  # [B, S]
+    counts = valid.flatten(2).sum(-1).to(F64)
+    expected = ((k - 1) * (lengths * counts).sum(1) / counts.sum(1)).mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-10, atol=1e-12)
+    # Depth and cameras both receive gradients, and a pixel outside the mask (even NaN) none.
+    depth = batch["depth"].clone()
+    depth[~valid] = float("nan")
+    depth.requires_grad_(True)
+    long.requires_grad_(True)
+    loss, _ = placed_points_loss(depth[..., None], long, gt, valid, hw)
+    loss.backward()
+    assert torch.isfinite(loss) and long.grad[..., :3].abs().sum() > 0 and depth.grad[valid].abs().sum() > 0
+    assert (depth.grad[~valid] == 0).all()
+    with pytest.raises(ValueError, match="do not describe the same frames"):
+        placed_points_loss(batch["depth"], pose[:, :2], gt, valid, hw)
+
+
+def test_the_placed_term_enters_the_total_only_with_a_weight_and_a_depth_prediction():
+    batch = normalize_clip(_batch(B=1, S=3, H=6, W=8, seed=4))
+    pose = gt_pose_encoding(batch, (6, 8)).clone()
+    pose[..., :3] *= 2.0
+    pred = {"pose_enc": pose, "pose_enc_list": [pose], "depth": batch["depth"][..., None],
+            "depth_conf": torch.ones_like(batch["depth"])}
+    plain, parts = total_loss(pred, batch, LossWeights())
+    assert "placed" not in parts
+    weighted, parts = total_loss(pred, batch, LossWeights(placed=0.5))
+    torch.testing.assert_close(weighted, plain + 0.5 * parts["placed"])
+    assert parts["placed"] > 0
+    camera_only = {k: v for k, v in pred.items() if not k.startswith("depth")}
+    assert "placed" not in total_loss(camera_only, batch, LossWeights(placed=0.5))[1]
