@@ -3,6 +3,7 @@ while a run streams, in bounded memory, and the run never waits for the view."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -179,7 +180,7 @@ def test_mapstream_run_view_serves_while_the_run_streams(tmp_path, free_port: in
                  "--view-port", str(free_port)]) == 0
     printed = capsys.readouterr().out
     assert f"live view at http://127.0.0.1:{free_port}" in printed
-    frames = int(printed.split(" frame")[0].split("\n")[-1])
+    frames = int(re.search(r"^(\d+) frames? ", printed, re.MULTILINE).group(1))  # the summary line
     assert sorted(set(shown)) == list(range(frames))  # every frame went to the view
 
 
