@@ -29,6 +29,7 @@ __all__ = [
     "camera_path",
     "load_sequence",
     "look_at",
+    "pinhole_intrinsics",
     "render_sequence",
     "world_from_room",
     "write_sequence",
@@ -82,6 +83,15 @@ def look_at(position: np.ndarray, target: np.ndarray, up: np.ndarray = np.array(
     T = np.eye(4)
     T[:3] = geometry_look_at(position, target, up).numpy()
     return T
+
+
+def pinhole_intrinsics(image_hw: tuple[int, int], fov_x_deg: float) -> np.ndarray:
+    """``K`` ``[3, 3]`` of a ``(H, W)`` image with horizontal field of view ``fov_x_deg``:
+    square pixels (``fy = fx``) and the principal point at ``(W/2, H/2)``, as the scenes'
+    renderings use."""
+    H, W = image_hw
+    fx = (W / 2) / np.tan(np.radians(fov_x_deg) / 2)
+    return np.array([[fx, 0.0, W / 2], [0.0, fx, H / 2], [0.0, 0.0, 1.0]])
 
 
 def world_from_room(seed: int) -> np.ndarray:
@@ -145,8 +155,7 @@ def render_sequence(
         arc: angle (radians) travelled along the path over the sequence.
     """
     H, W = image_hw
-    fx = (W / 2) / np.tan(np.radians(fov_x_deg) / 2)
-    K = np.array([[fx, 0.0, W / 2], [0.0, fx, H / 2], [0.0, 0.0, 1.0]])
+    K = pinhole_intrinsics(image_hw, fov_x_deg)
     scene = make_scene(seed)
     T_room_cam = camera_path(num_frames, seed, arc=arc)
     rgb = np.zeros((num_frames, H, W, 3), np.uint8)

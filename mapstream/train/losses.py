@@ -498,18 +498,22 @@ def total_loss(
         terms.append(weights.depth * loss)
         parts.update(depth_parts)
 
-    if weights.points and "world_points" in pred:
+    # Both terms read the true world points: computed once, where either applies.
+    with_points = bool(weights.points) and "world_points" in pred
+    with_placed = bool(weights.placed) and "depth" in pred and "pose_enc" in pred
+    gt_points = world_points(batch) if with_points or with_placed else None
+
+    if with_points:
         loss, point_parts = point_loss(
-            _fp(pred["world_points"]), _fp(pred["world_points_conf"]), world_points(batch), valid,
+            _fp(pred["world_points"]), _fp(pred["world_points_conf"]), gt_points, valid,
             alpha=weights.points_alpha, gradient_weight=weights.points_gradient,
             gradient_scales=weights.gradient_scales,
         )
         terms.append(weights.points * loss)
         parts.update(point_parts)
 
-    if weights.placed and "depth" in pred and "pose_enc" in pred:
-        loss, placed_parts = placed_points_loss(_fp(pred["depth"]), _fp(pred["pose_enc"]), world_points(batch), valid,
-                                                image_hw)
+    if with_placed:
+        loss, placed_parts = placed_points_loss(_fp(pred["depth"]), _fp(pred["pose_enc"]), gt_points, valid, image_hw)
         terms.append(weights.placed * loss)
         parts.update(placed_parts)
 

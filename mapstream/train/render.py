@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from mapstream.synthetic.scene import Box, Scene, Sphere, Texture, make_scene
-from mapstream.synthetic.sequence import FIRST_TRAINING_SEED, camera_path, world_from_room
+from mapstream.synthetic.sequence import FIRST_TRAINING_SEED, camera_path, pinhole_intrinsics, world_from_room
 
 __all__ = [
     "PATH_KINDS", "SYNTHETIC_PATH", "ClipSpec", "check_path_kinds", "check_share", "sample_clip", "synthetic_clip",
@@ -251,9 +251,7 @@ def sample_clip(seed: int, num_frames: int, image_hw: tuple[int, int],
     T_room_cam = _camera_path(rng, kind, (num_frames - 1) * frame_step + 1, half)[::frame_step]
     scene = _furnish(rng, half, T_room_cam, objects)
     fov = float(rng.uniform(45.0, 90.0))
-    H, W = image_hw
-    fx = (W / 2) / np.tan(np.radians(fov) / 2)
-    K = np.array([[fx, 0.0, W / 2], [0.0, fx, H / 2], [0.0, 0.0, 1.0]])
+    K = pinhole_intrinsics(image_hw, fov)
     return ClipSpec(int(seed), scene, T_room_cam, K, world_from_room(int(seed)), kind, fov)
 
 
@@ -276,9 +274,7 @@ def synthetic_clip(seed: int, num_frames: int, image_hw: tuple[int, int], frame_
     scene_seed = FIRST_TRAINING_SEED + int(seed)
     cameras = (num_frames - 1) * frame_step + 1
     T_room_cam = camera_path(cameras, scene_seed, arc=arc * frame_step)[::frame_step]
-    H, W = image_hw
-    fx = (W / 2) / np.tan(np.radians(fov) / 2)
-    K = np.array([[fx, 0.0, W / 2], [0.0, fx, H / 2], [0.0, 0.0, 1.0]])
+    K = pinhole_intrinsics(image_hw, fov)
     return ClipSpec(int(seed), make_scene(scene_seed, room_half_size=half), T_room_cam, K,
                     world_from_room(scene_seed), SYNTHETIC_PATH, fov)
 
