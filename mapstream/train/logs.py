@@ -37,15 +37,19 @@ def tensorboard_writer(out: Path):
 
 
 def log_step(out: Path, writer, step: int, means: dict[str, float], lr: float, norm: float, seconds: float,
-             phases: dict[str, float]) -> None:
+             phases: dict[str, float], peak_gib: float | None = None) -> None:
     """One log step's record; `seconds` is the whole step, `phases` its parts by name (data:
-    producing the batch, forward, loss, backward, optimizer), recorded as NAME_seconds."""
+    producing the batch, forward, loss, backward, optimizer), recorded as NAME_seconds;
+    `peak_gib` the accelerator's peak memory so far (None on the CPU: not recorded)."""
     parts = " ".join(f"{k} {v:.4f}" for k, v in means.items() if k != "loss")
     split = ", ".join(f"{k} {v:.3f}" for k, v in phases.items())
-    log.info("step %d loss %.4f (%s) lr %.3g grad-norm %.3g %.2f s/step%s", step, means["loss"], parts,
-             lr, norm, seconds, f" ({split})" if split else "")
+    memory = f", peak {peak_gib:.1f} GiB" if peak_gib is not None else ""
+    log.info("step %d loss %.4f (%s) lr %.3g grad-norm %.3g %.2f s/step%s%s", step, means["loss"], parts,
+             lr, norm, seconds, f" ({split})" if split else "", memory)
     record = {"step": step, **means, "lr": lr, "grad_norm": norm, "step_seconds": seconds,
               **{f"{k}_seconds": v for k, v in phases.items()}}
+    if peak_gib is not None:
+        record["peak_gib"] = peak_gib
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
     if writer is not None:
@@ -54,5 +58,7 @@ def log_step(out: Path, writer, step: int, means: dict[str, float], lr: float, n
         writer.add_scalar("train/lr", lr, step)
         writer.add_scalar("train/grad_norm", norm, step)
         writer.add_scalar("train/step_seconds", seconds, step)
+        if peak_gib is not None:
+            writer.add_scalar("train/peak_gib", peak_gib, step)
         for key, value in phases.items():
             writer.add_scalar(f"train/{key}_seconds", value, step)

@@ -35,6 +35,8 @@ _PATH_WEIGHTS = (0.3, 0.3, 0.2, 0.2)
 _STREAM = 0x7472_6169  # the generators' own stream: seed k never replays mapstream.synthetic's seed k
 _FAMILY_STREAM = 0x6661_6D69  # whether a clip is mapstream.synthetic's, and its arc, FoV and room
 SYNTHETIC_PATH = "synthetic"  # ClipSpec.path of a clip of render_sequence's family
+_ARC = (0.4, 2.0)  # radians a clip of render_sequence's family travels, up to _ARC_FRAMES frames long
+_ARC_FRAMES = 24
 _EPS = 1e-9  # the CPU caster's minimum hit distance
 _NONE, _BOX, _ROOM, _SPHERE = 0, 1, 2, 3
 _CLEARANCE = 0.3  # metres between every camera centre and every object
@@ -260,16 +262,19 @@ def synthetic_clip(seed: int, num_frames: int, image_hw: tuple[int, int], frame_
 
     The room, its objects and the path are render_sequence's with the scene seed
     ``FIRST_TRAINING_SEED + seed`` (never a seed below it, which scoring uses); the arc
-    travelled (0.4-2 rad, times ``frame_step``), the field of view (50-90 degrees) and the
-    room's size (about the default's, large enough for the path) are drawn from ``seed``, so
-    the family is seen at more than its default settings. ``frame_step`` as
-    :func:`sample_clip`'s.
+    travelled, the field of view (50-90 degrees) and the room's size (about the default's,
+    large enough for the path) are drawn from ``seed``, so the family is seen at more than its
+    default settings. The arc lies in 0.4-2 rad for clips of up to 24 frames; a longer clip's
+    upper bound grows with its steps, so it is seen both at the 24-frame clips' fastest pace
+    and as slowly as a 24-frame clip's whole arc spread over its length. Both are times
+    ``frame_step``, as :func:`sample_clip`'s.
     """
     if seed < 0 or num_frames < 1:
         raise ValueError(f"need seed >= 0 and num_frames >= 1, got {seed}, {num_frames}")
     frame_step = check_frame_step(frame_step)
     rng = np.random.default_rng((_FAMILY_STREAM, int(seed), 1))
-    arc, fov = float(rng.uniform(0.4, 2.0)), float(rng.uniform(50.0, 90.0))
+    longest = _ARC[1] * max(1.0, (num_frames - 1) / (_ARC_FRAMES - 1))
+    arc, fov = float(rng.uniform(_ARC[0], longest)), float(rng.uniform(50.0, 90.0))
     half = (float(rng.uniform(2.5, 3.8)), float(rng.uniform(2.3, 3.4)), float(rng.uniform(1.2, 1.9)))
     scene_seed = FIRST_TRAINING_SEED + int(seed)
     cameras = (num_frames - 1) * frame_step + 1

@@ -417,7 +417,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                     if validation is not None and (step % config.val_every == 0 or last):
                         values.update(validation(forward, autocast))  # every rank: FSDP gathers
                     if lead:
-                        log_step(out, writer, step, values, lr, float(norm), seconds, clock.seconds)
+                        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+                        log_step(out, writer, step, values, lr, float(norm), seconds, clock.seconds, peak)
                     if not last and _out_of_time(started, config.time_limit_minutes, world, device):
                         log.info("time limit of %s minutes reached at step %d", config.time_limit_minutes, step)
                         stop_at = step

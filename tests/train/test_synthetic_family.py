@@ -101,3 +101,22 @@ def test_procedural_batches_and_the_configuration_carry_the_share(tmp_path):
             TrainConfig(synthetic_share=bad)
         with pytest.raises(ValueError, match="synthetic_share must lie in"):
             ProceduralClips(1, 2, HW, synthetic_share=bad)
+
+
+def test_a_long_clip_travels_up_to_the_short_clips_fastest_pace_and_a_short_one_as_before():
+    """Clips of up to 24 frames draw their arc from 0.4-2 rad whatever their length; a longer
+    clip draws the same uniform number over 0.4 to 2 rad per 23 steps, so its first 24 frames
+    are never faster than a 24-frame clip's fastest."""
+    short = [abs(np.diff(_angles(synthetic_clip(s, 24, HW).T_room_cam)).sum()) for s in range(40)]
+    assert all(0.4 <= a <= 2.0 for a in short)
+    for seed in range(40):
+        # At 6 frames the same arc as at 24: the draw does not depend on the length there.
+        six = abs(np.diff(_angles(synthetic_clip(seed, 6, HW).T_room_cam)).sum())
+        np.testing.assert_allclose(six, short[seed], atol=1e-9)
+        # At 47 frames (46 steps) the bound doubles: arc = 0.4 + u (4 - 0.4) where the
+        # 24-frame arc is 0.4 + u (2 - 0.4), u the same draw.
+        long = abs(np.diff(_angles(synthetic_clip(seed, 47, HW).T_room_cam)).sum())
+        u = (short[seed] - 0.4) / 1.6
+        np.testing.assert_allclose(long, 0.4 + u * 3.6, atol=1e-9)
+    longs = [abs(np.diff(_angles(synthetic_clip(s, 47, HW).T_room_cam)).sum()) for s in range(40)]
+    assert max(longs) > 2.5 and min(longs) < 1.5  # long clips span slow and fast paces alike

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import socket
@@ -353,3 +354,16 @@ def test_every_recipe_in_the_repository_is_a_valid_configuration():
     assert decay.model == str(deep.out / "model.safetensors") and decay.preset == "small-deep" and decay.deepen is None
     assert deep.min_lr_ratio == 1.0 and decay.min_lr_ratio == 0.1 and (deep.steps, decay.steps) == (1175, 555)
     assert all((c.frames, c.image_hw, c.batch_size) == (hw294.frames, hw294.image_hw, hw294.batch_size) for c in (deep, decay))
+
+
+def test_a_log_record_carries_the_accelerators_peak_memory_only_when_there_is_one(tmp_path, caplog):
+    from mapstream.train.logs import log_step
+
+    with caplog.at_level(logging.INFO, logger="mapstream.train.trainer"):
+        log_step(tmp_path, None, 5, {"loss": 1.5}, 1e-3, 0.5, 1.25, {"data": 0.25}, peak_gib=12.5)
+        log_step(tmp_path, None, 6, {"loss": 1.0}, 1e-3, 0.5, 1.25, {"data": 0.25})
+    first, second = (json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert first == {"step": 5, "loss": 1.5, "lr": 1e-3, "grad_norm": 0.5, "step_seconds": 1.25,
+                     "data_seconds": 0.25, "peak_gib": 12.5}
+    assert "peak_gib" not in second and second["step"] == 6
+    assert "peak 12.5 GiB" in caplog.records[0].getMessage() and "GiB" not in caplog.records[1].getMessage()
