@@ -6,10 +6,12 @@
     python3 benchmarks/half_weights.py ship OUT_DIR mapstream/weights/small.safetensors   # the same from split's halves
     python3 benchmarks/half_weights.py ship RUN_DIR FILE.safetensors --int8   # large matrices in 8 bits (mapstream.weights.int8)
     python3 benchmarks/half_weights.py ship RUN_DIR FILE.safetensors --preset small-deep   # another preset's weights
+    python3 benchmarks/half_weights.py ship OUT_DIR FILE.safetensors --image-size 294   # the width runs take by default
 
 The parts hold disjoint keys; `join` writes one float16 safetensors file that
 `mapstream.load_model(FILE, preset=...)` reads. `ship` writes a run's weights as one float16
-file whose metadata names its preset (``small`` unless --preset says), the form of mapstream's shipped weights.
+file whose metadata names its preset (``small`` unless --preset says) and the frame width it
+was trained at (the run's, or --image-size), the form of mapstream's shipped weights.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from mapstream.checkpoint import IMAGE_SIZE_KEY
 
 CARRY_BYTES = 12 * 2**20  # the device returns files of 16 MB at most; a part may end one tensor past this
 
@@ -36,15 +40,20 @@ def half_weights(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         weights = {k: shadow.get(k, v) for k, v in weights.items()}
     half = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
             for k, v in weights.items()}
-    return half, {"step": str(state["step"]), "source": path.name}
+    meta = {"step": str(state["step"]), "source": path.name}
+    width = state.get("config", {}).get("image_hw", (None, None))[1]  # the width the run trained at
+    return half, meta if width is None else {**meta, IMAGE_SIZE_KEY: str(width)}
 
 
-def ship(run: Path, target: Path, preset: str = "small", int8: bool = False) -> Path:
+def ship(run: Path, target: Path, preset: str = "small", int8: bool = False, image_size: int | None = None) -> Path:
     """RUN_DIR is a training run, or a folder of halves that `split` wrote on another machine;
     with `int8`, the large matrices are stored in 8 bits with a scale per row, about half the
-    bytes (every loader of mapstream reads that form)."""
+    bytes (every loader of mapstream reads that form). `image_size` records the width runs of
+    the file take by default, where the source does not record it (or records another)."""
     half, meta = read_halves(run) if any(run.glob("weights-*.safetensors")) else half_weights(run)
     meta = {**meta, "preset": preset}
+    if image_size is not None:
+        meta[IMAGE_SIZE_KEY] = str(image_size)
     if int8:
         from mapstream.weights.int8 import INT8_ROWS, STORAGE_KEY, quantize
 
@@ -100,8 +109,11 @@ if __name__ == "__main__":
     parser.add_argument("target", type=Path)
     parser.add_argument("--int8", action="store_true", help="ship: large matrices in 8 bits")
     parser.add_argument("--preset", help="ship: the preset the file names (default: small)")
+    parser.add_argument("--image-size", type=int,
+                        help="ship: the frame width runs of the file take by default (default: the run's own)")
     args = parser.parse_args()
-    if args.verb != "ship" and (args.int8 or args.preset):
-        parser.error("only ship takes --int8 and --preset")
-    options = {"int8": args.int8, "preset": args.preset or "small"} if args.verb == "ship" else {}
+    if args.verb != "ship" and (args.int8 or args.preset or args.image_size):
+        parser.error("only ship takes --int8, --preset and --image-size")
+    options = ({"int8": args.int8, "preset": args.preset or "small", "image_size": args.image_size}
+               if args.verb == "ship" else {})
     {"split": split, "join": join, "ship": ship}[args.verb](args.source, args.target, **options)

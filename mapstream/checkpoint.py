@@ -43,6 +43,8 @@ from .weights import int8
 
 
 __all__ = [
+    "DEFAULT_IMAGE_SIZE",
+    "IMAGE_SIZE_KEY",
     "CheckpointError",
     "LoadReport",
     "checkpoint_filter_fn",
@@ -50,11 +52,18 @@ __all__ = [
     "convert_main",
     "default_converted_path",
     "load_model",
+    "model_image_size",
     "read_state_dict",
+    "recorded_image_size",
     "resolve_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
+
+IMAGE_SIZE_KEY = "image_size"
+"""A safetensors file's metadata entry: the frame width (pixels) its weights were trained at."""
+DEFAULT_IMAGE_SIZE = 518
+"""The official weights' frame width, taken for any checkpoint that records none."""
 
 # Keys under these top-level entries of a training checkpoint are the model's weights.
 _WRAPPER_KEYS = ("model", "state_dict")
@@ -91,6 +100,9 @@ class LoadReport:
     saved from a diverged run: every prediction would be NaN)."""
     point_head_keys: int = 0
     """The model's `point_head.*` keys (0 without a point head)."""
+    image_size: int | None = None
+    """The frame width the checkpoint records its weights were trained at (`IMAGE_SIZE_KEY`),
+    None when it records none (the official checkpoints: trained at `DEFAULT_IMAGE_SIZE`)."""
 
     @property
     def ok(self) -> bool:
@@ -386,6 +398,36 @@ def _restore_storage(tensors: dict[str, torch.Tensor], storage: str | None, path
     return tensors
 
 
+def recorded_image_size(path: str | os.PathLike) -> int | None:
+    """The frame width a checkpoint file's metadata records its weights were trained at, or
+    None (a `.pt` file, or a safetensors file without the record). CheckpointError for an
+    unreadable file or a record that is not a width."""
+    path = Path(path)
+    if not _is_safetensors(path):
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt", device="cpu") as handle:
+            value = (handle.metadata() or {}).get(IMAGE_SIZE_KEY)
+    except Exception as exc:  # a damaged header
+        raise CheckpointError(_unreadable(path, exc)) from exc
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise CheckpointError(f"{path} records {IMAGE_SIZE_KEY}={value!r} in its metadata, which is not a width in "
+                              "pixels; write the file again with a positive integer there, or without the entry")
+    return int(value)
+
+
+def model_image_size(model: torch.nn.Module) -> int:
+    """The frame width a run feeds ``model`` unless told otherwise: what its checkpoint records
+    (`LoadReport.image_size`), else `DEFAULT_IMAGE_SIZE`."""
+    report = getattr(model, "load_report", None)
+    recorded = report.image_size if isinstance(report, LoadReport) else None
+    return recorded if recorded is not None else DEFAULT_IMAGE_SIZE
+
+
 def read_state_dict(path: str | os.PathLike, *, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
     """The weights of a local checkpoint file, with canonical key names.
 
@@ -629,6 +671,7 @@ def load_model(
 
     start = time.perf_counter()
     path = resolve_checkpoint(source, filename=filename, revision=revision, cache_dir=cache_dir)
+    image_size = recorded_image_size(path)
     state_dict = read_state_dict(path, trust_pickle=trust_pickle)
     if enable_point == "auto":
         enable_point = any(k.startswith("point_head.") for k in state_dict)
@@ -639,6 +682,7 @@ def load_model(
     del state_dict
     model.to(device=device, dtype=dtype or torch.float32)
     _detach_from_file(model, mapped)
+    report.image_size = image_size
     model.load_report = report
     log.info(
         "loaded %d of %d tensors from %s in %.1f s", report.loaded, report.model_keys, path, time.perf_counter() - start
@@ -661,7 +705,8 @@ def convert_checkpoint(
 
     The file is written next to `dst` under a temporary name and moved into place, so `dst`
     is either the old file or the complete new one. Metadata: format ("pt"), architecture,
-    source file name, mapstream version, tensor and parameter counts.
+    source file name, mapstream version, tensor and parameter counts, and the trained frame
+    width when the source records one (`IMAGE_SIZE_KEY`).
     """
     from safetensors.torch import save_file
 
@@ -679,6 +724,8 @@ def convert_checkpoint(
         "tensors": str(len(state_dict)),
         "parameters": str(sum(t.numel() for t in state_dict.values())),
     }
+    if (width := recorded_image_size(path)) is not None:  # the weights' own width travels with them
+        metadata[IMAGE_SIZE_KEY] = str(width)
     as_folder = os.fspath(dst).endswith(("/", os.sep))  # "out/": a folder, made if missing
     dst = Path(dst).expanduser()
     if dst.is_dir() or as_folder:

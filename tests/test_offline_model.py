@@ -235,3 +235,31 @@ def test_a_live_view_is_told_of_the_fallback_once_the_model_is_open(
                  "--no-keep-view", "--view-port", str(free_port)]) == 0
     contents = [content for content, _ in added]
     assert contents[0] == f"**{SMALL_WARNING}**" and contents.count(f"**{SMALL_WARNING}**") == 1
+
+
+def test_an_offline_run_on_the_small_model_takes_the_width_its_weights_record(
+    tmp_path, hub_at, monkeypatch, capsys, _synthetic_small_file
+):
+    """The fallback is only known once the hub has not answered, after the input is open: the
+    run reads the input again at the small model's recorded width (no --image-size given)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    import mapstream.weights
+
+    with safe_open(str(_synthetic_small_file), "pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}
+    recorded = tmp_path / "small.safetensors"
+    save_file(tensors, str(recorded), metadata={"preset": "small", "image_size": "84"})
+    monkeypatch.setattr(mapstream.weights, "_SMALL_FILE", recorded)
+    go_offline(hub_at, monkeypatch, "no hub answers")
+    flags = ["--quiet", "--num-scale-frames", "2", "--formats", "npz"]
+    assert main(["run", str(photos(tmp_path)), "--out", str(tmp_path / "out"), *flags]) == 0
+    info = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert info["config"]["model"] == SMALL_MODEL and info["config"]["image_size"] == 84
+    from mapstream.io.images import preprocessed_height
+
+    height = preprocessed_height(56, 42, "crop", 84, 14)  # the photos are 56x42
+    assert np.load(tmp_path / "out" / "predictions.npz")["images"].shape[1:3] == (height, 84)
+    capsys.readouterr()
+

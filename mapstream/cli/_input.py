@@ -11,8 +11,8 @@ __all__ = ["InputFlags"]
 class InputFlags:
     """Frame reading and preprocessing (spelled without a prefix: --image-size, --stride, ...)."""
 
-    image_size: int = 518
-    """Target width (crop mode); sides become multiples of 14."""
+    image_size: Optional[int] = None
+    """Target width (crop mode); sides become multiples of 14. Default: the model's own (518 for the official weights, the width a mapstream-trained file records: 294 for the shipped small model)."""
     preprocess: Literal["crop", "pad"] = "crop"
     """crop: width --image-size, taller frames centre-cropped to square; pad: longest side, padded white to square."""
     rotate: Literal[0, 90, 180, 270] = 0

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import DEFAULT_IMAGE_SIZE
 from ..config import StreamConfig
 from ..pipeline.run import OpenedSession, RunOptions, RunSummary, run
 from .connection import Client, RemoteSession
@@ -63,8 +64,10 @@ def remote_session_opener(url: str, *, token: str | None = None, encoding: str =
         remote = Client(url, token=token).open_session(settings=settings, depth=True, confidence=True,
                                                        dtype="float32")
         info: dict[str, Any] = remote.info
+        # A server that does not say its model's width serves the official one's.
         return OpenedSession(_RunSession(remote, encoding), info["model"], list(info["warnings"]), info["precision"],
-                             info["heads_precision"], info["camera_iterations"], where=url)
+                             info["heads_precision"], info["camera_iterations"], where=url,
+                             image_size=info.get("image_size", DEFAULT_IMAGE_SIZE))
 
     return open_session
 

@@ -14,12 +14,13 @@ import math
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..checkpoint import DEFAULT_IMAGE_SIZE, model_image_size
 from ..config import StreamConfig
 from ..device import resolve_device
 from ..export import ALL_FORMATS, CloudOptions, check_formats, export_all, runtime_versions
@@ -52,7 +53,7 @@ class RunOptions:
     model: str = DEFAULT_REPO
     checkpoint_file: str = DEFAULT_CHECKPOINT
     mode: str = "streaming"
-    image_size: int = 518
+    image_size: int | None = None  # frame width; None: the model's own (`mapstream.checkpoint.model_image_size`)
     preprocess: str = "crop"
     rotate: int = 0  # degrees clockwise, applied to every frame before preprocessing
     fps: float | None = 10.0
@@ -193,6 +194,8 @@ def run(
     folder = RunFolder(opts.out, inputs=input_files(opts))
     with folder.held():  # an unwritable output, or another run there, is told before the model loads
         job = _prepare(opts, folder, source, device, open_session or _local_session)
+        if source.image_size != job.image_size:  # no width given, and the model's own is another
+            source = open_input(replace(opts, image_size=job.image_size))
         if on_model is not None:
             on_model(job.model_desc, list(job.warnings))
         loaded = time.perf_counter()
@@ -220,6 +223,7 @@ class OpenedSession:
     heads_precision: str
     camera_iterations: int
     where: str | None = None  # run.json's "device" when not the run's own device (a server's address)
+    image_size: int = DEFAULT_IMAGE_SIZE  # the model's own frame width, for runs that choose none
 
 
 @dataclass
@@ -233,6 +237,7 @@ class _Job:
     config: dict[str, Any]  # the settings a resume must share (the frame store compares them)
     store: FrameStore
     session: Any  # Session or WindowedSession
+    image_size: int  # the frames' width: the options', else the model's own (the demo: its rendered width)
     where: str | None = None
 
 
@@ -251,7 +256,7 @@ def _local_session(opts: RunOptions, device: torch.device, stream: StreamConfig)
     else:  # "streaming" (`check_options` took no other mode)
         session = Session(model, stream, output_device="cpu")
     return OpenedSession(session, model_desc, warnings, precision, str(model.head_dtype).removeprefix("torch."),
-                         opts.camera_iterations)
+                         opts.camera_iterations, image_size=model_image_size(model))
 
 
 def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, open_session) -> _Job:
@@ -261,10 +266,11 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
     # Provisional predictions are for live displays; a run writes the final ones (told above).
     stream = opts.stream.with_settings(keyframe_interval=interval, provisional=False)
     opened = open_session(opts, device, stream)
+    width = DEMO_HW[1] if opts.demo else opts.image_size if opts.image_size is not None else opened.image_size
     try:
         config = {
             "input": input_key(opts.input) if not opts.demo else "demo", "model": opened.model_desc,
-            "mode": opts.mode, "image_size": DEMO_HW[1] if opts.demo else opts.image_size,
+            "mode": opts.mode, "image_size": width,
             "preprocess": opts.preprocess, "rotate": opts.rotate, "fps": opts.fps, "stride": opts.stride,
             "first_k": opts.first_k, "num_scale_frames": stream.num_scale_frames, "keyframe_interval": interval,
             "window_size": stream.window_size, "overlap": stream.overlap, "overlap_keyframes": stream.overlap_keyframes,
@@ -280,7 +286,7 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
     except BaseException:
         opened.session.close()
         raise
-    return _Job(folder, device, opened.model_desc, opened.warnings, config, store, opened.session, opened.where)
+    return _Job(folder, device, opened.model_desc, opened.warnings, config, store, opened.session, width, opened.where)
 
 
 def _export(opts: RunOptions, job: _Job, progress: bool | None) -> tuple[Reconstruction, dict[str, Path], dict]:

@@ -102,9 +102,11 @@ def open_input(opts: RunOptions) -> FrameSource:
     """The run's frames: its input opened, or the demo's frames rendered into OUT/input."""
     from ..io.sources import open_source
 
-    kwargs = dict(
-        mode=opts.preprocess, image_size=opts.image_size, stride=opts.stride, first_k=opts.first_k, rotate=opts.rotate
-    )
+    from ..checkpoint import DEFAULT_IMAGE_SIZE
+
+    # No width given: the official one until the model's own is known (`run` opens again then).
+    width = opts.image_size if opts.image_size is not None else DEFAULT_IMAGE_SIZE
+    kwargs = dict(mode=opts.preprocess, image_size=width, stride=opts.stride, first_k=opts.first_k, rotate=opts.rotate)
     if opts.demo:
         folder = _demo_input(opts.out / "input", opts.demo_frames)
         kwargs["image_size"] = DEMO_HW[1]  # the demo runs at its rendered size

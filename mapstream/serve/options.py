@@ -71,13 +71,13 @@ def _settings(given: Any, server: StreamConfig) -> StreamConfig:
         raise ProtocolError(f"settings: {err}", "bad_open") from err
 
 
-def _preprocess(given: Any, patch_size: int) -> tuple[str, int] | None:
+def _preprocess(given: Any, patch_size: int, image_size: int) -> tuple[str, int] | None:
     if given is None:
         return None
     if not isinstance(given, dict) or set(given) - {"mode", "image_size"}:
         raise ProtocolError(f"preprocess is null or {{\"mode\": \"crop\"|\"pad\", \"image_size\": N}}, got {given!r}",
                             "bad_open")
-    mode, size = given.get("mode", "crop"), given.get("image_size", 518)
+    mode, size = given.get("mode", "crop"), given.get("image_size", image_size)
     try:
         if isinstance(size, bool) or not isinstance(size, int):
             raise ValueError(f"image_size must be an integer, got {size!r}")
@@ -106,8 +106,9 @@ def _outputs(given: Any) -> OutputOptions:
     return options
 
 
-def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int) -> SessionOptions:
-    """The options of an ``open`` message, or a ProtocolError saying what is wrong."""
+def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int, image_size: int = 518) -> SessionOptions:
+    """The options of an ``open`` message, or a ProtocolError saying what is wrong;
+    ``image_size``: the served model's own frame width, where ``preprocess`` names none."""
     if message.get("type") != "open":
         raise ProtocolError(f"the first message opens the session ({{\"type\": \"open\", \"version\": "
                             f"{PROTOCOL_VERSION}}}), got type {message.get('type')!r}", "bad_open")
@@ -117,5 +118,5 @@ def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int) -
     unknown = sorted(set(message) - {"type", "version", "settings", "preprocess", "outputs"})
     if unknown:
         raise ProtocolError(f"open has no fields {unknown}", "bad_open")
-    return SessionOptions(_settings(message.get("settings"), server), _preprocess(message.get("preprocess"), patch_size),
+    return SessionOptions(_settings(message.get("settings"), server), _preprocess(message.get("preprocess"), patch_size, image_size),
                           _outputs(message.get("outputs")))

@@ -20,6 +20,7 @@ from typing import Any
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
+from ..checkpoint import model_image_size
 from ..config import StreamConfig
 from ..models.gct import GCTNetwork
 from ..session import Session, resolve_precision
@@ -167,7 +168,8 @@ class Server:
             first = await asyncio.wait_for(ws.recv(), timeout=self.config.idle_timeout)
             if isinstance(first, bytes):
                 raise ProtocolError("the first message is a JSON text message {\"type\": \"open\", ...}", "bad_open")
-            options = parse_open(parse_json(first), self.stream_config, self.model.config.patch_size)
+            options = parse_open(parse_json(first), self.stream_config, self.model.config.patch_size,
+                                 model_image_size(self.model))
         except ConnectionClosed:
             return None
         except asyncio.TimeoutError:
@@ -203,7 +205,8 @@ class Server:
         return {
             "type": "opened", "version": PROTOCOL_VERSION, "session": stream.id, "queue_size": c.queue_size,
             "max_fps": c.max_fps, "max_frame_pixels": c.max_frame_pixels, "max_message_bytes": c.max_message_bytes,
-            "idle_timeout": c.idle_timeout, "patch_size": self.model.config.patch_size, "model": self.model_desc,
+            "idle_timeout": c.idle_timeout, "patch_size": self.model.config.patch_size,
+            "image_size": model_image_size(self.model), "model": self.model_desc,
             "warnings": self.warnings,
             "precision": self.stream_config.precision,
             "heads_precision": str(self.model.head_dtype).removeprefix("torch."),

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..checkpoint import IMAGE_SIZE_KEY
 from ..io.atomic import atomic_write_text, prepare_dir
 from ..progress import progress_bar
 from .checkpointing import (
@@ -450,8 +451,10 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
             # Written inside: the unsharded state's tensors are the parameters, restored on exit.
             exported = parallel.model_state(model) if parallel.sharded else merged_state_dict(model)
             if lead:
+                # The width runs of these weights take by default (more_image_hw's are further sizes).
                 metadata = {"format": "pt", "architecture": "GCTStream", "preset": preset, "step": str(step),
-                            "finetune": config.finetune, "ema": str(ema is not None)}
+                            "finetune": config.finetune, "ema": str(ema is not None),
+                            IMAGE_SIZE_KEY: str(config.image_hw[1])}
                 if next_clip is not None:
                     metadata["next_clip"] = str(next_clip)
                 weights = export_weights(exported, out / WEIGHTS_NAME, metadata)

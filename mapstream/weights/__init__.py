@@ -20,7 +20,7 @@ SMALL_MODEL = "small (mapstream's own weights, trained on procedural rooms)"
 SMALL_WARNING = (
     "USING MAPSTREAM'S OWN SMALL MODEL, not the official LingBot-Map weights: it is trained on procedural "
     "rooms only and its cameras and depth are far less accurate (docs/TRAINING.md gives its measured "
-    "quality); it was trained on frames 294 pixels wide, and --image-size 294 gives its best results. Pass "
+    "quality); it was trained on frames 294 pixels wide, the width runs give it unless --image-size says otherwise. Pass "
     "--model with the official checkpoint (or put it into the Hugging Face cache) for the official model's "
     "results."
 )

@@ -621,3 +621,28 @@ def test_8_bit_files_that_do_not_say_how_they_are_scaled_are_refused(tmp_path, r
     damaged = dict(ref, **{key: torch.full_like(ref[key], float("nan"))})
     with pytest.raises(ValueError, match="NaN or infinite"):
         int8.quantize(damaged)
+
+
+def test_the_width_a_file_records_its_weights_were_trained_at_travels_with_them(tmp_path, ref, pt_file):
+    """A safetensors file may record the frame width its weights were trained at (mapstream
+    train's exports do): `load_model` reports it, runs take it by default, conversion keeps
+    it; a file without the record, and any .pt file, take the official 518."""
+    from mapstream.checkpoint import DEFAULT_IMAGE_SIZE, model_image_size, recorded_image_size
+
+    recorded = tmp_path / "w294.safetensors"
+    save_file(dict(ref), str(recorded), metadata={"image_size": "294"})
+    model = load_model(recorded, preset="tiny")
+    assert recorded_image_size(recorded) == 294 and model.load_report.image_size == 294
+    assert model_image_size(model) == 294
+    converted = convert_checkpoint(recorded, tmp_path / "converted.safetensors")
+    assert recorded_image_size(converted) == 294
+    plain = tmp_path / "plain.safetensors"
+    save_file(dict(ref), str(plain))
+    for path in (plain, pt_file):
+        assert recorded_image_size(path) is None and load_model(path, preset="tiny").load_report.image_size is None
+        assert model_image_size(load_model(path, preset="tiny")) == DEFAULT_IMAGE_SIZE == 518
+    assert model_image_size(mapstream.build_model("tiny")) == 518  # built, not loaded
+    for bad in ("wide", "0", "-14", "29.4"):
+        save_file(dict(ref), str(tmp_path / "bad.safetensors"), metadata={"image_size": bad})
+        with pytest.raises(CheckpointError, match=f"image_size={bad!r}.*not a width in pixels"):
+            load_model(tmp_path / "bad.safetensors", preset="tiny")

@@ -890,3 +890,32 @@ def test_provisional_predictions_are_told_to_have_no_effect_and_the_run_writes_t
         outputs[bool(flags)] = np.load(out / "predictions.npz")["pose_enc"]
     assert "provisional=True has no effect in a run" in caplog.text
     np.testing.assert_array_equal(outputs[True], outputs[False])
+
+
+def _tiny_file_recording_width(path: Path, width: str | None) -> Path:
+    import mapstream
+    from safetensors.torch import save_file
+
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny"))
+    metadata = {"preset": "tiny"} if width is None else {"preset": "tiny", "image_size": width}
+    save_file(dict(model.state_dict()), str(path), metadata=metadata)
+    return path
+
+
+def test_a_run_that_gives_no_width_takes_the_one_its_weights_record(tmp_path, capsys):
+    """A checkpoint that records the width it was trained at (mapstream train's exports,
+    the shipped small model) is run at that width unless --image-size says otherwise; one
+    that records none at the official 518. run.json records the width used."""
+    frames = photos(tmp_path, n=3)
+    recorded = _tiny_file_recording_width(tmp_path / "w112.safetensors", "112")
+    base = ["run", str(frames), "--model", str(recorded), "--num-scale-frames", "2", "--quiet", "--formats", "npz"]
+    assert main([*base, "--out", str(tmp_path / "own")]) == 0
+    npz = np.load(tmp_path / "own" / "predictions.npz")
+    assert npz["images"].shape[2] == 112 and npz["depth"].shape[2] == 112
+    assert json.loads((tmp_path / "own" / "run.json").read_text())["config"]["image_size"] == 112
+    assert main([*base, "--out", str(tmp_path / "given"), "--image-size", "140"]) == 0
+    assert np.load(tmp_path / "given" / "predictions.npz")["images"].shape[2] == 140
+    plain = _tiny_file_recording_width(tmp_path / "plain.safetensors", None)
+    assert main([*base[:3], str(plain), *base[4:], "--out", str(tmp_path / "plain"), "--first-k", "2"]) == 0
+    assert json.loads((tmp_path / "plain" / "run.json").read_text())["config"]["image_size"] == 518
+    capsys.readouterr()

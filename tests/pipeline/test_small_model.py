@@ -96,6 +96,8 @@ def test_the_package_ships_the_small_weights_within_its_budget():
     with safe_open(str(path), "pt") as handle:
         assert handle.metadata()["preset"] == "small-deep" and handle.metadata()[STORAGE_KEY] == INT8_ROWS
     model = mapstream.load_model(path, preset="small-deep")  # strict: the same keys and shapes
+    # The width it was trained at, which runs give it unless told otherwise.
+    assert model.load_report.image_size == 294 and mapstream.checkpoint.model_image_size(model) == 294
     assert len(model.state_dict()) == len(stored) - len(scales)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     pyproject = tomllib.loads((Path(mapstream.__file__).parents[1] / "pyproject.toml").read_text())

@@ -103,6 +103,13 @@ def test_an_open_message_chooses_within_the_servers_bounds():
                           "outputs": {"depth": True, "dtype": "float32"}}, server, 14)
     assert options.stream.num_scale_frames == 2 and options.stream.sliding_window == 8
     assert options.outputs.depth and options.outputs.dtype == "float32" and not options.outputs.points
+    assert options.preprocess is None  # frames used as sent
+    # A preprocess without a width takes the served model's own (518 unless its weights record another).
+    shaped = {"type": "open", "version": 1, "preprocess": {"mode": "pad"}}
+    assert parse_open(shaped, server, 14).preprocess == ("pad", 518)
+    assert parse_open(shaped, server, 14, image_size=294).preprocess == ("pad", 294)
+    shaped["preprocess"]["image_size"] = 140
+    assert parse_open(shaped, server, 14, image_size=294).preprocess == ("pad", 140)
     for message, words in [
         ({"type": "open", "version": 2}, "version 1"),
         ({"type": "open", "version": 1, "settings": {"sliding_window": 32}}, "at most the server's 16"),

@@ -58,3 +58,28 @@ def test_a_remote_run_writes_the_files_of_a_local_run(photos, tmp_path, capsys):
         k: v for k, v in remote_run["config"].items() if k != "options"}
     assert remote_run["device"] == running.url and remote_run["warnings"] == local_run["warnings"]
     assert not (tmp_path / "refused").exists()
+
+
+def test_a_remote_run_that_gives_no_width_takes_the_served_models_own(photos, tmp_path, capsys):
+    """The server says the width its model's weights were trained at (`image_size` in
+    `opened`): `mapstream stream` without --image-size sends frames of that width, and a
+    session that asks the server to preprocess without naming a width gets it too."""
+    import numpy as np
+    from safetensors.torch import save_file
+
+    import mapstream
+    from mapstream.client import Client
+
+    path = tmp_path / "w112.safetensors"
+    save_file(dict(mapstream.fill_synthetic_(mapstream.build_model("tiny")).state_dict()), str(path),
+              metadata={"image_size": "112"})
+    model = mapstream.load_model(path, preset="tiny")
+    with serving(model, max_batch=1) as running:
+        session = Client(running.url).open_session(preprocess={"mode": "crop"})
+        assert session.info["image_size"] == 112 and session.info["preprocess"] == {"mode": "crop", "image_size": 112}
+        session.close()
+        assert main(["stream", str(photos), "--to", running.url, "--out", str(tmp_path / "remote"),
+                     "--num-scale-frames", "3", "--quiet", "--formats", "npz"]) == 0
+    assert json.loads((tmp_path / "remote" / "run.json").read_text())["config"]["image_size"] == 112
+    assert np.load(tmp_path / "remote" / "predictions.npz")["images"].shape[2] == 112
+    capsys.readouterr()

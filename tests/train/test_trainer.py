@@ -367,3 +367,12 @@ def test_a_log_record_carries_the_accelerators_peak_memory_only_when_there_is_on
                      "data_seconds": 0.25, "peak_gib": 12.5}
     assert "peak_gib" not in second and second["step"] == 6
     assert "peak 12.5 GiB" in caplog.records[0].getMessage() and "GiB" not in caplog.records[1].getMessage()
+
+
+def test_an_export_records_the_width_it_was_trained_at_which_runs_of_it_take(tmp_path):
+    from mapstream.checkpoint import model_image_size
+
+    summary = train(_config(tmp_path, steps=1, image_hw=(28, 42), more_image_hw=((42, 56),)), progress=False)
+    exported = mapstream.load_model(summary.weights, preset=summary.preset)
+    assert exported.load_report.image_size == 42 == model_image_size(exported)  # --image-hw's, not a further size
+
