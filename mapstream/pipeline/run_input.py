@@ -100,9 +100,8 @@ def _input_path(opts: RunOptions) -> Path | None:
 
 def open_input(opts: RunOptions) -> FrameSource:
     """The run's frames: its input opened, or the demo's frames rendered into OUT/input."""
-    from ..io.sources import open_source
-
     from ..checkpoint import DEFAULT_IMAGE_SIZE
+    from ..io.sources import open_source
 
     # No width given: the official one until the model's own is known (`run` opens again then).
     width = opts.image_size if opts.image_size is not None else DEFAULT_IMAGE_SIZE

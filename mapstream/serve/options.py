@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoint import DEFAULT_IMAGE_SIZE
 from ..config import StreamConfig
 from ..io.images import check_preprocess_args
 from .protocol import PROTOCOL_VERSION, ProtocolError
@@ -106,7 +107,8 @@ def _outputs(given: Any) -> OutputOptions:
     return options
 
 
-def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int, image_size: int = 518) -> SessionOptions:
+def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int,
+               image_size: int = DEFAULT_IMAGE_SIZE) -> SessionOptions:
     """The options of an ``open`` message, or a ProtocolError saying what is wrong;
     ``image_size``: the served model's own frame width, where ``preprocess`` names none."""
     if message.get("type") != "open":
@@ -118,5 +120,5 @@ def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int, i
     unknown = sorted(set(message) - {"type", "version", "settings", "preprocess", "outputs"})
     if unknown:
         raise ProtocolError(f"open has no fields {unknown}", "bad_open")
-    return SessionOptions(_settings(message.get("settings"), server), _preprocess(message.get("preprocess"), patch_size, image_size),
-                          _outputs(message.get("outputs")))
+    return SessionOptions(_settings(message.get("settings"), server),
+                          _preprocess(message.get("preprocess"), patch_size, image_size), _outputs(message.get("outputs")))
