@@ -46,7 +46,7 @@ class Run:
     out: Path = Path("runs/latest")
     """Output folder (created; an interrupted run there is resumed)."""
     demo: bool = False
-    """Run on a built-in synthetic sequence (works offline; rendered 196 wide, whatever --image-size says)."""
+    """Run on a built-in synthetic sequence (works offline; rendered 294 wide, whatever --image-size says)."""
     model: str = "robbyant/lingbot-map"
     """Checkpoint path, folder, Hugging Face repo id (built as the preset its keys and shapes fit), "small" (mapstream's own shipped model) or "tiny" (untrained, for tests)."""
     checkpoint_file: str = "lingbot-map-long.pt"

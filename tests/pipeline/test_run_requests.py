@@ -95,7 +95,7 @@ def test_the_demo_refuses_an_input_and_records_the_size_it_ran_at(tmp_path, caps
                      "--image-size", "56", "--formats", "npz", "--quiet"]) == 0
     assert "image_size=56 has no effect without an input" in caplog.text
     info = json.loads((tmp_path / "d" / "run.json").read_text())
-    assert info["config"]["image_size"] == np.load(tmp_path / "d" / "predictions.npz")["depth"].shape[2] == 196
+    assert info["config"]["image_size"] == np.load(tmp_path / "d" / "predictions.npz")["depth"].shape[2] == 294
 
 
 def test_an_input_file_the_run_would_write_over_is_refused(tmp_path, capsys):
