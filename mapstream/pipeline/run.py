@@ -194,6 +194,9 @@ def run(
     folder = RunFolder(opts.out, inputs=input_files(opts))
     with folder.held():  # an unwritable output, or another run there, is told before the model loads
         job = _prepare(opts, folder, source, device, open_session or _local_session)
+        if opts.image_size is None and not opts.demo:
+            log.info("frames %d pixels wide, the width the model was trained at (--image-size chooses another)",
+                     job.image_size)
         if source.image_size != job.image_size:  # no width given, and the model's own is another
             source = open_input(replace(opts, image_size=job.image_size))
         if on_model is not None:

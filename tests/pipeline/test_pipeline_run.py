@@ -3,6 +3,7 @@ back with an independent reader; resume after an interruption; bad input."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -902,14 +903,16 @@ def _tiny_file_recording_width(path: Path, width: str | None) -> Path:
     return path
 
 
-def test_a_run_that_gives_no_width_takes_the_one_its_weights_record(tmp_path, capsys):
+def test_a_run_that_gives_no_width_takes_the_one_its_weights_record(tmp_path, capsys, caplog):
     """A checkpoint that records the width it was trained at (mapstream train's exports,
     the shipped small model) is run at that width unless --image-size says otherwise; one
     that records none at the official 518. run.json records the width used."""
     frames = photos(tmp_path, n=3)
     recorded = _tiny_file_recording_width(tmp_path / "w112.safetensors", "112")
     base = ["run", str(frames), "--model", str(recorded), "--num-scale-frames", "2", "--quiet", "--formats", "npz"]
-    assert main([*base, "--out", str(tmp_path / "own")]) == 0
+    with caplog.at_level(logging.INFO, logger="mapstream.pipeline.run"):
+        assert main([*base, "--out", str(tmp_path / "own")]) == 0
+    assert "frames 112 pixels wide, the width the model was trained at" in caplog.text
     npz = np.load(tmp_path / "own" / "predictions.npz")
     assert npz["images"].shape[2] == 112 and npz["depth"].shape[2] == 112
     assert json.loads((tmp_path / "own" / "run.json").read_text())["config"]["image_size"] == 112
