@@ -246,6 +246,7 @@ def test_an_offline_run_on_the_small_model_takes_the_width_its_weights_record(
     from safetensors.torch import save_file
 
     import mapstream.weights
+    from mapstream.io.images import preprocessed_height
 
     with safe_open(str(_synthetic_small_file), "pt") as handle:
         tensors = {k: handle.get_tensor(k) for k in handle.keys()}
@@ -257,8 +258,6 @@ def test_an_offline_run_on_the_small_model_takes_the_width_its_weights_record(
     assert main(["run", str(photos(tmp_path)), "--out", str(tmp_path / "out"), *flags]) == 0
     info = json.loads((tmp_path / "out" / "run.json").read_text())
     assert info["config"]["model"] == SMALL_MODEL and info["config"]["image_size"] == 84
-    from mapstream.io.images import preprocessed_height
-
     height = preprocessed_height(56, 42, "crop", 84, 14)  # the photos are 56x42
     assert np.load(tmp_path / "out" / "predictions.npz")["images"].shape[1:3] == (height, 84)
     capsys.readouterr()
