@@ -31,7 +31,7 @@ from ..windowed.online import check_window_options
 from .frame_store import FrameStore
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 from .run_folder import RunFolder
-from .run_input import DEMO_HW, check_input_apart_from_outputs, input_files, input_key, open_input
+from .run_input import check_input_apart_from_outputs, frame_width, input_files, input_key, open_input
 from .run_stream import Streamed, stream_frames
 
 __all__ = ["OpenedSession", "RunOptions", "RunSummary", "check_input", "check_options", "run"]
@@ -269,7 +269,7 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
     # Provisional predictions are for live displays; a run writes the final ones (told above).
     stream = opts.stream.with_settings(keyframe_interval=interval, provisional=False)
     opened = open_session(opts, device, stream)
-    width = DEMO_HW[1] if opts.demo else opts.image_size if opts.image_size is not None else opened.image_size
+    width = frame_width(opts, opened.image_size)
     try:
         config = {
             "input": input_key(opts.input) if not opts.demo else "demo", "model": opened.model_desc,

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..io.sources import FrameSource
     from .run import RunOptions
 
-__all__ = ["DEMO_HW", "check_input_apart_from_outputs", "input_files", "input_key", "open_input"]
+__all__ = ["DEMO_HW", "check_input_apart_from_outputs", "frame_width", "input_files", "input_key", "open_input"]
 
 DEMO_HW = (168, 294)  # the size the demo renders its frames at: the shipped small model's own
 
@@ -98,18 +98,24 @@ def _input_path(opts: RunOptions) -> Path | None:
     return path if path.exists() else None
 
 
+def frame_width(opts: RunOptions, model_width: int) -> int:
+    """The width a run's frames are preprocessed to: the demo's rendered width, else the
+    options' `image_size`, else ``model_width`` (the model's own)."""
+    if opts.demo:
+        return DEMO_HW[1]
+    return opts.image_size if opts.image_size is not None else model_width
+
+
 def open_input(opts: RunOptions) -> FrameSource:
     """The run's frames: its input opened, or the demo's frames rendered into OUT/input."""
     from ..checkpoint import DEFAULT_IMAGE_SIZE
     from ..io.sources import open_source
 
     # No width given: the official one until the model's own is known (`run` opens again then).
-    width = opts.image_size if opts.image_size is not None else DEFAULT_IMAGE_SIZE
+    width = frame_width(opts, DEFAULT_IMAGE_SIZE)
     kwargs = dict(mode=opts.preprocess, image_size=width, stride=opts.stride, first_k=opts.first_k, rotate=opts.rotate)
     if opts.demo:
-        folder = _demo_input(opts.out / "input", opts.demo_frames)
-        kwargs["image_size"] = DEMO_HW[1]  # the demo runs at its rendered size
-        return open_source(str(folder), **kwargs)
+        return open_source(str(_demo_input(opts.out / "input", opts.demo_frames)), **kwargs)
     if opts.input is None:
         raise ValueError("no input: give a folder, video, glob, webcam index or URL (or --demo)")
     return open_source(opts.input, fps=opts.fps, **kwargs)
