@@ -16,6 +16,12 @@ from .geometry import pixel_grid, project_points, unproject_depth
 
 __all__ = ["KeyframePolicy", "FixedInterval", "FlowKeyframes", "mean_flow", "make_policy"]
 
+AUTO_THRESHOLD = 20.0
+"""`keyframe_interval="auto"` stores a frame once its predicted image motion against the last
+keyframe exceeds this many pixels of a frame `AUTO_WIDTH` wide."""
+AUTO_WIDTH = 518
+"""The official model's frame width; frames run at another width have their motion rescaled."""
+
 
 class KeyframePolicy(ABC):
     needs_prediction: bool = False
@@ -71,14 +77,23 @@ def mean_flow(depth: torch.Tensor, K: torch.Tensor, T_world_cam: torch.Tensor, K
 class FlowKeyframes(KeyframePolicy):
     """Store a frame when its predicted image motion against the last keyframe exceeds
     `threshold` pixels, or when `max_gap` frames passed since the last keyframe; the first
-    frame after the scale phase is always stored. Needs no frame count."""
+    frame after the scale phase is always stored. Needs no frame count.
+
+    `width`: the frame width `threshold` is given at. The motion measured on a frame W pixels
+    wide is compared as `motion * width / W`, so that the same camera motion stores the same
+    frames whatever width the frames run at (a model trained at 294 pixels sees its frames
+    move 294/518 as many pixels as the official model does). None compares the frame's own
+    pixels, as the reference's `flow_threshold` does.
+    """
 
     needs_prediction = True
 
-    def __init__(self, threshold: float = 20.0, max_gap: int = 30, stride: int = 8) -> None:
+    def __init__(self, threshold: float = 20.0, max_gap: int = 30, stride: int = 8, width: int | None = None) -> None:
         if threshold <= 0 or max_gap < 1:
             raise ValueError("threshold must be > 0 and max_gap >= 1")
-        self.threshold, self.max_gap, self.stride = threshold, max_gap, stride
+        if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+            raise ValueError(f"width must be a positive number of pixels or None, got {width!r}")
+        self.threshold, self.max_gap, self.stride, self.width = threshold, max_gap, stride, width
         self.reset()
 
     def reset(self) -> None:
@@ -95,21 +110,25 @@ class FlowKeyframes(KeyframePolicy):
         self.last_flow = mean_flow(
             prediction.depth, prediction.K, prediction.T_world_cam, ref.K, ref.T_world_cam, self.stride
         )
+        if self.width is not None:
+            self.last_flow *= self.width / prediction.depth.shape[-1]
         return self.last_flow > self.threshold
 
     def stored(self, index: int, prediction) -> None:
         self._last, self._last_index = prediction, index
 
     def __repr__(self) -> str:
-        return f"FlowKeyframes(threshold={self.threshold}, max_gap={self.max_gap})"
+        at = "" if self.width is None else f", width={self.width}"
+        return f"FlowKeyframes(threshold={self.threshold}, max_gap={self.max_gap}{at})"
 
 
 def make_policy(keyframe_interval: int | str | KeyframePolicy) -> KeyframePolicy:
-    """An int -> FixedInterval; "auto" -> FlowKeyframes(); a policy is returned as is."""
+    """An int -> FixedInterval; "auto" -> `AUTO_THRESHOLD` pixels of motion at
+    `AUTO_WIDTH` (FlowKeyframes); a policy is returned as is."""
     if isinstance(keyframe_interval, KeyframePolicy):
         return keyframe_interval
     if keyframe_interval == "auto":
-        return FlowKeyframes()
+        return FlowKeyframes(AUTO_THRESHOLD, width=AUTO_WIDTH)
     if isinstance(keyframe_interval, int):
         return FixedInterval(keyframe_interval)
     raise ValueError(f"keyframe_interval must be an int, 'auto' or a KeyframePolicy, got {keyframe_interval!r}")
