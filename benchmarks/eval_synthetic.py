@@ -5,7 +5,8 @@
 
 Each seed's sequence comes from `mapstream.synthetic.render_sequence` (the public API; seeds
 below `mapstream.synthetic.FIRST_TRAINING_SEED`, which training never draws), written in
-the benchmark layout, reconstructed by `mapstream run` at its own width and scored by
+the benchmark layout, reconstructed by `mapstream run` (at the width its model records
+unless `--image-size` says otherwise, as a user's run) and scored by
 `mapstream eval` (Sim(3)-aligned ATE, pose AUC@30, median-scaled depth abs_rel and δ<1.25,
 and the fused point cloud's Chamfer distance and F1 within 5 cm).
 Prints one line a seed and the medians over the seeds, against issue 34's targets.
@@ -32,7 +33,8 @@ CLOUD = ("chamfer", "f1")
 
 
 def evaluate_seed(model: str, seed: int, frames: int, hw: tuple[int, int], folder: Path,
-                  arc: float, run_args: tuple[str, ...] = (), device: str = "cpu") -> dict:
+                  arc: float, run_args: tuple[str, ...] = (), device: str = "cpu",
+                  image_size: int | None = None) -> dict:
     import numpy as np
 
     from mapstream.synthetic import render_sequence, write_sequence
@@ -40,8 +42,9 @@ def evaluate_seed(model: str, seed: int, frames: int, hw: tuple[int, int], folde
     seq = render_sequence(frames, hw, seed=seed, arc=arc)
     scene = write_sequence(seq, folder / f"gt_{seed}", depth_format="npy")
     run = folder / f"run_{seed}"
+    width = () if image_size is None else ("--image-size", str(image_size))
     cmd = [sys.executable, "-m", "mapstream", "run", str(scene / "rgb"), "--out", str(run), "--model", model,
-           "--image-size", str(hw[1]), "--formats", "npz", "tum", "--quiet", "--no-resume", "--device", device, *run_args]
+           *width, "--formats", "npz", "tum", "--quiet", "--no-resume", "--device", device, *run_args]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     subprocess.run([sys.executable, "-m", "mapstream", "eval", str(run), "--gt", str(scene)],
                    check=True, capture_output=True, text=True)
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seeds", type=int, nargs="+", default=[101, 102, 103])
     ap.add_argument("--frames", type=int, default=24)
     ap.add_argument("--hw", type=int, nargs=2, default=(168, 294))
+    ap.add_argument("--image-size", type=int, help="the width `mapstream run` takes (default: the model's own)")
     ap.add_argument("--arc", type=float, default=1.0, help="radians travelled along the path (render_sequence)")
     ap.add_argument("--run-args", default="", help="further `mapstream run` flags, one string")
     ap.add_argument("--device", default="cpu", help="where `mapstream run` reconstructs (cpu, cuda)")
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     run_args = tuple(shlex.split(args.run_args))
     with tempfile.TemporaryDirectory() as tmp:
         rows = [evaluate_seed(args.model, s, args.frames, tuple(args.hw), Path(tmp), args.arc, run_args,
-                              args.device)
+                              args.device, args.image_size)
                 for s in args.seeds]
     for row in rows:
         print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
@@ -91,7 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
     met = {k: (medians[k] <= t if how == "max" else medians[k] >= t) for k, (t, how) in TARGETS.items()}
     print("median " + " ".join(f"{k} {medians[k]:.3f} ({'met' if met[k] else 'target ' + str(TARGETS[k][0])})"
                                for k in TARGETS) + " " + " ".join(f"{k} {medians[k]:.3f}" for k in CLOUD))
-    result = {"model": args.model, "frames": args.frames, "hw": list(args.hw), "arc": args.arc,
+    result = {"model": args.model, "frames": args.frames, "hw": list(args.hw), "image_size": args.image_size,
+              "arc": args.arc,
               "run_args": list(run_args), "device": args.device, "seeds": rows,
               "median": medians, "met": met}
     if args.out:

@@ -170,7 +170,7 @@ def test_eval_synthetic_scores_each_seed_through_run_and_eval_against_the_target
     out = tmp_path / "eval.json"
     module = _load("eval_synthetic")
     result = module.main(["--model", "tiny", "--seeds", "101", "104", "--frames", "4", "--hw", "42", "56",
-                          "--out", str(out)])
+                          "--image-size", "56", "--out", str(out)])
     assert json.loads(out.read_text()) == result
     assert [row["seed"] for row in result["seeds"]] == [101, 104]
     for row in result["seeds"]:
@@ -201,7 +201,7 @@ def test_eval_synthetic_refuses_seeds_of_the_training_scenes(capsys):
     assert f"[{FIRST_TRAINING_SEED + 3}]" in capsys.readouterr().err
 
 
-def test_eval_synthetic_passes_its_run_args_to_mapstream_run(tmp_path, monkeypatch):
+def test_eval_synthetic_passes_its_run_args_and_a_width_only_when_given_to_mapstream_run(tmp_path, monkeypatch):
     module = _load("eval_synthetic")
     commands = []
 
@@ -210,11 +210,15 @@ def test_eval_synthetic_passes_its_run_args_to_mapstream_run(tmp_path, monkeypat
         raise RuntimeError("stop after the first command")
 
     monkeypatch.setattr(module.subprocess, "run", record)
-    with pytest.raises(RuntimeError, match="stop after"):
-        module.main(["--model", "tiny", "--seeds", "101", "--frames", "3", "--hw", "28", "42",
-                     "--run-args", "--num-scale-frames 1 --sliding-window 4"])
-    (cmd,) = commands
-    assert cmd[2:4] == ["mapstream", "run"] and cmd[-4:] == ["--num-scale-frames", "1", "--sliding-window", "4"]
+    for width in ([], ["--image-size", "42"]):
+        with pytest.raises(RuntimeError, match="stop after"):
+            module.main(["--model", "tiny", "--seeds", "101", "--frames", "3", "--hw", "28", "42", *width,
+                         "--run-args", "--num-scale-frames 1 --sliding-window 4"])
+    own, given = commands
+    for cmd in (own, given):
+        assert cmd[2:4] == ["mapstream", "run"] and cmd[-4:] == ["--num-scale-frames", "1", "--sliding-window", "4"]
+    # Without --image-size the run takes the model's own width, as a user's run does.
+    assert "--image-size" not in own and given[given.index("--image-size") + 1] == "42"
 
 
 def test_score_variants_places_runs_by_their_mean_rank_over_the_four_metrics():
