@@ -58,9 +58,17 @@ def plot(metrics: Path | list[Path], target: Path) -> Path:
             val_ax.plot(val_step, [r[key] for r in validated], color=colour, marker=".", label=key)
         val_ax.set_ylabel("held-out error (°)")
         val_ax.grid(alpha=0.3)
-        val_ax.legend(fontsize=8)
+        val_ax.legend(fontsize=8, loc="upper left")
+        scored = [r for r in validated if "val_auc30" in r]  # runs from before it was recorded have none
+        if scored:
+            auc_ax = val_ax.twinx()
+            auc_ax.plot([r["step"] for r in scored], [r["val_auc30"] for r in scored], color="tab:red",
+                        marker=".", label="val_auc30")
+            auc_ax.set_ylabel("held-out AUC@30")
+            auc_ax.legend(fontsize=8, loc="upper right")
     for key, colour in (("loss", "black"), ("camera", "tab:blue"), ("camera_rotation", "tab:cyan"),
-                        ("camera_fov", "tab:purple"), ("depth", "tab:orange"), ("flow", "tab:red")):
+                        ("camera_fov", "tab:purple"), ("camera_pairs", "tab:pink"), ("depth", "tab:orange"),
+                        ("flow", "tab:red")):
         logged = [r for r in records if key in r]  # depth only on dense steps, flow only where weighed
         if not logged:
             continue

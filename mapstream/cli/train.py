@@ -45,6 +45,8 @@ class Train(TrainConfig):
     """Weight of the field-of-view part of the camera loss."""
     loss_camera_direction: float = LossWeights.camera_direction
     """Weight of the translation-direction part of the camera loss (1 - cos between predicted and true translation: a small motion's direction asked for as firmly as a large one's)."""
+    loss_camera_pairs: float = LossWeights.camera_pairs
+    """Weight of the pairwise direction part of the camera loss (1 - cos between predicted and true direction of every later frame's centre seen from each frame: what pose AUC scores besides rotation)."""
     loss_depth_alpha: float = LossWeights.depth_alpha
     """Weight of the depth confidence's -alpha log(conf) regulariser."""
     loss_depth_gradient: float = LossWeights.depth_gradient

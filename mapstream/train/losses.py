@@ -6,7 +6,8 @@ What each term is and where it comes from is written down in ``docs/TRAINING.md`
 * camera: a robust (Huber) distance between the predicted and the true pose encoding,
   translation, quaternion (up to its sign) and field of view separately, over every
   refinement iteration of the camera head with weight ``gamma ** (n - 1 - i)``, and
-  optionally ``1 - cos`` between predicted and true translation (its direction);
+  optionally ``1 - cos`` between predicted and true translation (its direction) and between
+  the predicted and true direction in which each frame sees every later one (pairs);
 * depth / points: ``conf * |r| + conf * |grad r| - alpha * log(conf)`` averaged over the
   valid pixels, ``r`` the residual and ``grad r`` its finite differences across the image;
 * placed points (optional): the distance between each valid pixel's true world point and
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mapstream.geometry import pose_encoding_to_extri_intri, unproject_depth
+from mapstream.geometry import pose_encoding_to_extri_intri, quat_to_mat, unproject_depth
 from mapstream.train.flow import patch_flow_targets
 from mapstream.train.normalize import gt_pose_encoding, normalize_clip, world_points
 
@@ -46,6 +47,7 @@ __all__ = [
     "depth_loss",
     "flow_loss",
     "huber",
+    "pair_directions",
     "placed_points_loss",
     "point_loss",
     "total_loss",
@@ -83,6 +85,13 @@ class LossWeights:
     angle between predicted and true translation, frames that moved only. Scale-free: it
     asks for the direction of a small motion as firmly as of a large one, where the
     translation part's Huber distance barely tells a small motion from none."""
+    camera_pairs: float = 0.0
+    """Weight of the pairwise direction part within the camera loss: for every pair of frames
+    ``i < j`` of a clip whose true centres differ, ``1 - cos`` of the angle between the
+    predicted and the true direction of frame j's centre in camera i's axes. Pose AUC scores
+    every pair by this angle (and the relative rotation); the direction part above scores
+    only the pairs of the first frame, and the translation part barely the near pairs, whose
+    relative motion is small."""
     depth_alpha: float = 0.2
     """Weight ``alpha`` of the depth confidence's ``-alpha * log(conf)`` regulariser."""
     depth_gradient: float = 1.0
@@ -165,6 +174,7 @@ def camera_loss(
     rotation_weight: float = 1.0,
     fov_weight: float = 0.5,
     direction_weight: float = 0.0,
+    pairs_weight: float = 0.0,
     mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Robust loss between predicted and true pose encodings, over the head's iterations.
@@ -177,7 +187,11 @@ def camera_loss(
       the unit-length ground truth);
     * field of view: mean of ``h`` over ``(fov_h, fov_w)``;
     * direction (computed when ``direction_weight`` > 0): ``1 - cos(t, t_gt)``, over the
-      frames whose true ``t`` is not 0 (a clip's first frame has none).
+      frames whose true ``t`` is not 0 (a clip's first frame has none);
+    * pairs (computed when ``pairs_weight`` > 0): ``1 - cos(d_ij, d_ij_gt)`` with
+      ``d_ij = R_i^T (t_j - t_i)`` (frame j's centre in camera i's axes, ``R_i`` the
+      rotation of ``q_i``), over the pairs ``i < j`` of frames in ``mask`` whose true centres
+      differ.
 
     Each part is averaged over the frames of a clip (those of ``mask``), then over the clips,
     and summed over iterations ``i = 0 .. n-1`` with weight ``gamma ** (n - 1 - i)``.
@@ -188,14 +202,15 @@ def camera_loss(
         gt: ``[B, S, 9]`` (:func:`mapstream.train.normalize.gt_pose_encoding`).
         gamma: iteration decay.
         delta: Huber width.
-        translation_weight, rotation_weight, fov_weight, direction_weight: the parts'
-            weights in the loss.
+        translation_weight, rotation_weight, fov_weight, direction_weight, pairs_weight: the
+            parts' weights in the loss.
         mask: ``[B, S]`` bool, the frames that count (all when None).
 
     Returns:
         ``(loss, parts)``, parts ``camera_translation``, ``camera_rotation``,
-        ``camera_fov`` and, with a direction weight, ``camera_direction`` (each summed over
-        iterations with the decay, before the parts' weights) and ``camera`` (= loss).
+        ``camera_fov`` and, with their weights, ``camera_direction`` and ``camera_pairs`` (each
+        summed over iterations with the decay, before the parts' weights) and ``camera`` (=
+        loss).
     """
     iterations = _check_iterations(pose_enc_list, gt)
     if mask is None:
@@ -205,8 +220,13 @@ def camera_loss(
     n = len(iterations)
     total_t = total_r = total_f = None
     total_d = gt.new_zeros(())
+    total_p = gt.new_zeros(())
     if direction_weight:
         moved = mask & (_norm(gt[..., 0:3]) > 1e-6)
+    if pairs_weight:
+        first, second = torch.triu_indices(gt.shape[1], gt.shape[1], 1, device=gt.device)
+        gt_pairs = pair_directions(gt, first, second)
+        apart = mask[:, first] & mask[:, second] & (_norm(gt_pairs) > 1e-6)
     for i, pred in enumerate(iterations):
         weight = gamma ** (n - 1 - i)
         diff = pred - gt
@@ -218,6 +238,9 @@ def camera_loss(
         if direction_weight:
             cos = F.cosine_similarity(pred[..., 0:3], gt[..., 0:3], dim=-1, eps=1e-8)
             total_d = total_d + weight * _masked_clip_mean(1 - cos, moved)
+        if pairs_weight:
+            cos = F.cosine_similarity(pair_directions(pred, first, second), gt_pairs, dim=-1, eps=1e-8)
+            total_p = total_p + weight * _masked_clip_mean(1 - cos, apart)
         if total_t is None:
             total_t, total_r, total_f = parts
         else:
@@ -231,8 +254,21 @@ def camera_loss(
     if direction_weight:
         loss = loss + direction_weight * total_d
         parts["camera_direction"] = total_d.detach()
+    if pairs_weight:
+        loss = loss + pairs_weight * total_p
+        parts["camera_pairs"] = total_p.detach()
     parts["camera"] = loss.detach()
     return loss, parts
+
+
+def pair_directions(pose_enc: Tensor, first: Tensor, second: Tensor) -> Tensor:
+    """``R_i^T (t_j - t_i)`` for the frame pairs ``(first[k], second[k])`` of ``pose_enc``
+    ``[B, S, 9]``: where frame j's centre lies in camera i's axes, ``[B, K, 3]`` (the relative
+    translation whose direction pose AUC scores)."""
+    R = quat_to_mat(pose_enc[..., 3:7])
+    t = pose_enc[..., 0:3]
+    offset = t[:, second] - t[:, first]
+    return (R[:, first].transpose(-1, -2) @ offset.unsqueeze(-1)).squeeze(-1)
 
 
 def _gradient_residual(r: Tensor, valid: Tensor) -> Tensor:
@@ -484,7 +520,8 @@ def total_loss(
             iterations, gt,
             gamma=weights.camera_gamma, delta=weights.camera_delta,
             translation_weight=weights.camera_translation, rotation_weight=weights.camera_rotation,
-            fov_weight=weights.camera_fov, direction_weight=weights.camera_direction, mask=has_scale,
+            fov_weight=weights.camera_fov, direction_weight=weights.camera_direction,
+            pairs_weight=weights.camera_pairs, mask=has_scale,
         )
         terms.append(weights.camera * loss)
         parts.update(camera_parts)

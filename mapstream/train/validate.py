@@ -10,6 +10,9 @@ the clip forward on them without gradients and returns, as ``val_*`` values:
   relative to the clip's first frame (frames after the first);
 * ``val_translation_deg``: the mean angle between predicted and true camera centres seen from
   the first frame (frames that moved);
+* ``val_auc30``: pose AUC@30 over every pair of frames of a clip (`mapstream eval`'s own
+  measure: relative rotation and translation direction both within the threshold), the
+  mean over the clips;
 * ``val_depth_abs_rel``: depth's mean |d - d_gt| / d_gt after scaling each frame's prediction
   by the ratio of medians, computed by `mapstream eval`'s own depth metrics.
 
@@ -27,14 +30,14 @@ import torch
 from torch import Tensor
 
 from ..eval.depth import depth_metrics
-from ..eval.trajectory import rotation_angle_deg
+from ..eval.trajectory import pose_auc, rotation_angle_deg
 from ..geometry import pose_encoding_to_extri_intri
 from .data import ProceduralClips
 from .flow import patch_flow_targets
 from .losses import LossWeights, flow_loss, total_loss
 from .normalize import gt_pose_encoding, normalize_clip, valid_mask
 
-__all__ = ["Validation", "camera_errors_deg", "depth_abs_rel"]
+__all__ = ["Validation", "camera_errors_deg", "depth_abs_rel", "pair_auc"]
 
 
 def camera_errors_deg(pred_pose_enc: Tensor, gt_pose_enc: Tensor, image_hw: tuple[int, int]) -> tuple[float, float]:
@@ -52,6 +55,15 @@ def camera_errors_deg(pred_pose_enc: Tensor, gt_pose_enc: Tensor, image_hw: tupl
     cos_t = torch.nn.functional.cosine_similarity(t_pred, t_gt, dim=-1, eps=1e-12).clamp(-1, 1)
     translation = torch.rad2deg(torch.arccos(cos_t))[moved].mean() if bool(moved.any()) else torch.tensor(math.nan)
     return float(rotation), float(translation)
+
+
+def pair_auc(pred_pose_enc: Tensor, gt_pose_enc: Tensor, image_hw: tuple[int, int], threshold: int = 30) -> float:
+    """Pose AUC at ``threshold`` degrees over every pair of frames of each clip (`mapstream
+    eval`'s `pose_auc`), the mean over the clips; encodings ``[B, S, 9]``, ``S >= 2``."""
+    pred_T, _ = pose_encoding_to_extri_intri(pred_pose_enc.double(), image_hw)
+    gt_T, _ = pose_encoding_to_extri_intri(gt_pose_enc.double(), image_hw)
+    pred_T, gt_T = pred_T.cpu().numpy(), gt_T.cpu().numpy()
+    return float(sum(pose_auc(p, g, thresholds=(threshold,)).auc[threshold] for p, g in zip(pred_T, gt_T)) / len(pred_T))
 
 
 def depth_abs_rel(pred: Tensor, gt: Tensor, valid: Tensor) -> float:
@@ -100,6 +112,8 @@ class Validation:
         values = {f"val_{name}": float(value) for name, value in parts.items()}
         rotation, translation = camera_errors_deg(pred["pose_enc"], self.gt_pose_enc, self.image_hw)
         values["val_rotation_deg"], values["val_translation_deg"] = rotation, translation
+        if self.gt_pose_enc.shape[1] >= 2:
+            values["val_auc30"] = pair_auc(pred["pose_enc"], self.gt_pose_enc, self.image_hw)
         values["val_depth_abs_rel"] = depth_abs_rel(pred["depth"][..., 0], self.batch["depth"], valid_mask(self.batch))
         return values
 

@@ -398,7 +398,8 @@ def test_plot_training_draws_a_runs_metrics(tmp_path):
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with metrics.open("a") as handle:  # validation records on some steps add the held-out panel
         handle.write(json.dumps({"step": 9, "loss": 0.1, "camera": 0.5, "camera_rotation": 0.2, "camera_fov": 0.1,
-                                 "depth": 0.3, "lr": 1e-4, "val_rotation_deg": 30.0, "val_translation_deg": 60.0}) + "\n")
+                                 "depth": 0.3, "lr": 1e-4, "val_rotation_deg": 30.0, "val_translation_deg": 60.0,
+                                 "val_auc30": 0.4, "camera_pairs": 0.2}) + "\n")
     with_val = _load("plot_training").plot(metrics, tmp_path / "curves_val.png")
     from PIL import Image
 

@@ -246,6 +246,57 @@ def test_the_direction_part_is_one_minus_the_cosine_over_frames_that_moved():
     assert torch.isfinite(pred.grad).all()
 
 
+def _yaw(encoding, degrees):
+    """``encoding``'s quaternion set to a turn of ``degrees`` about the camera's y axis."""
+    half = math.radians(degrees) / 2
+    encoding[3:7] = torch.tensor([0.0, math.sin(half), 0.0, math.cos(half)], dtype=F64)
+
+
+def test_the_pairs_part_scores_where_each_frame_sees_every_later_one():
+    gt = _identity_encoding(2, 3)
+    gt[0, 1, 0:3] = torch.tensor([1.0, 0.0, 0.0], dtype=F64)  # clip 0: frame 1 to the right,
+    gt[0, 2, 0:3] = torch.tensor([1.0, 0.0, 0.0], dtype=F64)  # frame 2 on frame 1's centre
+    gt[1, 1, 0:3] = torch.tensor([0.0, 0.0, 1.0], dtype=F64)  # clip 1: frame 1 ahead,
+    gt[1, 2, 0:3] = torch.tensor([0.0, 0.0, 2.0], dtype=F64)  # frame 2 further ahead
+    pred = gt.clone()
+    pred[0, 1, 0:3] = torch.tensor([1.0, 0.0, 1.0], dtype=F64)  # pair (0, 1) 45 degrees off
+    pred[0, 2, 0:3] = torch.tensor([3.0, 0.0, 0.0], dtype=F64)  # pair (0, 2) right, any length; (1, 2) no baseline
+    _yaw(pred[1, 0], 60.0)  # clip 1: camera 0 turned, so it sees frames 1 and 2 60 degrees off;
+    # pair (1, 2) is right
+    plain_loss, plain = camera_loss([pred], gt, delta=0.05)
+    loss, parts = camera_loss([pred], gt, delta=0.05, pairs_weight=0.5)
+    expected = ((1 - 1 / math.sqrt(2) + 0) / 2 + (0.5 + 0.5 + 0) / 3) / 2  # each clip's pairs, then the clips
+    assert parts["camera_pairs"].item() == pytest.approx(expected, abs=1e-12)
+    assert loss.item() == pytest.approx(plain_loss.item() + 0.5 * expected, abs=1e-12)
+    assert "camera_pairs" not in plain and parts["camera"].item() == loss.item()
+    # A frame left out of the mask leaves its pairs out: clip 1 without frame 0 has only (1, 2).
+    mask = torch.tensor([[True, True, True], [False, True, True]])
+    _, masked = camera_loss([pred], gt, pairs_weight=1.0, mask=mask)
+    assert masked["camera_pairs"].item() == pytest.approx(((1 - 1 / math.sqrt(2)) / 2 + 0) / 2, abs=1e-12)
+    pred.requires_grad_(True)
+    camera_loss([pred], gt, pairs_weight=1.0)[0].backward()
+    assert torch.isfinite(pred.grad).all() and pred.grad[1, 0, 3:7].abs().sum() > 0  # the turn is asked back
+
+
+def test_the_pairs_part_is_blind_to_where_the_whole_path_lies_and_its_scale():
+    g = torch.Generator().manual_seed(5)
+    gt = _identity_encoding(2, 6)
+    gt[..., 0:3] = torch.randn(2, 6, 3, generator=g, dtype=F64)
+    gt[..., 3:7] = torch.nn.functional.normalize(torch.randn(2, 6, 4, generator=g, dtype=F64), dim=-1)
+    # The whole path moved, turned and scaled: every pair's direction in its first camera is kept.
+    turn = quat_to_mat(torch.nn.functional.normalize(torch.randn(4, generator=g, dtype=F64), dim=0))
+    moved = gt.clone()
+    moved[..., 0:3] = 2.5 * gt[..., 0:3] @ turn.T + torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    T_gt, _ = pose_encoding_to_extri_intri(gt, (14, 28))
+    from mapstream.geometry import mat_to_quat
+
+    moved[..., 3:7] = mat_to_quat(turn @ T_gt[..., :3, :3])
+    _, parts = camera_loss([moved], gt, pairs_weight=1.0)
+    assert parts["camera_pairs"].item() == pytest.approx(0.0, abs=1e-12)
+    _, parts = camera_loss([moved], gt, direction_weight=1.0)  # the first frame's part is not: it sees world axes
+    assert parts["camera_direction"].item() > 0.1
+
+
 def test_the_camera_mask_leaves_frames_and_clips_out():
     gt = _identity_encoding(2, 2)
     pred = gt.clone()

@@ -96,8 +96,9 @@ def test_a_yaml_file_sets_options_and_flags_override_it(tmp_path):
     # A flag given with its default value still overrides the file.
     config = parse_train([f"--config={path}", "--precision", "fp32", "--loss-camera", "1.25"]).train_config()
     assert (config.precision, config.loss.camera, config.lr) == ("fp32", 1.25, 0.001)
-    every_loss_flag = parse_train(["--loss-camera-direction", "0.5", "--loss-flow", "2"]).train_config().loss
-    assert (every_loss_flag.camera_direction, every_loss_flag.flow) == (0.5, 2.0)
+    every_loss_flag = parse_train(["--loss-camera-direction", "0.5", "--loss-camera-pairs", "0.25",
+                                   "--loss-flow", "2"]).train_config().loss
+    assert (every_loss_flag.camera_direction, every_loss_flag.camera_pairs, every_loss_flag.flow) == (0.5, 0.25, 2.0)
     assert load_config(path).lr == 0.001
     path.write_text("frams: 3\n")
     with pytest.raises(ValueError, match="unknown keys"):

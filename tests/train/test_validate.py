@@ -12,7 +12,7 @@ from mapstream.geometry import extri_intri_to_pose_encoding, quat_to_mat
 from mapstream.train.config import TrainConfig
 from mapstream.train.data import ProceduralClips, seed_split
 from mapstream.train.trainer import train
-from mapstream.train.validate import Validation, camera_errors_deg, depth_abs_rel
+from mapstream.train.validate import Validation, camera_errors_deg, depth_abs_rel, pair_auc
 
 HW = (28, 42)
 
@@ -45,6 +45,18 @@ def test_camera_errors_are_the_angles_between_rotations_and_between_centres():
     assert math.isnan(camera_errors_deg(still, still, HW)[1])
 
 
+def test_pair_auc_is_eval_s_pose_auc_over_each_clip_s_pairs_averaged_over_the_clips():
+    truth = _encode(_poses([0, 10, 20], [(0, 0, 0), (1, 0, 0), (2, 0, 1)]))
+    assert pair_auc(truth, truth, HW) == pytest.approx(1.0)
+    # Frame 2's centre moved: seen 63 degrees off from frames 0 and 1, so the pairs (0, 2) and
+    # (1, 2) fail every threshold up to 30 degrees and the pair (0, 1), exact, passes them all.
+    off = _encode(_poses([0, 10, 20], [(0, 0, 0), (1, 0, 0), (2 - 2.0, 0, 1 + 2.0)]))
+    one_clip = pair_auc(off, truth, HW)
+    assert one_clip == pytest.approx(1 / 3, abs=1e-9)
+    both = torch.cat((truth, off))
+    assert pair_auc(both, torch.cat((truth, truth)), HW) == pytest.approx((1 + 1 / 3) / 2, abs=1e-9)
+
+
 def test_depth_abs_rel_scales_each_frame_by_its_medians_and_skips_empty_frames():
     gt = torch.tensor([[[[1.0, 2.0], [4.0, 8.0]], [[1.0, 1.0], [1.0, 1.0]]]])  # [1, 2, 2, 2]
     valid = torch.ones_like(gt, dtype=torch.bool)
@@ -71,6 +83,7 @@ def test_validation_scores_held_out_clips_and_leaves_the_training_mode(tmp_path)
     assert values["val_rotation_deg"] == pytest.approx(0.0, abs=1e-4)
     assert values["val_translation_deg"] == pytest.approx(0.0, abs=1e-3)
     assert values["val_depth_abs_rel"] == pytest.approx(0.0, abs=1e-6)
+    assert values["val_auc30"] == pytest.approx(1.0)
     assert values["val_camera"] == pytest.approx(0.0, abs=1e-9) and values["val_depth"] > 0
     assert set(values) >= {"val_loss", "val_camera_rotation", "val_depth_gradient"}
 
