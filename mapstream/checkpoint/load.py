@@ -25,6 +25,7 @@ from .report import CheckpointError, LoadReport, compare_keys
 
 log = logging.getLogger(__name__)
 
+# Keyword arguments of GCTStream itself (not configuration overrides).
 _MODEL_KWARGS = ("backend", "num_frame_for_scale", "compile")
 
 
