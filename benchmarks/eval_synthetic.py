@@ -96,8 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("median " + " ".join(f"{k} {medians[k]:.3f} ({'met' if met[k] else 'target ' + str(TARGETS[k][0])})"
                                for k in TARGETS) + " " + " ".join(f"{k} {medians[k]:.3f}" for k in CLOUD))
     result = {"model": args.model, "frames": args.frames, "hw": list(args.hw), "image_size": args.image_size,
-              "arc": args.arc,
-              "run_args": list(run_args), "device": args.device, "seeds": rows,
+              "arc": args.arc, "run_args": list(run_args), "device": args.device, "seeds": rows,
               "median": medians, "met": met}
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
