@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mapstream.geometry import invert_se3, pose_encoding_to_extri_intri, quat_to_mat
+from mapstream.geometry import invert_se3, mat_to_quat, pose_encoding_to_extri_intri, quat_to_mat
 from mapstream.train.losses import (
     LossWeights,
     camera_loss,
@@ -288,8 +288,6 @@ def test_the_pairs_part_is_blind_to_where_the_whole_path_lies_and_its_scale():
     moved = gt.clone()
     moved[..., 0:3] = 2.5 * gt[..., 0:3] @ turn.T + torch.tensor([1.0, -2.0, 0.5], dtype=F64)
     T_gt, _ = pose_encoding_to_extri_intri(gt, (14, 28))
-    from mapstream.geometry import mat_to_quat
-
     moved[..., 3:7] = mat_to_quat(turn @ T_gt[..., :3, :3])
     _, parts = camera_loss([moved], gt, pairs_weight=1.0)
     assert parts["camera_pairs"].item() == pytest.approx(0.0, abs=1e-12)
