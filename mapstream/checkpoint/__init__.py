@@ -30,18 +30,21 @@ from .convert import convert_checkpoint, convert_main, default_converted_path
 from .files import (
     DEFAULT_IMAGE_SIZE,
     IMAGE_SIZE_KEY,
+    TRAINED_VIEWS_KEY,
     checkpoint_filter_fn,
     read_state_dict,
     recorded_image_size,
+    recorded_trained_views,
     resolve_checkpoint,
 )
-from .load import load_model, model_image_size
+from .load import load_model, model_image_size, model_trained_views
 from .report import CheckpointError, LoadReport, compare_keys
 
 __all__ = [
     "DEFAULT_FILENAME",
     "DEFAULT_IMAGE_SIZE",
     "IMAGE_SIZE_KEY",
+    "TRAINED_VIEWS_KEY",
     "CheckpointError",
     "LoadReport",
     "checkpoint_filter_fn",
@@ -51,7 +54,9 @@ __all__ = [
     "default_converted_path",
     "load_model",
     "model_image_size",
+    "model_trained_views",
     "read_state_dict",
     "recorded_image_size",
+    "recorded_trained_views",
     "resolve_checkpoint",
 ]

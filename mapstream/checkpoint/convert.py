@@ -6,7 +6,14 @@ import os
 from pathlib import Path
 
 from ..hub import DEFAULT_FILENAME
-from .files import IMAGE_SIZE_KEY, read_state_dict, recorded_image_size, resolve_checkpoint
+from .files import (
+    IMAGE_SIZE_KEY,
+    TRAINED_VIEWS_KEY,
+    read_state_dict,
+    recorded_image_size,
+    recorded_trained_views,
+    resolve_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +50,11 @@ def convert_checkpoint(
         "tensors": str(len(state_dict)),
         "parameters": str(sum(t.numel() for t in state_dict.values())),
     }
-    if (width := recorded_image_size(path)) is not None:  # the weights' own width travels with them
+    # What the weights record of their training travels with them.
+    if (width := recorded_image_size(path)) is not None:
         metadata[IMAGE_SIZE_KEY] = str(width)
+    if (views := recorded_trained_views(path)) is not None:
+        metadata[TRAINED_VIEWS_KEY] = str(views)
     as_folder = os.fspath(dst).endswith(("/", os.sep))  # "out/": a folder, made if missing
     dst = Path(dst).expanduser()
     if dst.is_dir() or as_folder:

@@ -24,6 +24,10 @@ IMAGE_SIZE_KEY = "image_size"
 """A safetensors file's metadata entry: the frame width (pixels) its weights were trained at."""
 DEFAULT_IMAGE_SIZE = 518
 """The official weights' frame width, taken for any checkpoint that records none."""
+TRAINED_VIEWS_KEY = "trained_views"
+"""A safetensors file's metadata entry: the most frames one clip of its weights' training held
+(mapstream's training forward keeps every frame of a clip in view: past this many, a stream's
+cache holds more than the weights learned to use)."""
 
 # Keys under these top-level entries of a training checkpoint are the model's weights.
 _WRAPPER_KEYS = ("model", "state_dict")
@@ -204,6 +208,19 @@ def recorded_image_size(path: str | os.PathLike) -> int | None:
     """The frame width a checkpoint file's metadata records its weights were trained at, or
     None (a `.pt` file, or a safetensors file without the record). CheckpointError for an
     unreadable file or a record that is not a width."""
+    return _recorded_count(path, IMAGE_SIZE_KEY, "a width in pixels")
+
+
+def recorded_trained_views(path: str | os.PathLike) -> int | None:
+    """The most frames one training clip of a checkpoint file's weights held, as its metadata
+    records (`TRAINED_VIEWS_KEY`), or None (a `.pt` file, or a safetensors file without the
+    record: the official checkpoints). CheckpointError for an unreadable file or a record that
+    is not a count."""
+    return _recorded_count(path, TRAINED_VIEWS_KEY, "a count of frames")
+
+
+def _recorded_count(path: str | os.PathLike, key: str, what: str) -> int | None:
+    """A positive integer a safetensors file's metadata records under ``key``, or None."""
     path = Path(path)
     if not is_safetensors(path):
         return None
@@ -211,14 +228,14 @@ def recorded_image_size(path: str | os.PathLike) -> int | None:
 
     try:
         with safe_open(str(path), "pt", device="cpu") as handle:
-            value = (handle.metadata() or {}).get(IMAGE_SIZE_KEY)
+            value = (handle.metadata() or {}).get(key)
     except Exception as exc:  # a damaged header
         raise CheckpointError(_unreadable(path, exc)) from exc
     if value is None:
         return None
     if not value.isdigit() or int(value) < 1:
-        raise CheckpointError(f"{path} records {IMAGE_SIZE_KEY}={value!r} in its metadata, which is not a width in "
-                              "pixels; write the file again with a positive integer there, or without the entry")
+        raise CheckpointError(f"{path} records {key}={value!r} in its metadata, which is not {what}; "
+                              "write the file again with a positive integer there, or without the entry")
     return int(value)
 
 

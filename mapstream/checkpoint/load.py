@@ -19,6 +19,7 @@ from .files import (
     is_torch_zip,
     read_state_dict,
     recorded_image_size,
+    recorded_trained_views,
     resolve_checkpoint,
 )
 from .report import CheckpointError, LoadReport, compare_keys
@@ -198,7 +199,7 @@ def load_model(
 
     start = time.perf_counter()
     path = resolve_checkpoint(source, filename=filename, revision=revision, cache_dir=cache_dir)
-    image_size = recorded_image_size(path)
+    image_size, trained_views = recorded_image_size(path), recorded_trained_views(path)
     state_dict = read_state_dict(path, trust_pickle=trust_pickle)
     if enable_point == "auto":
         enable_point = any(k.startswith("point_head.") for k in state_dict)
@@ -209,7 +210,7 @@ def load_model(
     del state_dict
     model.to(device=device, dtype=dtype or torch.float32)
     _detach_from_file(model, mapped)
-    report.image_size = image_size
+    report.image_size, report.trained_views = image_size, trained_views
     model.load_report = report
     log.info(
         "loaded %d of %d tensors from %s in %.1f s", report.loaded, report.model_keys, path, time.perf_counter() - start
@@ -225,3 +226,11 @@ def model_image_size(model: torch.nn.Module) -> int:
     return recorded if recorded is not None else DEFAULT_IMAGE_SIZE
 
 
+
+
+def model_trained_views(model: torch.nn.Module) -> int | None:
+    """The most frames one training clip of ``model``'s weights held, as its checkpoint records
+    (`LoadReport.trained_views`); None for weights that record none (the official ones, a
+    built model)."""
+    report = getattr(model, "load_report", None)
+    return report.trained_views if isinstance(report, LoadReport) else None

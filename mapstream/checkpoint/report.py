@@ -41,6 +41,9 @@ class LoadReport:
     image_size: int | None = None
     """The frame width the checkpoint records its weights were trained at (`IMAGE_SIZE_KEY`),
     None when it records none (the official checkpoints: trained at `DEFAULT_IMAGE_SIZE`)."""
+    trained_views: int | None = None
+    """The most frames one training clip held, as the checkpoint records (`TRAINED_VIEWS_KEY`);
+    None when it records none (the official checkpoints)."""
 
     @property
     def ok(self) -> bool:

@@ -646,3 +646,27 @@ def test_the_width_a_file_records_its_weights_were_trained_at_travels_with_them(
         save_file(dict(ref), str(tmp_path / "bad.safetensors"), metadata={"image_size": bad})
         with pytest.raises(CheckpointError, match=f"image_size={bad!r}.*not a width in pixels"):
             load_model(tmp_path / "bad.safetensors", preset="tiny")
+
+
+def test_the_clip_length_a_file_records_its_weights_were_trained_on_travels_with_them(tmp_path, ref, pt_file):
+    """A safetensors file may record the most frames one training clip held (mapstream train's
+    exports do): `load_model` reports it, conversion keeps it; a file without the record, any
+    .pt file and a built model report None; a record that is not a count is refused."""
+    from mapstream.checkpoint import model_trained_views, recorded_trained_views
+
+    recorded = tmp_path / "v48.safetensors"
+    save_file(dict(ref), str(recorded), metadata={"trained_views": "48", "image_size": "294"})
+    model = load_model(recorded, preset="tiny")
+    assert recorded_trained_views(recorded) == 48 == model.load_report.trained_views == model_trained_views(model)
+    assert model.load_report.image_size == 294
+    converted = convert_checkpoint(recorded, tmp_path / "converted.safetensors")
+    assert recorded_trained_views(converted) == 48
+    plain = tmp_path / "plain.safetensors"
+    save_file(dict(ref), str(plain))
+    for path in (plain, pt_file):
+        assert recorded_trained_views(path) is None and model_trained_views(load_model(path, preset="tiny")) is None
+    assert model_trained_views(mapstream.build_model("tiny")) is None
+    for bad in ("many", "0", "-8", "4.5"):
+        save_file(dict(ref), str(tmp_path / "bad.safetensors"), metadata={"trained_views": bad})
+        with pytest.raises(CheckpointError, match=f"trained_views={bad!r}.*not a count of frames"):
+            load_model(tmp_path / "bad.safetensors", preset="tiny")
