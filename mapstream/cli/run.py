@@ -51,8 +51,8 @@ class Run:
     """Checkpoint path, folder, Hugging Face repo id (built as the preset its keys and shapes fit), "small" (mapstream's own shipped model) or "tiny" (untrained, for tests)."""
     checkpoint_file: str = "lingbot-map-long.pt"
     """File inside the repo/folder given by --model."""
-    mode: Literal["streaming", "windowed"] = "streaming"
-    """streaming: one cache over the whole input; windowed: overlapping windows joined by Sim(3) (docs/WINDOWED.md)."""
+    mode: Literal["auto", "streaming", "windowed"] = "auto"
+    """streaming: one cache over the whole input; windowed: overlapping windows joined by Sim(3) (docs/WINDOWED.md); auto: windows as long as the model's training clips when its weights record them (mapstream's own: 48 frames for the small model) and the input may be longer (unless --keyframe-interval is given), else streaming (docs/RUN.md)."""
     frames: Annotated[InputFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=InputFlags)
     stream: Annotated[StreamFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=StreamFlags)
     """The stream's settings (mapstream.StreamConfig): scale frames, what the cache keeps, keyframes,

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from ..checkpoint import DEFAULT_IMAGE_SIZE
-from ..config import StreamConfig
 from ..pipeline.run import OpenedSession, RunOptions, RunSummary, run
+from ..pipeline.stream_plan import plan_stream
 from .connection import Client, RemoteSession
 from .events import Event, Result, ServiceError
 
@@ -59,14 +59,19 @@ class _RunSession:
 def remote_session_opener(url: str, *, token: str | None = None, encoding: str = "png"):
     """``open_session`` for `mapstream.pipeline.run`: a session of the server at ``url``."""
 
-    def open_session(opts: RunOptions, device: torch.device, stream: StreamConfig) -> OpenedSession:
-        settings = {name: getattr(stream, name) for name in RUN_SETTINGS}
+    def open_session(opts: RunOptions, device: torch.device, length: int | None) -> OpenedSession:
+        if opts.mode == "windowed":
+            raise ValueError("a server's sessions stream through one cache: run --mode windowed with a local model")
+        # The server's model is known only once the session is open: the reference's plan.
+        plan = plan_stream("streaming", opts.stream, length, None)
+        settings = {name: getattr(plan.stream, name) for name in RUN_SETTINGS}
         remote = Client(url, token=token).open_session(settings=settings, depth=True, confidence=True,
                                                        dtype="float32")
         info: dict[str, Any] = remote.info
         # A server that does not say its model's width serves the official one's.
-        return OpenedSession(_RunSession(remote, encoding), info["model"], list(info["warnings"]), info["precision"],
-                             info["heads_precision"], info["camera_iterations"], where=url,
+        return OpenedSession(_RunSession(remote, encoding), plan.mode, plan.stream, info["model"],
+                             list(info["warnings"]), info["precision"], info["heads_precision"],
+                             info["camera_iterations"], where=url,
                              image_size=info.get("image_size", DEFAULT_IMAGE_SIZE))
 
     return open_session

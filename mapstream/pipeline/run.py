@@ -10,7 +10,6 @@ and this one does not write again).
 from __future__ import annotations
 
 import logging
-import math
 import resource
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import DEFAULT_IMAGE_SIZE, model_image_size
+from ..checkpoint import DEFAULT_IMAGE_SIZE, model_image_size, model_trained_views
 from ..config import StreamConfig
 from ..device import resolve_device
 from ..export import ALL_FORMATS, CloudOptions, check_formats, export_all, runtime_versions
@@ -33,12 +32,12 @@ from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 from .run_folder import RunFolder
 from .run_input import check_input_apart_from_outputs, frame_width, input_files, input_key, open_input
 from .run_stream import Streamed, stream_frames
+from .stream_plan import MODES, plan_stream
 
 __all__ = ["OpenedSession", "RunOptions", "RunSummary", "check_input", "check_options", "run"]
 
 log = logging.getLogger(__name__)
 
-TRAINED_VIEWS = 320  # the reference's rule: keyframe interval ceil(N / 320) for long inputs
 # Run settings that older run folders did not record, with the value those runs used.
 _RECORDED_LATER = {
     "rotate": 0, "overlap_keyframes": None, "cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024,
@@ -52,7 +51,7 @@ class RunOptions:
     out: Path
     model: str = DEFAULT_REPO
     checkpoint_file: str = DEFAULT_CHECKPOINT
-    mode: str = "streaming"
+    mode: str = "auto"  # "auto", "streaming" or "windowed" (`mapstream.pipeline.stream_plan`)
     image_size: int | None = None  # frame width; None: the model's own (`mapstream.checkpoint.model_image_size`)
     preprocess: str = "crop"
     rotate: int = 0  # degrees clockwise, applied to every frame before preprocessing
@@ -109,10 +108,10 @@ def check_options(opts: RunOptions) -> None:
         raise ValueError(f"--demo renders its own frames and reads no input: give the input {opts.input} or --demo, "
                          "not both")
     check_input_apart_from_outputs(opts)
-    if opts.mode not in ("streaming", "windowed"):
-        raise ValueError(f"mode must be 'streaming' or 'windowed', got {opts.mode!r}")
-    if opts.mode == "windowed":
-        check_window_options(opts.stream)
+    if opts.mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {opts.mode!r}")
+    if opts.mode == "windowed" or opts.mode == "auto" and opts.stream.keyframe_interval is None:
+        check_window_options(opts.stream)  # "auto" may run windows (`plan_stream`)
 
 
 def check_input(opts: RunOptions) -> None:
@@ -125,8 +124,9 @@ def check_input(opts: RunOptions) -> None:
 
 # Options that only some runs read, with the condition under which they are read.
 _ONLY_WHEN = {
-    "window_size": ("windowed", "--mode windowed"), "overlap": ("windowed", "--mode windowed"),
-    "overlap_keyframes": ("windowed", "--mode windowed"), "shared_from": ("windowed", "--mode windowed"),
+    "window_size": ("windowed", "--mode windowed (--mode auto's windows are as long as the model's training clips)"),
+    "overlap": ("windows", "--mode windowed or auto"), "overlap_keyframes": ("windows", "--mode windowed or auto"),
+    "shared_from": ("windows", "--mode windowed or auto"),
     "sky_model": ("sky_mask", "--sky-mask"), "image_size": ("input", "an input (--demo renders its own size)"),
 }
 
@@ -137,7 +137,8 @@ def _unused_options(opts: RunOptions) -> list[str]:
     defaults, stream_defaults = RunOptions(input=None, out=Path()), StreamConfig()
     unused = []
     for name, (needs, what) in _ONLY_WHEN.items():
-        read = {"windowed": opts.mode == "windowed", "sky_mask": opts.sky_mask, "input": not opts.demo}[needs]
+        read = {"windowed": opts.mode == "windowed", "windows": opts.mode != "streaming", "sky_mask": opts.sky_mask,
+                "input": not opts.demo}[needs]
         given, default = (
             (getattr(opts.stream, name), getattr(stream_defaults, name)) if hasattr(stream_defaults, name)
             else (getattr(opts, name), getattr(defaults, name))
@@ -147,15 +148,6 @@ def _unused_options(opts: RunOptions) -> list[str]:
     if opts.stream.provisional:
         unused.append("provisional=True has no effect in a run (its outputs are the final predictions)")
     return unused
-
-
-def _keyframe_interval(opts: RunOptions, length: int | None):
-    if opts.stream.keyframe_interval is not None:
-        return opts.stream.keyframe_interval
-    if length is None:
-        return "auto" if opts.mode == "streaming" else 1
-    # Keep the stored frames within the views the model was trained on (reference rule).
-    return max(1, math.ceil(length / TRAINED_VIEWS)) if opts.mode == "streaming" else 1
 
 
 def _as_recorded_today(config: dict) -> dict:
@@ -171,7 +163,7 @@ def _as_recorded_today(config: dict) -> dict:
 def run(
     opts: RunOptions, *, progress: bool | None = None,
     on_frame: Callable[[FramePrediction, torch.Tensor, int], None] | None = None,
-    open_session: Callable[[RunOptions, torch.device, StreamConfig], OpenedSession] | None = None,
+    open_session: Callable[[RunOptions, torch.device, int | None], OpenedSession] | None = None,
     on_model: Callable[[str, list[str]], None] | None = None,
 ) -> RunSummary:
     """Run the whole job; see the module docstring. Returns what was done and where.
@@ -180,8 +172,9 @@ def run(
         frames when resuming), its input frame ([3, H, W] in [0, 1]) and its index in the
         sequence, as soon as the frame is stored (e.g. :meth:`mapstream.viewer.LiveView.add`).
     open_session: where the frames are predicted, given the options, the device and the
-        stream's settings (default: a `Session` of the model the options name, here; `mapstream
-        stream` gives a session of a server).
+        input's length (None: unknown), which plans the stream (`plan_stream`; default: a
+        `Session` or `WindowedSession` of the model the options name, here; `mapstream stream`
+        gives a session of a server).
     on_model: called once the model is open, before the first frame, with its description and
         warnings as run.json records them (e.g. a live view tells a fallback to other weights).
     """
@@ -220,6 +213,8 @@ class OpenedSession:
     `Session`'s), the model's description and warnings, and the settings the run records."""
 
     session: Any
+    mode: str  # "streaming" or "windowed", as planned
+    stream: StreamConfig  # the session's settings, as planned
     model_desc: str
     warnings: list[str]
     precision: str
@@ -244,40 +239,44 @@ class _Job:
     where: str | None = None
 
 
-def _local_session(opts: RunOptions, device: torch.device, stream: StreamConfig) -> OpenedSession:
-    """The model the options name, loaded and cast, and a session of it on ``stream``."""
+def _local_session(opts: RunOptions, device: torch.device, length: int | None) -> OpenedSession:
+    """The model the options name, loaded and cast, and a session of it as `plan_stream`
+    plans for an input of ``length`` frames."""
     model, model_desc, warnings = resolve_model(
         opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.stream.backend,
         camera_num_iterations=opts.camera_iterations, compile=opts.compile,
     )
-    precision = resolve_precision(stream.precision, device)
+    plan = plan_stream(opts.mode, opts.stream, length, model_trained_views(model))
+    if plan.reason:
+        log.info("%s", plan.reason)
+    precision = resolve_precision(plan.stream.precision, device)
     if precision in ("bf16", "fp16"):
         model.cast_for_inference(precision, heads=opts.low_precision_heads)
-    stream = stream.with_settings(precision=precision)
-    if opts.mode == "windowed":
+    stream = plan.stream.with_settings(precision=precision)
+    if plan.mode == "windowed":
         session = WindowedSession(model, stream, output_device="cpu")
-    else:  # "streaming" (`check_options` took no other mode)
+    else:
         session = Session(model, stream, output_device="cpu")
-    return OpenedSession(session, model_desc, warnings, precision, str(model.head_dtype).removeprefix("torch."),
-                         opts.camera_iterations, image_size=model_image_size(model))
+    return OpenedSession(session, plan.mode, stream, model_desc, warnings, precision,
+                         str(model.head_dtype).removeprefix("torch."), opts.camera_iterations,
+                         image_size=model_image_size(model))
 
 
 def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, open_session) -> _Job:
     """Open the run's session (``open_session``) and its frame store (with the frames an
     earlier run of the same settings finished)."""
-    interval = _keyframe_interval(opts, source.expected_length)
-    # Provisional predictions are for live displays; a run writes the final ones (told above).
-    stream = opts.stream.with_settings(keyframe_interval=interval, provisional=False)
-    opened = open_session(opts, device, stream)
+    opened = open_session(opts, device, source.expected_length)
+    stream, mode = opened.stream, opened.mode
     width = frame_width(opts, opened.image_size)
     try:
         config = {
             "input": input_key(opts.input) if not opts.demo else "demo", "model": opened.model_desc,
-            "mode": opts.mode, "image_size": width,
+            "mode": mode, "image_size": width,
             "preprocess": opts.preprocess, "rotate": opts.rotate, "fps": opts.fps, "stride": opts.stride,
-            "first_k": opts.first_k, "num_scale_frames": stream.num_scale_frames, "keyframe_interval": interval,
+            "first_k": opts.first_k, "num_scale_frames": stream.num_scale_frames,
+            "keyframe_interval": stream.keyframe_interval,
             "window_size": stream.window_size, "overlap": stream.overlap, "overlap_keyframes": stream.overlap_keyframes,
-            "shared_from": stream.shared_from if opts.mode == "windowed" else None,
+            "shared_from": stream.shared_from if mode == "windowed" else None,
             "precision": opened.precision,
             "cache_scale_frames": stream.anchor_frames, "sliding_window": stream.sliding_window,
             "trajectory_capacity": stream.trajectory_capacity,

@@ -483,21 +483,6 @@ def test_no_input_is_told_what_to_give(tmp_path, capsys):
     assert "no input: give a folder, video, glob, webcam index or URL (or --demo)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("mode, length, given, expected", [
-    ("streaming", 320, None, 1), ("streaming", 321, None, 2), ("streaming", 1000, None, 4),
-    ("streaming", None, None, "auto"), ("windowed", 1000, None, 1), ("windowed", None, None, 1),
-    ("streaming", 1000, 3, 3), ("streaming", None, "auto", "auto"),
-])
-def test_an_unset_keyframe_interval_keeps_the_stored_frames_within_the_trained_views(tmp_path, mode, length, given, expected):
-    """The reference demo's rule, ceil(N / 320) for N frames; motion-based keyframes for a live
-    input of unknown length; windowed runs store every frame of their windows."""
-    from mapstream.config import StreamConfig
-    from mapstream.pipeline.run import RunOptions, _keyframe_interval
-
-    opts = RunOptions(input="x", out=tmp_path, mode=mode, stream=StreamConfig(keyframe_interval=given))
-    assert _keyframe_interval(opts, length) == expected
-
-
 def test_the_command_line_tells_its_version(capsys):
     import mapstream
 
@@ -893,12 +878,12 @@ def test_provisional_predictions_are_told_to_have_no_effect_and_the_run_writes_t
     np.testing.assert_array_equal(outputs[True], outputs[False])
 
 
-def _tiny_file_recording_width(path: Path, width: str | None) -> Path:
+def _tiny_file_recording_width(path: Path, width: str | None, **records: str) -> Path:
     import mapstream
     from safetensors.torch import save_file
 
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny"))
-    metadata = {"preset": "tiny"} if width is None else {"preset": "tiny", "image_size": width}
+    metadata = {"preset": "tiny", **records} if width is None else {"preset": "tiny", "image_size": width, **records}
     save_file(dict(model.state_dict()), str(path), metadata=metadata)
     return path
 
@@ -922,3 +907,33 @@ def test_a_run_that_gives_no_width_takes_the_one_its_weights_record(tmp_path, ca
     assert main([*base[:3], str(plain), *base[4:], "--out", str(tmp_path / "plain"), "--first-k", "2"]) == 0
     assert json.loads((tmp_path / "plain" / "run.json").read_text())["config"]["image_size"] == 518
     capsys.readouterr()
+
+
+def test_a_run_of_weights_that_record_their_clip_length_windows_longer_inputs(tmp_path, caplog):
+    """Weights that record the most frames one training clip held (5 here) run an input of more
+    frames in windows of that many stored frames (`--mode auto`, the default), exactly as
+    `--mode windowed --window-size 5` runs it; an input within it streams through one cache, as
+    `--mode streaming`; `--mode streaming` on the longer input stores every ceil(8 / 5)-th
+    frame. run.json records the mode and settings the run used."""
+    frames = photos(tmp_path, n=8)
+    weights = _tiny_file_recording_width(tmp_path / "v5.safetensors", None, trained_views="5")
+    base = ["run", str(frames), "--model", str(weights), "--num-scale-frames", "2", "--overlap", "2", "--quiet",
+            "--formats", "npz", "--image-size", "70"]
+
+    def ran(name, *flags):
+        assert main([*base, "--out", str(tmp_path / name), *flags]) == 0
+        config = json.loads((tmp_path / name / "run.json").read_text())["config"]
+        return config, np.load(tmp_path / name / "predictions.npz")["pose_enc"]
+
+    with caplog.at_level(logging.INFO, logger="mapstream.pipeline.run"):
+        config, auto = ran("auto")
+    assert "clips of at most 5 frames and the input has 8: windows of 5 stored frames" in caplog.text
+    assert (config["mode"], config["window_size"], config["keyframe_interval"]) == ("windowed", 5, 1)
+    config, windowed = ran("windowed", "--mode", "windowed", "--window-size", "5")
+    assert (config["mode"], config["window_size"]) == ("windowed", 5)
+    np.testing.assert_array_equal(auto, windowed)
+    config, short = ran("short", "--first-k", "5")
+    assert (config["mode"], config["keyframe_interval"], len(short)) == ("streaming", 1, 5)
+    np.testing.assert_array_equal(short, ran("short_streaming", "--first-k", "5", "--mode", "streaming")[1])
+    config, _ = ran("streaming", "--mode", "streaming")
+    assert (config["mode"], config["keyframe_interval"]) == ("streaming", 2)
