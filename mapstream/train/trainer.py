@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checkpoint import IMAGE_SIZE_KEY
+from ..checkpoint import IMAGE_SIZE_KEY, TRAINED_VIEWS_KEY, recorded_trained_views, resolve_checkpoint
 from ..io.atomic import atomic_write_text, prepare_dir
 from ..progress import progress_bar
 from .checkpointing import (
@@ -47,7 +47,7 @@ from .logs import log_step, start_logs, tensorboard_writer
 from .losses import total_loss
 from .validate import Validation
 
-__all__ = ["TrainSummary", "train", "build_training_model", "lr_factor"]
+__all__ = ["TrainSummary", "train", "build_training_model", "lr_factor", "trained_views"]
 
 log = logging.getLogger(__name__)
 WEIGHTS_NAME = "model.safetensors"
@@ -122,6 +122,20 @@ def build_training_model(config: TrainConfig) -> tuple[nn.Module, str]:
     if config.enable_point and model.point_head is None:
         model = _with_new_point_head(config, model)
     return model, config.deepen or (_preset_of(model) if config.preset == "auto" else config.preset)
+
+
+def trained_views(config: TrainConfig) -> int | None:
+    """What the export records as the most frames one training clip held: this run's longest
+    clips, or the initial checkpoint's record where longer; None when the initial checkpoint
+    records none (the official weights: their clips' length is not known, and this run's
+    shorter clips would understate it)."""
+    from ..config import preset_names
+
+    longest = max((config.frames, *config.more_frames))
+    if config.model in preset_names():
+        return longest
+    recorded = recorded_trained_views(resolve_checkpoint(config.model, filename=config.checkpoint_file))
+    return None if recorded is None else max(recorded, longest)
 
 
 def _deepened(loaded: nn.Module, preset: str) -> nn.Module:
@@ -457,6 +471,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
                             IMAGE_SIZE_KEY: str(config.image_hw[1])}
                 if next_clip is not None:
                     metadata["next_clip"] = str(next_clip)
+                if (views := trained_views(config)) is not None:
+                    metadata[TRAINED_VIEWS_KEY] = str(views)
                 weights = export_weights(exported, out / WEIGHTS_NAME, metadata)
     if weights is not None:
         log.info("wrote %s (step %d; load it with mapstream.load_model(path, preset=%r))", weights, step, preset)

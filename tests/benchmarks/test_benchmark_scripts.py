@@ -358,14 +358,16 @@ def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(t
     shipped = module.ship(run, tmp_path / "shipped.safetensors", preset="tiny")
     with safe_open(str(shipped), "pt") as handle:
         # The width the run trained at (--image-hw's second value) travels with the weights.
-        assert handle.metadata() == {"preset": "tiny", "step": "2", "source": "step-00000002.pt", "image_size": "42"}
+        assert handle.metadata() == {"preset": "tiny", "step": "2", "source": "step-00000002.pt", "image_size": "42",
+                                     "trained_views": "3"}
     assert mapstream.load_model(str(shipped), preset="tiny").load_report.image_size == 42
     assert load_file(str(shipped)).keys() == load_file(str(joined)).keys()
     assert all(torch.equal(load_file(str(shipped))[k], v) for k, v in load_file(str(joined)).items())
     # `ship` from the halves (what comes back from the device) writes the same file
     from_halves = module.ship(tmp_path, tmp_path / "from_halves.safetensors", preset="tiny")
     with safe_open(str(from_halves), "pt") as handle:
-        assert handle.metadata() == {"preset": "tiny", "step": "2", "source": "step-00000002.pt", "image_size": "42"}
+        assert handle.metadata() == {"preset": "tiny", "step": "2", "source": "step-00000002.pt", "image_size": "42",
+                                     "trained_views": "3"}
     assert all(torch.equal(load_file(str(from_halves))[k], v) for k, v in load_file(str(shipped)).items())
     # `ship --int8`: the large matrices in 8 bits, read back by every loader
     from mapstream.weights.int8 import INT8_ROWS, STORAGE_KEY
@@ -380,14 +382,16 @@ def test_half_weights_carry_a_run_in_two_files_that_join_into_a_loadable_model(t
     # The command line: ship names the preset it is told; other verbs refuse ship's options.
     script = str(Path(module.__file__))
     done = subprocess.run([sys.executable, script, "ship", str(tmp_path), str(tmp_path / "named.safetensors"),
-                           "--preset", "tiny", "--int8", "--image-size", "56"], capture_output=True, text=True)
+                           "--preset", "tiny", "--int8", "--image-size", "56", "--trained-views", "48"],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     with safe_open(str(tmp_path / "named.safetensors"), "pt") as handle:
         assert handle.metadata()["preset"] == "tiny" and handle.metadata()[STORAGE_KEY] == INT8_ROWS
         assert handle.metadata()["image_size"] == "56"  # --image-size overrides the run's width
+        assert handle.metadata()["trained_views"] == "48"  # --trained-views the run's clip length
     refused = subprocess.run([sys.executable, script, "join", str(tmp_path), str(tmp_path / "x.safetensors"), "--int8"],
                              capture_output=True, text=True)
-    assert refused.returncode == 2 and "only ship takes --int8, --preset and --image-size" in refused.stderr
+    assert refused.returncode == 2 and "only ship takes --int8, --preset, --image-size and --trained-views" in refused.stderr
 
 
 def test_plot_training_draws_a_runs_metrics(tmp_path):

@@ -377,3 +377,26 @@ def test_an_export_records_the_width_it_was_trained_at_which_runs_of_it_take(tmp
     exported = mapstream.load_model(summary.weights, preset=summary.preset)
     assert exported.load_report.image_size == 42 == model_image_size(exported)  # --image-hw's, not a further size
 
+
+
+def test_an_export_records_the_longest_clip_it_learned_from(tmp_path):
+    """A run from a preset records its longest clips (--frames or --more-frames); a run from an
+    export that records more keeps that; from an export that records fewer, its own; from a
+    checkpoint that records none (the official weights), none."""
+    from safetensors.torch import save_file
+
+    from mapstream.checkpoint import model_trained_views, recorded_trained_views
+    from mapstream.train.trainer import trained_views
+
+    first = train(_config(tmp_path / "first", steps=1, frames=2, more_frames=(3,)), progress=False)
+    assert recorded_trained_views(first.weights) == 3
+    assert model_trained_views(mapstream.load_model(first.weights, preset=first.preset)) == 3
+    assert recorded_trained_views(train(_config(tmp_path / "plain", steps=1), progress=False).weights) == 2
+    going_on = dataclasses.replace(_config(tmp_path / "on", steps=1), model=str(first.weights), preset="tiny")
+    assert trained_views(going_on) == 3
+    assert trained_views(dataclasses.replace(going_on, frames=5)) == 5
+    unrecorded = tmp_path / "official.safetensors"
+    save_file(load_file(first.weights), str(unrecorded))
+    assert trained_views(dataclasses.replace(going_on, model=str(unrecorded), frames=5)) is None
+    last = train(dataclasses.replace(going_on, out=str(tmp_path / "last"), model=str(unrecorded)), progress=False)
+    assert recorded_trained_views(last.weights) is None
