@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..config import StreamConfig
-from ..pipeline import RunOptions, run
+from ..checkpoint import model_image_size, model_trained_views
+from ..pipeline import RunOptions, plan_stream, run
 from ..pipeline.model_source import resolve_model
 from ..pipeline.run import OpenedSession
 from ..session import Session, resolve_precision
@@ -112,9 +112,10 @@ class ModelHolder:
         self._drop_idle()
         self._key, self._loaded = None, None
 
-    def open_session(self, opts: RunOptions, device: torch.device, stream: StreamConfig) -> OpenedSession:
-        """`run`'s ``open_session``: a session of the held model, as a single run opens one."""
-        precision = resolve_precision(stream.precision, device)
+    def open_session(self, opts: RunOptions, device: torch.device, length: int | None) -> OpenedSession:
+        """`run`'s ``open_session``: a session of the held model, planned as a single run plans
+        it (`plan_stream`)."""
+        precision = resolve_precision(opts.stream.precision, device)
         key = (opts.model, opts.checkpoint_file, str(device), opts.stream.backend, opts.camera_iterations,
                opts.compile, precision, opts.low_precision_heads, opts.demo)
         if key != self._key:
@@ -129,15 +130,19 @@ class ModelHolder:
             self._key, self._loaded = key, (model, desc, warnings, str(model.head_dtype).removeprefix("torch."))
             log.info("worker loaded %s on %s", desc, device)
         model, desc, warnings, heads = self._loaded
-        stream = stream.with_settings(precision=precision)
-        setting = (opts.mode, stream)
+        plan = plan_stream(opts.mode, opts.stream, length, model_trained_views(model))
+        if plan.reason:
+            log.info("%s", plan.reason)
+        stream = plan.stream.with_settings(precision=precision)
+        setting = (plan.mode, stream)
         session = self._idle.pop(setting, None)
         if session is None:
-            kind = WindowedSession if opts.mode == "windowed" else Session
+            kind = WindowedSession if plan.mode == "windowed" else Session
             session = kind(model, stream, output_device="cpu")
         lent = _LentSession(session, lambda returned: self._take_back(setting, returned))
         # A run adds its own warnings to the list it is given: each run gets its own copy.
-        return OpenedSession(lent, desc, list(warnings), precision, heads, opts.camera_iterations)
+        return OpenedSession(lent, plan.mode, stream, desc, list(warnings), precision, heads, opts.camera_iterations,
+                             image_size=model_image_size(model))
 
 
 def run_input(item: JobInput, opts: RunOptions, holder: ModelHolder, attempt: int,
