@@ -98,6 +98,8 @@ def test_the_package_ships_the_small_weights_within_its_budget():
     model = mapstream.load_model(path, preset="small-deep")  # strict: the same keys and shapes
     # The width it was trained at, which runs give it unless told otherwise.
     assert model.load_report.image_size == 294 and mapstream.checkpoint.model_image_size(model) == 294
+    # The longest clips it trained on (48 frames), past which runs take windows (`plan_stream`).
+    assert mapstream.checkpoint.model_trained_views(model) == 48
     assert len(model.state_dict()) == len(stored) - len(scales)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     pyproject = tomllib.loads((Path(mapstream.__file__).parents[1] / "pyproject.toml").read_text())
