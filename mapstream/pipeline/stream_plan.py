@@ -8,11 +8,13 @@ model_trained_views`; None for the official weights, which record nothing).
 
 ``mode="auto"`` streams through one cache unless the weights record their clips' length and
 the input may run past it, with the keyframes left to the run: then it runs windows of that
-many stored frames. Weights trained by mapstream never saw a cache evict a frame (every frame of
-a training clip stays in view), so a stream longer than their clips shows them what they never
-learned from; windows of their clip length keep every frame within it (docs/TRAINING.md, "Longer
-sequences than the clips"). The official weights keep the reference's behaviour: one cache,
-every ceil(N / 320)-th frame stored for N frames known in advance.
+many stored frames (on a live input, a frame two windows share is taken from the earlier one,
+as soon as it is predicted). Weights trained by mapstream never saw a cache evict a frame
+(every frame of a training clip stays in view), so a stream longer than their clips shows them
+what they never learned from; windows of their clip length keep every frame within it
+(docs/TRAINING.md, "Longer sequences than the clips"). The official weights keep the
+reference's behaviour: one cache, every ceil(N / 320)-th frame stored for N frames known in
+advance.
 """
 from __future__ import annotations
 
@@ -52,7 +54,10 @@ def plan_stream(mode: str, stream: StreamConfig, length: int | None, trained_vie
     if mode == "auto":
         mode = "windowed" if _windows_keep_within(stream, length, trained_views) else "streaming"
         if mode == "windowed":
-            stream = stream.with_settings(window_size=trained_views)
+            # A live input's frames are shown as they come: each from the first window that
+            # predicts it, instead of waiting for the next window.
+            shared_from = "earlier" if length is None else stream.shared_from
+            stream = stream.with_settings(window_size=trained_views, shared_from=shared_from)
             reason = (
                 f"the model's weights learned from clips of at most {trained_views} frames and the input "
                 f"{'may run longer' if length is None else f'has {length}'}: windows of {trained_views} stored "

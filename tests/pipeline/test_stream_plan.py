@@ -27,10 +27,12 @@ def test_weights_that_record_nothing_keep_the_reference_s_plan(mode, length, giv
 def test_auto_runs_windows_of_the_clip_length_the_weights_record_on_longer_inputs(length):
     """Weights that record their clips' length (48) run an input that is, or may be, longer in
     windows of 48 stored frames, every frame stored, the overlap and other settings as given."""
-    given = StreamConfig(overlap=12, num_scale_frames=6, sliding_window=32, shared_from="earlier")
+    given = StreamConfig(overlap=12, num_scale_frames=6, sliding_window=32)
     plan = plan_stream("auto", given, length, 48)
     assert plan.mode == "windowed"
-    assert plan.stream == given.with_settings(window_size=48, keyframe_interval=1)
+    # A live input's shared frames come from the earlier window, without waiting for the next.
+    shared_from = "earlier" if length is None else "later"
+    assert plan.stream == given.with_settings(window_size=48, keyframe_interval=1, shared_from=shared_from)
     assert "48 frames" in plan.reason and "--mode streaming" in plan.reason
     assert ("may run longer" if length is None else f"has {length}") in plan.reason
 
