@@ -76,13 +76,20 @@ def test_an_export_into_a_folder_without_a_run_records_nothing(tmp_path):
 
 
 def test_options_the_run_does_not_read_are_told(tmp_path, caplog):
-    out = tmp_path / "out"
+    out, src = tmp_path / "out", photos(tmp_path, 3)
     with caplog.at_level(logging.WARNING):
-        assert run_cli(str(photos(tmp_path, 3)), "--out", str(out), "--formats", "npz", "--window-size", "3",
+        assert run_cli(str(src), "--out", str(out), "--formats", "npz", "--window-size", "3",
                        "--sky-model", "sky.onnx") == 0
     assert "window_size=3 has no effect without --mode windowed" in caplog.text
     assert "sky_model='sky.onnx' has no effect without --sky-mask" in caplog.text
     assert "overlap=" not in caplog.text  # left at its default: nothing to tell
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # --mode auto may run windows: their overlap is read
+        assert run_cli(str(src), "--out", str(out), "--formats", "npz", "--overlap", "2") == 0
+    assert "overlap=" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        assert run_cli(str(src), "--out", str(out), "--formats", "npz", "--overlap", "2", "--mode", "streaming") == 0
+    assert "overlap=2 has no effect without --mode windowed or auto" in caplog.text
 
 
 def test_the_demo_refuses_an_input_and_records_the_size_it_ran_at(tmp_path, capsys, caplog):
