@@ -226,8 +226,6 @@ def model_image_size(model: torch.nn.Module) -> int:
     return recorded if recorded is not None else DEFAULT_IMAGE_SIZE
 
 
-
-
 def model_trained_views(model: torch.nn.Module) -> int | None:
     """The most frames one training clip of ``model``'s weights held, as its checkpoint records
     (`LoadReport.trained_views`); None for weights that record none (the official ones, a
