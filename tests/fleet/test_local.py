@@ -169,3 +169,25 @@ def test_a_worker_lends_one_session_to_its_inputs_and_each_starts_as_a_fresh_one
     assert len({id(s) for s in lent}) == 3 and holder.idle_sessions == 2  # the oldest setting's went
     holder.close()
     assert holder.idle_sessions == 0
+
+
+def test_a_job_plans_each_input_as_a_single_run_of_its_weights(tmp_path):
+    """Weights that record a width (28) and a training clip length (4): each input of a job is
+    fed frames of that width and, being longer than 4 frames, runs in windows of 4 stored
+    frames (`--mode auto`), exactly as a single run of it."""
+    import mapstream
+    from safetensors.torch import save_file
+
+    weights = tmp_path / "recorded.safetensors"
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny"))
+    save_file(dict(model.state_dict()), str(weights),
+              metadata={"preset": "tiny", "image_size": "28", "trained_views": "4"})
+    good = scenes(tmp_path / "data", 2, frames=6)
+    opts = options(tmp_path / "job", model=str(weights), image_size=None,
+                   stream=mapstream.StreamConfig(num_scale_frames=2, overlap=1))
+    summary = run_many([str(folder) for folder in good], opts, progress=False)
+    assert [(r.status, r.frames) for r in summary.results] == [("done", 6), ("done", 6)]
+    for folder, name in zip(good, ["s00", "s01"]):
+        config = json.loads((tmp_path / "job" / name / "run.json").read_text())["config"]
+        assert (config["image_size"], config["mode"], config["window_size"]) == (28, "windowed", 4)
+        assert_same_run(tmp_path / "job" / name, solo(folder, tmp_path / "solo" / name, opts))
