@@ -6,14 +6,7 @@ import os
 from pathlib import Path
 
 from ..hub import DEFAULT_FILENAME
-from .files import (
-    IMAGE_SIZE_KEY,
-    TRAINED_VIEWS_KEY,
-    read_state_dict,
-    recorded_image_size,
-    recorded_trained_views,
-    resolve_checkpoint,
-)
+from .files import read_state_dict, resolve_checkpoint, training_records
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +44,7 @@ def convert_checkpoint(
         "parameters": str(sum(t.numel() for t in state_dict.values())),
     }
     # What the weights record of their training travels with them.
-    if (width := recorded_image_size(path)) is not None:
-        metadata[IMAGE_SIZE_KEY] = str(width)
-    if (views := recorded_trained_views(path)) is not None:
-        metadata[TRAINED_VIEWS_KEY] = str(views)
+    metadata.update({key: str(value) for key, value in training_records(path).items()})
     as_folder = os.fspath(dst).endswith(("/", os.sep))  # "out/": a folder, made if missing
     dst = Path(dst).expanduser()
     if dst.is_dir() or as_folder:

@@ -204,11 +204,15 @@ def _restore_storage(tensors: dict[str, torch.Tensor], storage: str | None, path
     return tensors
 
 
+# What a file's metadata may record of its weights' training, with what each value must be.
+_TRAINING_RECORDS = {IMAGE_SIZE_KEY: "a width in pixels", TRAINED_VIEWS_KEY: "a count of frames"}
+
+
 def recorded_image_size(path: str | os.PathLike) -> int | None:
     """The frame width a checkpoint file's metadata records its weights were trained at, or
     None (a `.pt` file, or a safetensors file without the record). CheckpointError for an
     unreadable file or a record that is not a width."""
-    return _recorded_count(path, IMAGE_SIZE_KEY, "a width in pixels")
+    return training_records(path).get(IMAGE_SIZE_KEY)
 
 
 def recorded_trained_views(path: str | os.PathLike) -> int | None:
@@ -216,27 +220,33 @@ def recorded_trained_views(path: str | os.PathLike) -> int | None:
     records (`TRAINED_VIEWS_KEY`), or None (a `.pt` file, or a safetensors file without the
     record: the official checkpoints). CheckpointError for an unreadable file or a record that
     is not a count."""
-    return _recorded_count(path, TRAINED_VIEWS_KEY, "a count of frames")
+    return training_records(path).get(TRAINED_VIEWS_KEY)
 
 
-def _recorded_count(path: str | os.PathLike, key: str, what: str) -> int | None:
-    """A positive integer a safetensors file's metadata records under ``key``, or None."""
+def training_records(path: str | os.PathLike) -> dict[str, int]:
+    """What a safetensors file's metadata records of its weights' training (`IMAGE_SIZE_KEY`,
+    `TRAINED_VIEWS_KEY`), the entries it has, from one read of its header; {} for a `.pt`
+    file. CheckpointError for an unreadable file or a record that is not a positive integer."""
     path = Path(path)
     if not is_safetensors(path):
-        return None
+        return {}
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), "pt", device="cpu") as handle:
-            value = (handle.metadata() or {}).get(key)
+            metadata = handle.metadata() or {}
     except Exception as exc:  # a damaged header
         raise CheckpointError(_unreadable(path, exc)) from exc
-    if value is None:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise CheckpointError(f"{path} records {key}={value!r} in its metadata, which is not {what}; "
-                              "write the file again with a positive integer there, or without the entry")
-    return int(value)
+    records = {}
+    for key, what in _TRAINING_RECORDS.items():
+        value = metadata.get(key)
+        if value is None:
+            continue
+        if not value.isdigit() or int(value) < 1:
+            raise CheckpointError(f"{path} records {key}={value!r} in its metadata, which is not {what}; "
+                                  "write the file again with a positive integer there, or without the entry")
+        records[key] = int(value)
+    return records
 
 
 def read_state_dict(path: str | os.PathLike, *, trust_pickle: bool = False) -> dict[str, torch.Tensor]:

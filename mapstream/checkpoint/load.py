@@ -15,12 +15,13 @@ from ..compat import GCTStream
 from ..config import get_preset, preset_names, split_overrides
 from .files import (
     DEFAULT_IMAGE_SIZE,
+    IMAGE_SIZE_KEY,
+    TRAINED_VIEWS_KEY,
     is_safetensors,
     is_torch_zip,
     read_state_dict,
-    recorded_image_size,
-    recorded_trained_views,
     resolve_checkpoint,
+    training_records,
 )
 from .report import CheckpointError, LoadReport, compare_keys
 
@@ -199,7 +200,7 @@ def load_model(
 
     start = time.perf_counter()
     path = resolve_checkpoint(source, filename=filename, revision=revision, cache_dir=cache_dir)
-    image_size, trained_views = recorded_image_size(path), recorded_trained_views(path)
+    records = training_records(path)  # a damaged header is told before the tensors load
     state_dict = read_state_dict(path, trust_pickle=trust_pickle)
     if enable_point == "auto":
         enable_point = any(k.startswith("point_head.") for k in state_dict)
@@ -210,7 +211,7 @@ def load_model(
     del state_dict
     model.to(device=device, dtype=dtype or torch.float32)
     _detach_from_file(model, mapped)
-    report.image_size, report.trained_views = image_size, trained_views
+    report.image_size, report.trained_views = records.get(IMAGE_SIZE_KEY), records.get(TRAINED_VIEWS_KEY)
     model.load_report = report
     log.info(
         "loaded %d of %d tensors from %s in %.1f s", report.loaded, report.model_keys, path, time.perf_counter() - start
