@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import model_image_size, model_trained_views
-from ..pipeline import RunOptions, plan_stream, run
+from ..checkpoint import model_image_size
+from ..pipeline import RunOptions, run
 from ..pipeline.model_source import resolve_model
-from ..pipeline.run import OpenedSession
-from ..session import Session, resolve_precision
-from ..windowed import WindowedSession
+from ..pipeline.run import OpenedSession, plan_for_model, planned_session
+from ..session import resolve_precision
 from .inputs import JobInput
 
 __all__ = ["InputResult", "ModelHolder", "run_input"]
@@ -130,19 +129,15 @@ class ModelHolder:
             self._key, self._loaded = key, (model, desc, warnings, str(model.head_dtype).removeprefix("torch."))
             log.info("worker loaded %s on %s", desc, device)
         model, desc, warnings, heads = self._loaded
-        plan = plan_stream(opts.mode, opts.stream, length, model_trained_views(model))
-        if plan.reason:
-            log.info("%s", plan.reason)
-        stream = plan.stream.with_settings(precision=precision)
-        setting = (plan.mode, stream)
+        plan = plan_for_model(opts, length, model, precision)
+        setting = (plan.mode, plan.stream)
         session = self._idle.pop(setting, None)
         if session is None:
-            kind = WindowedSession if plan.mode == "windowed" else Session
-            session = kind(model, stream, output_device="cpu")
+            session = planned_session(model, plan)
         lent = _LentSession(session, lambda returned: self._take_back(setting, returned))
         # A run adds its own warnings to the list it is given: each run gets its own copy.
-        return OpenedSession(lent, plan.mode, stream, desc, list(warnings), precision, heads, opts.camera_iterations,
-                             image_size=model_image_size(model))
+        return OpenedSession(lent, plan.mode, plan.stream, desc, list(warnings), precision, heads,
+                             opts.camera_iterations, image_size=model_image_size(model))
 
 
 def run_input(item: JobInput, opts: RunOptions, holder: ModelHolder, attempt: int,

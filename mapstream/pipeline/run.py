@@ -32,7 +32,7 @@ from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 from .run_folder import RunFolder
 from .run_input import check_input_apart_from_outputs, frame_width, input_files, input_key, open_input
 from .run_stream import Streamed, stream_frames
-from .stream_plan import MODES, plan_stream
+from .stream_plan import MODES, StreamPlan, plan_stream
 
 __all__ = ["OpenedSession", "RunOptions", "RunSummary", "check_input", "check_options", "run"]
 
@@ -246,20 +246,29 @@ def _local_session(opts: RunOptions, device: torch.device, length: int | None) -
         opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo, backend=opts.stream.backend,
         camera_num_iterations=opts.camera_iterations, compile=opts.compile,
     )
+    precision = resolve_precision(opts.stream.precision, device)
+    if precision in ("bf16", "fp16"):
+        model.cast_for_inference(precision, heads=opts.low_precision_heads)
+    plan = plan_for_model(opts, length, model, precision)
+    return OpenedSession(planned_session(model, plan), plan.mode, plan.stream, model_desc, warnings, precision,
+                         str(model.head_dtype).removeprefix("torch."), opts.camera_iterations,
+                         image_size=model_image_size(model))
+
+
+def plan_for_model(opts: RunOptions, length: int | None, model, precision: str) -> StreamPlan:
+    """The run's `plan_stream` for ``model`` (the clip length its weights record) on an input
+    of ``length`` frames, at ``precision``, told in the log when "auto" chose windows. A local
+    run and a fleet's worker plan alike through it."""
     plan = plan_stream(opts.mode, opts.stream, length, model_trained_views(model))
     if plan.reason:
         log.info("%s", plan.reason)
-    precision = resolve_precision(plan.stream.precision, device)
-    if precision in ("bf16", "fp16"):
-        model.cast_for_inference(precision, heads=opts.low_precision_heads)
-    stream = plan.stream.with_settings(precision=precision)
-    if plan.mode == "windowed":
-        session = WindowedSession(model, stream, output_device="cpu")
-    else:
-        session = Session(model, stream, output_device="cpu")
-    return OpenedSession(session, plan.mode, stream, model_desc, warnings, precision,
-                         str(model.head_dtype).removeprefix("torch."), opts.camera_iterations,
-                         image_size=model_image_size(model))
+    return replace(plan, stream=plan.stream.with_settings(precision=precision))
+
+
+def planned_session(model, plan: StreamPlan) -> Session | WindowedSession:
+    """A new session of ``model`` as ``plan`` says, its predictions on the CPU (the run's store)."""
+    kind = WindowedSession if plan.mode == "windowed" else Session
+    return kind(model, plan.stream, output_device="cpu")
 
 
 def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, open_session) -> _Job:
