@@ -378,7 +378,6 @@ def test_an_export_records_the_width_it_was_trained_at_which_runs_of_it_take(tmp
     assert exported.load_report.image_size == 42 == model_image_size(exported)  # --image-hw's, not a further size
 
 
-
 def test_an_export_records_the_longest_clip_it_learned_from(tmp_path):
     """A run from a preset records its longest clips (--frames or --more-frames); a run from an
     export that records more keeps that; from an export that records fewer, its own; from a
