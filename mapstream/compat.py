@@ -217,8 +217,9 @@ class GCTStream(GCTNetwork):
         return_windows: bool = False,
         progress: bool | None = None,
     ) -> dict[str, Any]:
-        """Long sequences with the reference's arguments and defaults (windows of 16 slots,
-        an overlap of the scale frames): `mapstream.windowed.windowed_inference`. Leaves no
+        """Long sequences with the reference's arguments, defaults (windows of 16 slots, an
+        overlap of the scale frames) and join (window_join="anchor"):
+        `mapstream.windowed.windowed_inference`. Leaves no
         cache populated. `flow_threshold` and `max_non_keyframe_gap` complete the reference's
         signature: only flow_threshold=0 (fixed-interval windows) runs."""
         if scale_mode != "median":
@@ -235,7 +236,7 @@ class GCTStream(GCTNetwork):
                 check_count(name, value, least)  # named as the caller gave it
         config = self._reference_stream(num_scale_frames).with_settings(
             window_size=window_size, overlap=overlap_size, overlap_keyframes=overlap_keyframes,
-            keyframe_interval=keyframe_interval,
+            keyframe_interval=keyframe_interval, window_join="anchor",
         )
         if precision is not None:
             config = config.with_settings(precision=precision)

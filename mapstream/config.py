@@ -123,6 +123,7 @@ class ModelConfig:
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 FAST_MODES = (False, True, "auto", "pieces", "whole")
 SHARED_FROM = ("earlier", "later")
+WINDOW_JOINS = ("shared", "anchor")
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,11 @@ class StreamConfig:
     """Windowed runs: the window a frame shared by two windows is taken from: "later" (as the
     reference's offline stitch; such a frame waits for the next window) or "earlier" (given as
     soon as the earlier window predicts it)."""
+    window_join: Literal["shared", "anchor"] = "shared"
+    """Windowed runs: how a window's Sim(3) onto the one before is estimated from the frames
+    they share and both stored: "shared" (rotation and centre from all of them) or "anchor"
+    (the reference's: from the last one alone); the scale is their depths' median ratio either
+    way (docs/WINDOWED.md)."""
 
     def __post_init__(self) -> None:
         check_count("num_scale_frames", self.num_scale_frames)
@@ -219,6 +225,8 @@ class StreamConfig:
             check_count("overlap_keyframes", self.overlap_keyframes, least=0)
         if self.shared_from not in SHARED_FROM:
             raise ValueError(f"shared_from must be one of {', '.join(SHARED_FROM)}, got {self.shared_from!r}")
+        if self.window_join not in WINDOW_JOINS:
+            raise ValueError(f"window_join must be one of {', '.join(WINDOW_JOINS)}, got {self.window_join!r}")
 
     @property
     def stored_interval(self):

@@ -33,6 +33,7 @@ class SessionFlags(StreamFlags):
     overlap: tyro.conf.Suppress[Optional[int]] = 16
     overlap_keyframes: tyro.conf.Suppress[Optional[int]] = None
     shared_from: tyro.conf.Suppress[Literal["earlier", "later"]] = "later"
+    window_join: tyro.conf.Suppress[Literal["shared", "anchor"]] = "shared"
 
 
 @dataclass

@@ -126,7 +126,7 @@ def check_input(opts: RunOptions) -> None:
 _ONLY_WHEN = {
     "window_size": ("windowed", "--mode windowed (--mode auto's windows are as long as the model's training clips)"),
     "overlap": ("windows", "--mode windowed or auto"), "overlap_keyframes": ("windows", "--mode windowed or auto"),
-    "shared_from": ("windows", "--mode windowed or auto"),
+    "shared_from": ("windows", "--mode windowed or auto"), "window_join": ("windows", "--mode windowed or auto"),
     "sky_model": ("sky_mask", "--sky-mask"), "image_size": ("input", "an input (--demo renders its own size)"),
 }
 
@@ -152,11 +152,14 @@ def _unused_options(opts: RunOptions) -> list[str]:
 
 def _as_recorded_today(config: dict) -> dict:
     """An earlier run's recorded settings as this version records them: its input path
-    resolved, and the window its shared frames came from (before `shared_from` existed, a
-    windowed run emitted them from the earlier window)."""
+    resolved, the window its shared frames came from (before `shared_from` existed, a
+    windowed run emitted them from the earlier window) and how its windows were joined (before
+    `window_join` existed, on their last shared stored frame)."""
     today = {**config, "input": input_key(config.get("input"))}
     if "shared_from" not in config:
         today["shared_from"] = "earlier" if config.get("mode") == "windowed" else None
+    if "window_join" not in config:  # windows were joined on their last shared frame alone
+        today["window_join"] = "anchor" if config.get("mode") == "windowed" else None
     return today
 
 
@@ -286,6 +289,7 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
             "keyframe_interval": stream.keyframe_interval,
             "window_size": stream.window_size, "overlap": stream.overlap, "overlap_keyframes": stream.overlap_keyframes,
             "shared_from": stream.shared_from if mode == "windowed" else None,
+            "window_join": stream.window_join if mode == "windowed" else None,
             "precision": opened.precision,
             "cache_scale_frames": stream.anchor_frames, "sliding_window": stream.sliding_window,
             "trajectory_capacity": stream.trajectory_capacity,

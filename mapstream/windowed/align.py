@@ -4,10 +4,17 @@ Every window is mapped into window 0's frame by a similarity (s, R, t) estimated
 the previous, already aligned window on their shared frames. Poses are camera-to-world:
 pose_enc[:3] is the camera centre, pose_enc[3:7] the rotation (xyzw quaternion).
 
-The default estimator is the reference's: rotation and centre from the last overlap frame
-that both windows stored (a keyframe), scale as the lower median of depth ratios over the
-shared stored frames. Degenerate overlaps (no valid depth, non-finite poses) fall back to a
-defined result with a warning instead of producing NaN.
+Two joins (`WINDOW_JOINS`), both over the shared frames that both windows stored (keyframes)
+and both taking the scale as the lower median of the depth ratios over them:
+
+* "shared" (mapstream's default): the rotation is the mean of the shared frames' relative
+  rotations (projected back onto SO(3)) and the translation maps the centroid of their
+  centres. Every shared frame's pose counts, so one frame's pose error does not tilt the
+  whole next window.
+* "anchor" (the reference's): rotation and centre from the last shared stored frame alone.
+
+With one shared stored frame they are the same. Degenerate overlaps (no valid depth,
+non-finite poses) fall back to a defined result with a warning instead of producing NaN.
 """
 from __future__ import annotations
 
@@ -17,9 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import WINDOW_JOINS
 from ..geometry import mat_to_quat, quat_to_mat
 
-__all__ = ["Sim3", "pairwise_alignment", "warp_predictions", "stitch_windows", "FRAME_KEYS", "AlignmentWarning"]
+__all__ = [
+    "Sim3", "WINDOW_JOINS", "pairwise_alignment", "warp_predictions", "stitch_windows", "FRAME_KEYS", "AlignmentWarning",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +71,25 @@ def _lower_median(x: torch.Tensor) -> torch.Tensor:
     return torch.median(x)  # torch.median returns the lower of the two middle values
 
 
-def pairwise_alignment(prev: dict, curr: dict, overlap: int) -> Sim3:
-    """Similarity mapping window `curr` (raw) onto `prev` (already in the global frame)."""
+def _mean_rotation(rotations: torch.Tensor) -> torch.Tensor:
+    """[B, N, 3, 3] -> [B, 3, 3]: the rotation nearest (Frobenius) to their arithmetic mean.
+    One rotation is returned as it is (no SVD round-off: the reference's single-frame join)."""
+    if rotations.shape[1] == 1:
+        return rotations[:, 0]
+    mean = rotations.mean(1)
+    # A non-finite pose stays non-finite (the caller's fallback sees it); the SVD gets the identity.
+    finite = torch.isfinite(mean).flatten(1).all(1)[:, None, None]
+    u, _, vh = torch.linalg.svd(torch.where(finite, mean, torch.eye(3, dtype=mean.dtype, device=mean.device)))
+    flip = torch.ones(rotations.shape[0], 3, dtype=rotations.dtype, device=rotations.device)
+    flip[:, 2] = torch.sign(torch.det(u @ vh))
+    return torch.where(finite, u @ torch.diag_embed(flip) @ vh, mean)
+
+
+def pairwise_alignment(prev: dict, curr: dict, overlap: int, join: str = "shared") -> Sim3:
+    """Similarity mapping window `curr` (raw) onto `prev` (already in the global frame), from
+    their `overlap` shared frames; `join` is one of `WINDOW_JOINS` (module docstring)."""
+    if join not in WINDOW_JOINS:
+        raise ValueError(f"join must be one of {', '.join(WINDOW_JOINS)}, got {join!r}")
     pose_prev, pose_curr = prev["pose_enc"].float(), curr["pose_enc"].float()
     batch, total_prev = pose_prev.shape[:2]
     total_curr = pose_curr.shape[1]
@@ -74,13 +101,14 @@ def pairwise_alignment(prev: dict, curr: dict, overlap: int) -> Sim3:
     kf_prev = prev["is_keyframe"][0, start : start + length].bool()
     kf_curr = curr["is_keyframe"][0, :length].bool()
     paired = torch.nonzero(kf_prev.cpu() & kf_curr.cpu()).flatten().tolist()
-    anchor = paired[-1] if paired else 0
     depth_offsets = paired if paired else [0]
+    posed = depth_offsets if join == "shared" else depth_offsets[-1:]
 
-    rot_a = quat_to_mat(pose_prev[:, start + anchor, 3:7])
-    rot_b = quat_to_mat(pose_curr[:, anchor, 3:7])
-    rotation = rot_a @ rot_b.transpose(-1, -2)
-    centre_a, centre_b = pose_prev[:, start + anchor, :3], pose_curr[:, anchor, :3]
+    rot_a = quat_to_mat(pose_prev[:, [start + o for o in posed], 3:7])
+    rot_b = quat_to_mat(pose_curr[:, posed, 3:7])
+    rotation = _mean_rotation(rot_a @ rot_b.transpose(-1, -2))
+    centre_a = pose_prev[:, [start + o for o in posed], :3].mean(1)
+    centre_b = pose_curr[:, posed, :3].mean(1)
 
     scale = torch.ones(batch, device=pose_prev.device)
     if "depth" in prev and "depth" in curr:

@@ -105,7 +105,7 @@ def _windowed_sequence(model, images, config: StreamConfig, output_device, retur
     aligned = [warp_predictions(raw[0], Sim3.identity(images.shape[0], raw[0]["pose_enc"].device))]
     sims = [Sim3.identity(images.shape[0], raw[0]["pose_enc"].device)]
     for window in raw[1:]:
-        sim = pairwise_alignment(aligned[-1], window, plan.overlap)
+        sim = pairwise_alignment(aligned[-1], window, plan.overlap, config.window_join)
         sims.append(sim)
         aligned.append(warp_predictions(window, sim))
     out = stitch_windows(aligned, plan.overlap)

@@ -66,7 +66,8 @@ class WindowedSession:
             windows; keyframes x interval when overlap_keyframes is given) and shared_from
             ("later" emits a frame shared by two windows from the later window, as the
             offline `windowed_inference` stitches; "earlier" as soon as the earlier window
-            predicts it). The keyframe interval must be fixed.
+            predicts it) and window_join (how a window is aligned on the one before). The
+            keyframe interval must be fixed.
         output_device: where predictions are put (default: the model's device).
     """
 
@@ -224,7 +225,9 @@ class WindowedSession:
         assert pending is not None
         prev, curr = self._shared_prev[: len(pending.shared)], pending.shared
         if curr:
-            self._sim = pairwise_alignment(predictions_as_window(prev), predictions_as_window(curr), len(curr))
+            self._sim = pairwise_alignment(
+                predictions_as_window(prev), predictions_as_window(curr), len(curr), self.config.window_join
+            )
         else:
             self._sim = self.transforms[-1]
         self.transforms.append(self._sim)

@@ -27,8 +27,9 @@ def synthetic_window(rotations, centres, depth, keyframes) -> dict:
     }
 
 
+@pytest.mark.parametrize("join", ["shared", "anchor"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_known_sim3_is_recovered(seed):
+def test_known_sim3_is_recovered(seed, join):
     gen = torch.Generator().manual_seed(seed)
     n, overlap = 6, 3
     rots = [random_rotation(gen) for _ in range(n)]
@@ -45,7 +46,7 @@ def test_known_sim3_is_recovered(seed):
     curr_centres = [(r_true.T @ (centres[i] - t_true)) / s_true for i in idx]
     curr = synthetic_window(curr_rots, curr_centres, depth[n - overlap :] / s_true, [True] * overlap)
 
-    sim = pairwise_alignment(prev, curr, overlap)
+    sim = pairwise_alignment(prev, curr, overlap, join)
     assert sim.scale.item() == pytest.approx(s_true, rel=1e-5)
     torch.testing.assert_close(sim.rotation[0].double(), r_true, atol=1e-5, rtol=0)
     torch.testing.assert_close(sim.translation[0].double(), t_true, atol=1e-4, rtol=0)
@@ -59,7 +60,50 @@ def test_known_sim3_is_recovered(seed):
     assert (q[:, 3] >= 0).all()
 
 
-def test_anchor_is_the_last_shared_keyframe():
+def rotation_z(angle: float) -> torch.Tensor:
+    c, s = math.cos(angle), math.sin(angle)
+    return torch.tensor([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+
+
+def test_the_shared_join_weighs_every_shared_stored_frame_and_the_anchor_join_the_last():
+    """The next window sees the two shared frames turned by +a and -a about z and their centres
+    moved by +d and -d: the shared join finds the mean of the two (no turn, no shift), the
+    reference's anchor join the last frame's (-a, -d)."""
+    gen = torch.Generator().manual_seed(4)
+    rots = [random_rotation(gen) for _ in range(4)]
+    centres = [torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(4)]
+    depth = torch.ones(4, 2, 2, 1, dtype=torch.float64)
+    prev = synthetic_window(rots, centres, depth, [True] * 4)
+    a, d = 0.2, torch.tensor([0.3, -0.1, 0.2], dtype=torch.float64)
+    # x_prev = R x_curr + t per frame: curr frame 0 with R = Rz(a), t = d; frame 1 with Rz(-a), -d.
+    turns = [rotation_z(a), rotation_z(-a)]
+    shifts = [d, -d]
+    curr = synthetic_window(
+        [turns[k].T @ rots[2 + k] for k in range(2)],
+        [turns[k].T @ (centres[2 + k] - shifts[k]) for k in range(2)],
+        depth[2:], [True, True],
+    )
+    shared = pairwise_alignment(prev, curr, overlap=2, join="shared")
+    torch.testing.assert_close(shared.rotation[0].double(), torch.eye(3, dtype=torch.float64), atol=1e-6, rtol=0)
+    # The centroid of the curr centres maps onto the centroid of the prev ones.
+    centroid_curr = (curr["pose_enc"][0, :, :3].double()).mean(0)
+    centroid_prev = torch.stack(centres[2:]).mean(0)
+    torch.testing.assert_close(shared.translation[0].double(), centroid_prev - centroid_curr, atol=1e-5, rtol=0)
+    anchor = pairwise_alignment(prev, curr, overlap=2, join="anchor")
+    torch.testing.assert_close(anchor.rotation[0].double(), rotation_z(-a), atol=1e-6, rtol=0)
+    torch.testing.assert_close(anchor.translation[0].double(), -d, atol=1e-5, rtol=0)
+
+
+def test_an_unknown_join_is_refused():
+    gen = torch.Generator().manual_seed(5)
+    window = synthetic_window([random_rotation(gen)] * 2, [torch.zeros(3, dtype=torch.float64)] * 2,
+                              torch.ones(2, 2, 2, 1, dtype=torch.float64), [True, True])
+    with pytest.raises(ValueError, match="join must be one of shared, anchor, got 'median'"):
+        pairwise_alignment(window, window, overlap=2, join="median")
+
+
+@pytest.mark.parametrize("join", ["shared", "anchor"])
+def test_anchor_is_the_last_shared_keyframe(join):
     gen = torch.Generator().manual_seed(3)
     rots = [random_rotation(gen) for _ in range(4)]
     centres = [torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(4)]
@@ -69,7 +113,7 @@ def test_anchor_is_the_last_shared_keyframe():
     curr_rots = [rots[2], random_rotation(gen)]
     curr_centres = [centres[2], torch.full((3,), 100.0, dtype=torch.float64)]
     curr = synthetic_window(curr_rots, curr_centres, depth[2:], [True, True])
-    sim = pairwise_alignment(prev, curr, overlap=2)
+    sim = pairwise_alignment(prev, curr, overlap=2, join=join)
     torch.testing.assert_close(sim.rotation[0], torch.eye(3), atol=1e-5, rtol=0)
     torch.testing.assert_close(sim.translation[0], torch.zeros(3), atol=1e-5, rtol=0)
 
@@ -97,12 +141,13 @@ def test_no_valid_depth_falls_back_to_unit_scale_with_a_warning():
     assert sim.scale.item() == 1.0
 
 
-def test_non_finite_pose_falls_back_to_identity_with_a_warning():
+@pytest.mark.parametrize("join", ["shared", "anchor"])
+def test_non_finite_pose_falls_back_to_identity_with_a_warning(join):
     depth = torch.ones(3, 2, 2, 1, dtype=torch.float64)
     prev, curr = _static_pair(depth, depth[:2])
     curr["pose_enc"][0, 1, 3:7] = float("nan")
     with pytest.warns(AlignmentWarning, match="non-finite pose"):
-        sim = pairwise_alignment(prev, curr, overlap=2)
+        sim = pairwise_alignment(prev, curr, overlap=2, join=join)
     torch.testing.assert_close(sim.matrix(), Sim3.identity(1, "cpu").matrix())
 
 

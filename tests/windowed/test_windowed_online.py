@@ -21,20 +21,27 @@ def frames_of(n, seed=0):
     return torch.rand(n, 3, 28, 42, generator=g)
 
 
+@pytest.mark.parametrize("join", ["anchor", "shared"])
 @pytest.mark.parametrize("overlap, scale, interval, n", [(2, 2, 1, 20), (3, 2, 2, 23), (1, 2, 1, 13), (3, 2, 1, 14), (7, 2, 1, 9)])
-def test_online_windows_equal_the_offline_ones(model, overlap, scale, interval, n):
+def test_online_windows_equal_the_offline_ones(model, overlap, scale, interval, n, join):
     """Also where windows overlap by more than they advance, so that a frame lies in three
     windows (the next window is aligned on the previous window's own predictions, not on
     the earlier ones emitted), and where the overlap asked for is as long as the window
-    (last case): both cut it to the window's length minus one, and neither loses a frame."""
+    (last case): both cut it to the window's length minus one, and neither loses a frame.
+    The reference's join is what its `inference_windowed` takes; mapstream's own through
+    `windowed_inference` with the same settings."""
     x = frames_of(n, seed=overlap + n)
-    offline = model.inference_windowed(
-        x, window_size=5, overlap_size=overlap, num_scale_frames=scale, keyframe_interval=interval, return_windows=True
-    )
-    with WindowedSession(
-        model, window_size=5, overlap=overlap, num_scale_frames=scale, keyframe_interval=interval,
-        shared_from="earlier",
-    ) as online:
+    settings = dict(window_size=5, overlap=overlap, num_scale_frames=scale, keyframe_interval=interval)
+    if join == "anchor":
+        offline = model.inference_windowed(
+            x, window_size=5, overlap_size=overlap, num_scale_frames=scale, keyframe_interval=interval,
+            return_windows=True,
+        )
+    else:
+        offline = mapstream.windowed_inference(
+            model, x, model.stream_config.with_settings(**settings), return_windows=True
+        )
+    with WindowedSession(model, **settings, shared_from="earlier", window_join=join) as online:
         preds = online.run_frames(x)
         transforms = online.transforms
         overlap = online.overlap
@@ -180,7 +187,7 @@ def test_shared_frames_from_the_later_window_are_the_offline_stitch(model, overl
     )
     emitted_after: dict[int, int] = {}
     with WindowedSession(model, window_size=5, overlap=overlap, num_scale_frames=scale,
-                         keyframe_interval=interval, shared_from="later") as online:
+                         keyframe_interval=interval, shared_from="later", window_join="anchor") as online:
         preds = []
         for fed, frame in enumerate(x):
             for p in online.step(frame):
