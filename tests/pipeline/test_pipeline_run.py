@@ -495,16 +495,18 @@ def test_a_windowed_run_is_the_reference_windowed_inference(tmp_path):
     """`--mode windowed` with --overlap-keyframes gives what the offline `inference_windowed`
     (the reference's stitch) gives for the same settings: 10 photos, windows of 4 stored
     frames, an overlap of 3 keyframes of interval 1 (3 frames, so that the windows advance one
-    frame at a time and most frames lie in several windows). `--shared-from earlier` is the
-    online session's default instead, which differs on the shared frames; and an overlap of 2
-    frames differs again."""
+    frame at a time and most frames lie in several windows), joined as the reference joins
+    (`--window-join anchor`). `--shared-from earlier` is the online session's default instead,
+    which differs on the shared frames; and an overlap of 2 frames differs again. The default
+    join (shared) gives what `windowed_inference` gives with it, and other poses."""
     import torch
 
     import mapstream
     from mapstream.windowed import WindowedSession
 
     src = photos(tmp_path, 10)
-    options = ["--mode", "windowed", "--window-size", "4", "--overlap-keyframes", "3", "--keyframe-interval", "1"]
+    options = ["--mode", "windowed", "--window-size", "4", "--overlap-keyframes", "3", "--keyframe-interval", "1",
+               "--window-join", "anchor"]
     got = {}
     for shared_from in ("later", "earlier"):
         out = tmp_path / shared_from
@@ -512,6 +514,7 @@ def test_a_windowed_run_is_the_reference_windowed_inference(tmp_path):
         got[shared_from] = np.load(out / "predictions.npz")
         config = json.loads((out / "run.json").read_text())["config"]
         assert config["overlap_keyframes"] == 3 and config["shared_from"] == shared_from
+        assert config["window_join"] == "anchor"
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny", kv_cache_scale_frames=2)).eval()
     frames = mapstream.load_images(sorted(src.glob("*.png")), image_size=140)
     offline = model.inference_windowed(frames, window_size=4, overlap_size=3, num_scale_frames=2, keyframe_interval=1)
@@ -519,7 +522,7 @@ def test_a_windowed_run_is_the_reference_windowed_inference(tmp_path):
     np.testing.assert_allclose(got["later"]["depth"], offline["depth"][0, ..., 0].numpy(), rtol=1e-4, atol=1e-5)
 
     def session_poses(**options):
-        with WindowedSession(model, window_size=4, num_scale_frames=2, **options) as session:
+        with WindowedSession(model, window_size=4, num_scale_frames=2, window_join="anchor", **options) as session:
             preds = session.run_frames(frames)
             return session.overlap, torch.stack([p.pose_enc for p in preds]), torch.stack([p.depth for p in preds])
 
@@ -532,10 +535,21 @@ def test_a_windowed_run_is_the_reference_windowed_inference(tmp_path):
     assert not np.allclose(got["earlier"]["pose_enc"][1:4], got["later"]["pose_enc"][1:4], atol=1e-4)
     assert not torch.allclose(session_poses(overlap=2, shared_from="earlier")[1], pose, atol=1e-4)
 
+    shared = tmp_path / "shared"
+    assert run_cli(str(src), "--out", str(shared), "--formats", "npz", *options[:-2]) == 0
+    assert json.loads((shared / "run.json").read_text())["config"]["window_join"] == "shared"
+    joined = mapstream.windowed_inference(model, frames, model.stream_config.with_settings(
+        window_size=4, overlap=3, num_scale_frames=2, keyframe_interval=1, window_join="shared"))
+    np.testing.assert_allclose(np.load(shared / "predictions.npz")["pose_enc"], joined["pose_enc"][0].numpy(),
+                               rtol=1e-4, atol=1e-5)
+    assert not np.allclose(np.load(shared / "predictions.npz")["pose_enc"], got["later"]["pose_enc"], atol=1e-4)
+
 
 def test_a_windowed_run_folder_from_before_shared_from_resumes_only_as_earlier(tmp_path):
-    """Before --shared-from, windowed runs emitted shared frames from the earlier window: such a
-    folder resumes with --shared-from earlier and starts over with the default (later)."""
+    """Before --shared-from, windowed runs emitted shared frames from the earlier window, and
+    before --window-join they joined windows on their last shared frame: such a folder resumes
+    with --shared-from earlier --window-join anchor and starts over with the defaults (later,
+    shared) or with either one alone."""
     src = photos(tmp_path, 6)
     out = tmp_path / "out"
     args = ["--out", str(out), "--formats", "npz", "--mode", "windowed", "--window-size", "4", "--overlap", "2"]
@@ -543,15 +557,20 @@ def test_a_windowed_run_folder_from_before_shared_from_resumes_only_as_earlier(t
     def older():
         progress = json.loads((out / "progress.json").read_text())
         progress["config"].pop("shared_from", None)
+        progress["config"].pop("window_join", None)
         (out / "progress.json").write_text(json.dumps(progress))
 
     def new_frames(*options) -> int:
         assert run_cli(str(src), *args, *options) == 0
         return json.loads((out / "run.json").read_text())["new_frames"]
 
-    assert new_frames("--shared-from", "earlier") == 6
+    as_before = ("--shared-from", "earlier", "--window-join", "anchor")
+    assert new_frames(*as_before) == 6
     older()
-    assert new_frames("--shared-from", "earlier") == 0
+    assert new_frames(*as_before) == 0
+    for one_of_them in (as_before[:2], as_before[2:]):
+        older()
+        assert new_frames(*one_of_them) == 6
     older()
     assert new_frames() == 6
     assert new_frames() == 0

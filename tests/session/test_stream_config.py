@@ -22,6 +22,7 @@ from mapstream.config import StreamConfig
     ({"window_size": 0}, "window_size must be >= 1, got 0"),
     ({"overlap": -1}, "overlap must be >= 0, got -1"),
     ({"shared_from": "last"}, "shared_from must be one of earlier, later, got 'last'"),
+    ({"window_join": "median"}, "window_join must be one of shared, anchor, got 'median'"),
 ])
 def test_a_setting_no_stream_can_run_with_is_refused_by_name(settings, message):
     with pytest.raises(ValueError, match=message):
