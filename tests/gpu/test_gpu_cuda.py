@@ -1074,3 +1074,20 @@ def test_bench_records_the_gpus_energy_clock_and_capping_over_its_steady_frames(
         log.after_frame()
         joules.append(log.summary()["J_per_frame"])
     assert joules[1] > 3 * joules[0] and joules[1] > 0, joules
+
+
+@pytest.mark.parametrize("join", ["shared", "anchor"])
+def test_windows_on_the_gpu_are_the_windows_on_the_cpu(join):
+    """Windowed inference in fp32 on CUDA (SDPA, eager) against the CPU: the same windows,
+    Sim(3) joins (the shared join's SVD runs on the GPU) and stitched output."""
+    model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
+    frames = torch.rand(1, 13, 3, 28, 42, generator=torch.Generator().manual_seed(7))
+    config = model.stream_config.with_settings(
+        window_size=5, overlap=3, num_scale_frames=2, window_join=join, precision="fp32", backend="sdpa", fast=False
+    )
+    cpu = mapstream.windowed_inference(model, frames, config)
+    gpu = mapstream.windowed_inference(model.cuda(), frames.cuda(), config)
+    assert cpu["chunk_scales"].shape[1] == 5
+    torch.testing.assert_close(gpu["chunk_transforms"].cpu(), cpu["chunk_transforms"], rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(gpu["pose_enc"].cpu(), cpu["pose_enc"], rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(gpu["depth"].cpu(), cpu["depth"], rtol=1e-3, atol=1e-4)
