@@ -1077,9 +1077,12 @@ def test_bench_records_the_gpus_energy_clock_and_capping_over_its_steady_frames(
 
 
 @pytest.mark.parametrize("join", ["shared", "anchor"])
-def test_windows_on_the_gpu_are_the_windows_on_the_cpu(join):
+def test_windows_on_the_gpu_are_the_windows_on_the_cpu(join, monkeypatch):
     """Windowed inference in fp32 on CUDA (SDPA, eager) against the CPU: the same windows,
-    Sim(3) joins (the shared join's SVD runs on the GPU) and stitched output."""
+    Sim(3) joins (the shared join's SVD runs on the GPU) and stitched output. cuDNN's TF32
+    convolutions are off: with them the patch embedding alone moves the poses by 3e-4."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
     frames = torch.rand(1, 13, 3, 28, 42, generator=torch.Generator().manual_seed(7))
     config = model.stream_config.with_settings(
