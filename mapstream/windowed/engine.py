@@ -51,7 +51,7 @@ def windowed_inference(
     aligned to the first by Sim(3) and stitched (docs/WINDOWED.md).
 
     `config` (default: the model's `stream_config`) gives the windows (window_size, overlap,
-    overlap_keyframes, a fixed keyframe_interval) and how each runs (num_scale_frames,
+    overlap_keyframes, a fixed keyframe_interval), how they are joined (window_join) and how each runs (num_scale_frames,
     precision, backend, the cache's retention). Returns the stitched pose_enc, depth,
     depth_conf (+ world points), frame_type, is_keyframe, and with two or more windows
     chunk_scales [B, n] and chunk_transforms [B, n, 4, 4]; alignment_mode = "scaled"; images;
