@@ -43,6 +43,10 @@ _RECORDED_LATER = {
     "rotate": 0, "overlap_keyframes": None, "cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024,
     "camera_iterations": 4,
 }
+# Windowed settings that older run folders did not record, with the value their windowed runs
+# used (None for a run that streamed): shared frames came from the earlier window, and windows
+# were joined on their last shared stored frame.
+_WINDOWED_RECORDED_LATER = {"shared_from": "earlier", "window_join": "anchor"}
 
 
 @dataclass
@@ -152,14 +156,11 @@ def _unused_options(opts: RunOptions) -> list[str]:
 
 def _as_recorded_today(config: dict) -> dict:
     """An earlier run's recorded settings as this version records them: its input path
-    resolved, the window its shared frames came from (before `shared_from` existed, a
-    windowed run emitted them from the earlier window) and how its windows were joined (before
-    `window_join` existed, on their last shared stored frame)."""
+    resolved, and the windowed settings it did not record yet (`_WINDOWED_RECORDED_LATER`)."""
     today = {**config, "input": input_key(config.get("input"))}
-    if "shared_from" not in config:
-        today["shared_from"] = "earlier" if config.get("mode") == "windowed" else None
-    if "window_join" not in config:  # windows were joined on their last shared frame alone
-        today["window_join"] = "anchor" if config.get("mode") == "windowed" else None
+    windowed = config.get("mode") == "windowed"
+    for name, before in _WINDOWED_RECORDED_LATER.items():
+        today.setdefault(name, before if windowed else None)
     return today
 
 
