@@ -104,11 +104,9 @@ def pairwise_alignment(prev: dict, curr: dict, overlap: int, join: str = "shared
     depth_offsets = paired if paired else [0]
     posed = depth_offsets if join == "shared" else depth_offsets[-1:]
 
-    rot_a = quat_to_mat(pose_prev[:, [start + o for o in posed], 3:7])
-    rot_b = quat_to_mat(pose_curr[:, posed, 3:7])
-    rotation = _mean_rotation(rot_a @ rot_b.transpose(-1, -2))
-    centre_a = pose_prev[:, [start + o for o in posed], :3].mean(1)
-    centre_b = pose_curr[:, posed, :3].mean(1)
+    posed_a, posed_b = pose_prev[:, [start + o for o in posed]], pose_curr[:, posed]
+    rotation = _mean_rotation(quat_to_mat(posed_a[..., 3:7]) @ quat_to_mat(posed_b[..., 3:7]).transpose(-1, -2))
+    centre_a, centre_b = posed_a[..., :3].mean(1), posed_b[..., :3].mean(1)
 
     scale = torch.ones(batch, device=pose_prev.device)
     if "depth" in prev and "depth" in curr:
