@@ -9,7 +9,8 @@ keyframe decisions; values equal up to the rounding of batched matrix products).
 per-frame work (ViT, frame blocks, projections, MLPs, heads) runs once for the whole batch;
 the global and camera-head attention still read each stream's own cache. Sessions still in
 their scale phase, or whose model, frame size, device, precision or attention backend differ from the others',
-are stepped on their own.
+are stepped on their own. A `WindowedSession` joins the batch with its current window's
+session; a window that opens on this frame first feeds its shared frames again on its own.
 
 A batch whose sessions all have the fast path on (`fast`) runs in the pieces form of
 `mapstream.fast`, N frames wide (`BatchedPiecewiseGraphs`: CUDA graphs between each stream's
@@ -32,6 +33,7 @@ from .fast import BatchedPiecewiseGraphs
 from .models.aggregator import kv_dtype
 from .session import FramePrediction, Session, _autocast
 from .validation import keyframe_flag
+from .windowed import WindowedSession
 
 __all__ = ["step_together"]
 
@@ -68,10 +70,10 @@ def step_together(
             f"(got {len(frames)}, {len(keyframes)}, {len(names)})"
         )
     for b, session in enumerate(sessions):
-        if not isinstance(session, Session):
+        if not isinstance(session, (Session, WindowedSession)):
             raise TypeError(
-                f"sessions[{b}] is a {type(session).__name__}; step_together takes mapstream.Session objects "
-                "(step other kinds of stream on their own)"
+                f"sessions[{b}] is a {type(session).__name__}; step_together takes mapstream.Session and "
+                "mapstream.WindowedSession objects (step other kinds of stream on their own)"
             )
     if len({id(s) for s in sessions}) != count:
         raise ValueError("a session appears twice; its frames are sequential, step them in separate calls")
@@ -79,15 +81,30 @@ def step_together(
         keyframes = [keyframe_flag(k) for k in keyframes]
     except TypeError as err:
         raise TypeError(f"keyframes: {err}") from err
+    for b, (session, keyframe) in enumerate(zip(sessions, keyframes)):
+        if isinstance(session, WindowedSession) and keyframe is not None:
+            raise ValueError(f"keyframes[{b}]: a WindowedSession stores frames at its fixed interval and takes no "
+                             "keyframe flag (give None)")
+    windowed = {b: s for b, s in enumerate(sessions) if isinstance(s, WindowedSession)}
+    stepped = [s._session if b in windowed else s for b, s in enumerate(sessions)]
     checked = []
-    for b, (session, frame) in enumerate(zip(sessions, frames)):
+    for b, (session, frame) in enumerate(zip(stepped, frames)):
         session._check_open()
         try:
             checked.append(session._check_frame(frame))
         except ValueError as err:
             raise ValueError(f"frame {b}: {err}") from err
 
-    results: list[list[FramePrediction]] = [[] for _ in range(count)]
+    opened = {b: s._open_window_if_due() for b, s in windowed.items()}
+    results = _step_sessions(stepped, checked, keyframes, names)
+    for b, session in windowed.items():
+        results[b] = opened[b] + session._stepped(frames[b], names[b], results[b])
+    return results
+
+
+def _step_sessions(sessions: Sequence[Session], checked, keyframes, names) -> list[list[FramePrediction]]:
+    """`step_together` for sessions and frames that passed its checks."""
+    results: list[list[FramePrediction]] = [[] for _ in sessions]
     groups: dict[tuple, list[int]] = {}
     for b, session in enumerate(sessions):
         if session.in_scale_phase:

@@ -76,6 +76,11 @@ class WindowedSession:
     ) -> None:
         config = (config or model.stream_config).with_settings(**settings)
         check_window_options(config)  # before the session takes any memory
+        if config.provisional:
+            raise ValueError(
+                "provisional predictions are a single cache's, during its scale phase; a windowed session gives "
+                "final predictions only: make it with provisional=False (or use a Session for provisional ones)"
+            )
         self.config = config
         self.shared_from = config.shared_from
         self._session = Session(model, config, output_device=output_device)
@@ -136,12 +141,30 @@ class WindowedSession:
         out["windows"] = self._window + 1
         return out
 
+    @property
+    def num_scale_frames(self) -> int:
+        """Scale frames of each window."""
+        return self._session.num_scale_frames
+
     # ------------------------------------------------------------------ stepping
     @torch.no_grad()
     def step(self, frame: torch.Tensor, *, name: str | None = None) -> list[FramePrediction]:
         """Feed one frame; returns the predictions (in the first window's frame) it completed."""
-        out = self._start_next_window() if self._in_window == self.span else []
-        out += self._feed(frame, name)
+        out = self._open_window_if_due()
+        return out + self._stepped(frame, name, self._session.step(frame, name=name))
+
+    # `step` in two halves around the window's own session step, so that `mapstream.step_together`
+    # can batch that step with other streams' frames.
+    def _open_window_if_due(self) -> list[FramePrediction]:
+        """Before a frame: a full window gives way to the next, whose shared frames are fed
+        again (their own forwards); returns what their predictions release."""
+        return self._start_next_window() if self._in_window == self.span else []
+
+    def _stepped(self, frame: torch.Tensor, name: str | None, preds: list[FramePrediction]) -> list[FramePrediction]:
+        """After the window's session stepped ``frame`` (giving ``preds``): the predictions it
+        completed, aligned, and the frame kept for the next window's start."""
+        self._in_window += 1
+        out = self._route(preds)
         self._recent.append((frame, name))
         self._frames += 1
         return out

@@ -105,13 +105,67 @@ def test_mixed_phases_and_sizes_are_grouped(model):
             assert_same(g, w)
 
 
+WINDOWS = [dict(window_size=5, overlap=2, shared_from="later"), dict(window_size=4, overlap=1, shared_from="earlier")]
+
+
+def test_windowed_sessions_join_the_batch_and_equal_their_solo_runs(model):
+    """Two windowed streams (one whose windows reopen with a full scale phase, one whose
+    overlap is shorter than its scale frames, so that its new window's frame is still
+    buffered) beside a one-cache stream: each step gives each what its own `step` gives,
+    and the windows are joined by the same transforms."""
+    n = 13
+    streams = [frames_of(n, seed=40 + b) for b in range(3)]
+
+    def make(b):
+        if b == 2:
+            return model.session(num_scale_frames=2, keyframe_interval=1, **CACHE)
+        return mapstream.WindowedSession(model, num_scale_frames=2, keyframe_interval=1, **WINDOWS[b])
+
+    want = []
+    for b in range(3):
+        with make(b) as alone:
+            want.append(([alone.step(frame, name=f"f{i}") for i, frame in enumerate(streams[b])], alone.flush(),
+                         getattr(alone, "transforms", [])))
+    sessions = [make(b) for b in range(3)]
+    got = [[] for _ in range(3)]
+    for i in range(n):
+        for b, preds in enumerate(mapstream.step_together(sessions, [s[i] for s in streams], names=[f"f{i}"] * 3)):
+            got[b].append(preds)
+    for b in range(3):
+        assert sum(map(len, got[b])) > 0
+        for step_got, step_want in zip(got[b], want[b][0], strict=True):
+            assert_same(step_got, step_want)
+        assert_same(sessions[b].flush(), want[b][1])
+    for b in range(2):
+        assert sessions[b].stats()["windows"] == len(want[b][2]) > 2
+        for t_got, t_want in zip(sessions[b].transforms, want[b][2], strict=True):
+            torch.testing.assert_close(t_got.matrix(), t_want.matrix(), rtol=1e-4, atol=1e-5)
+    for s in sessions:
+        s.close()
+
+
+def test_a_windowed_session_takes_no_keyframe_flag(model):
+    windowed = mapstream.WindowedSession(model, num_scale_frames=1, keyframe_interval=1, window_size=3, overlap=1)
+    plain = model.session(num_scale_frames=1, **CACHE)
+    x = frames_of(2, seed=50)
+    with pytest.raises(ValueError, match=r"keyframes\[1\]: a WindowedSession stores frames at its fixed interval"):
+        mapstream.step_together([plain, windowed], [x[0], x[1]], keyframes=[True, False])
+    assert plain.frames_processed == 0 and windowed.stats()["aggregator"].frames_seen == 0  # nothing moved
+    mapstream.step_together([plain, windowed], [x[0], x[1]], keyframes=[True, None])
+    assert plain.frames_processed == 1
+    windowed.close()
+    with pytest.raises(mapstream.session.SessionClosedError):
+        mapstream.step_together([plain, windowed], [x[0], x[1]])
+    plain.close()
+
+
 def test_misuse_is_refused_before_any_session_moves(model):
     a, b = model.session(num_scale_frames=1, **CACHE), model.session(num_scale_frames=1, **CACHE)
     x = frames_of(2, seed=30)
     mapstream.step_together([a, b], [x[0], x[1]])
     with pytest.raises(ValueError, match="a session appears twice"):
         mapstream.step_together([a, a], [x[0], x[1]])
-    with pytest.raises(TypeError, match=r"sessions\[1\] is a str; step_together takes mapstream.Session"):
+    with pytest.raises(TypeError, match=r"sessions\[1\] is a str; step_together takes mapstream.Session and "):
         mapstream.step_together([a, "camera"], [x[0], x[1]])
     with pytest.raises(ValueError, match="2 sessions need as many frames"):
         mapstream.step_together([a, b], [x[0]])

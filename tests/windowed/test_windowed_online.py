@@ -214,6 +214,12 @@ def test_shared_from_takes_only_the_two_choices(model):
         WindowedSession(model, window_size=5, overlap=2, num_scale_frames=2, shared_from="last")
 
 
+def test_provisional_predictions_are_refused_by_a_windowed_session(model):
+    """Its windows' scale phases would give provisional predictions in the window's own frame."""
+    with pytest.raises(ValueError, match="a windowed session gives final predictions only: make it with provisional"):
+        WindowedSession(model, window_size=5, overlap=2, num_scale_frames=2, provisional=True)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"num_scale_frames": 2.5}, "num_scale_frames must be an integer >= 1, got 2.5"),
     ({"num_scale_frames": "2"}, "num_scale_frames must be an integer >= 1, got '2'"),
