@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Annotated, ClassVar, Literal, Optional
+from typing import Annotated, ClassVar, Literal
 
 import tyro
 
@@ -22,18 +22,6 @@ class ServeFlags(ServeConfig):
 
     def config(self) -> ServeConfig:
         return ServeConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ServeConfig)})
-
-
-@dataclass(frozen=True)
-class SessionFlags(StreamFlags):
-    """The settings each session starts from (a client may choose some, within bounds:
-    docs/SERVE.md). Windowed runs are not served: their settings are no flags here."""
-
-    window_size: tyro.conf.Suppress[int] = 64
-    overlap: tyro.conf.Suppress[Optional[int]] = 16
-    overlap_keyframes: tyro.conf.Suppress[Optional[int]] = None
-    shared_from: tyro.conf.Suppress[Literal["earlier", "later"]] = "later"
-    window_join: tyro.conf.Suppress[Literal["shared", "anchor"]] = "shared"
 
 
 @dataclass
@@ -61,8 +49,10 @@ class Serve:
     """Build the model with torch.compile'd per-frame static parts (slow start, faster frames on GPUs)."""
     low_precision_heads: bool = False
     """Heads in --precision too, not fp32: faster on GPUs, within that precision's rounding."""
-    stream: Annotated[SessionFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=SessionFlags)
-    """The sessions' stream settings (mapstream.StreamConfig)."""
+    mode: Literal["auto", "streaming", "windowed"] = "auto"
+    """How a session streams unless its client says: as mapstream run --mode (auto: windows as long as the model's training clips when its weights record them, e.g. the small model, else one cache; docs/SERVE.md)."""
+    stream: Annotated[StreamFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=StreamFlags)
+    """The stream settings each session starts from (a client may choose some, within bounds: docs/SERVE.md)."""
 
     def main(self) -> int:
         import asyncio
@@ -89,7 +79,11 @@ class Serve:
         precision = resolve_precision(stream.precision, device)
         if precision in ("bf16", "fp16"):
             model.cast_for_inference(precision, heads=self.low_precision_heads)
-        server = Server(model, config, stream.with_settings(precision=precision), model_desc=desc, warnings=warnings)
+        try:
+            server = Server(model, config, stream.with_settings(precision=precision), mode=self.mode, model_desc=desc,
+                            warnings=warnings)
+        except ValueError as err:
+            raise ValueError(as_flags(str(err), Serve)) from err
 
         def listening(running: Server) -> None:
             print(f"serving {desc} on {running.url} ({config.max_sessions} sessions at most); Ctrl-C stops",

@@ -35,6 +35,8 @@ class Stream:
     token_file: Optional[Path] = None
     """File holding the server's token (default: $MAPSTREAM_TOKEN; none for a server run with --no-auth)."""
     frames: Annotated[InputFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=InputFlags)
+    mode: Literal["auto", "streaming", "windowed"] = "auto"
+    """As mapstream run --mode, planned by the server for its model (windows of the server's sizes)."""
     num_scale_frames: int = 8
     """Frames that open the sequence together and stay its anchors."""
     cache_scale_frames: Optional[int] = None
@@ -67,7 +69,7 @@ class Stream:
                 trajectory_capacity=self.trajectory_capacity,
             )
             opts = RunOptions(
-                input=self.input, out=self.out, model=self.to, **self.frames.options(),
+                input=self.input, out=self.out, model=self.to, mode=self.mode, **self.frames.options(),
                 stream=stream, device="cpu", formats=self.formats,
                 conf_threshold=self.cloud.conf_threshold, conf_percentile=self.cloud.conf_percentile,
                 voxel_size=self.cloud.voxel_size, drop_black_background=self.cloud.drop_black_background,

@@ -41,9 +41,12 @@ class Client:
 
     def open_session(self, *, settings: dict[str, Any] | None = None, preprocess: dict[str, Any] | None = None,
                      depth: bool = False, confidence: bool = False, points: bool = False, dtype: str = "float16",
-                     stride: int = 1, conf_threshold: float = 1.5) -> RemoteSession:
-        """Connect and open a session (docs/SERVE.md, "Opening"). Raises ServiceError when the
-        server refuses the connection (its HTTP answer's text) or the options."""
+                     stride: int = 1, conf_threshold: float = 1.5, mode: str | None = None,
+                     frames: int | None = None) -> RemoteSession:
+        """Connect and open a session (docs/SERVE.md, "Opening"). ``mode``: "auto", "streaming"
+        or "windowed" (None: the server's); ``frames``: how many frames will be sent, when known
+        (the session is then planned as `mapstream run` plans an input of that length). Raises
+        ServiceError when the server refuses the connection (its HTTP answer's text) or the options."""
         from websockets.exceptions import InvalidStatus
         from websockets.sync.client import connect
 
@@ -58,7 +61,7 @@ class Client:
         outputs = {"depth": depth, "confidence": confidence, "points": points, "dtype": dtype, "stride": stride,
                    "conf_threshold": conf_threshold}
         open_message = {"type": "open", "version": PROTOCOL_VERSION, "settings": settings, "preprocess": preprocess,
-                        "outputs": outputs}
+                        "outputs": outputs, "mode": mode, "frames": frames}
         ws.send(json.dumps(open_message))
         answer = parse_answer(ws.recv(timeout=self.open_timeout))
         if not (isinstance(answer, Event) and answer.type == "opened"):

@@ -7,21 +7,23 @@ and depth and confidence come back as float32 at full size.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from ..checkpoint import DEFAULT_IMAGE_SIZE
+from ..config import StreamConfig
 from ..pipeline.run import OpenedSession, RunOptions, RunSummary, run
-from ..pipeline.stream_plan import plan_stream
 from .connection import Client, RemoteSession
 from .events import Event, Result, ServiceError
 
 __all__ = ["RUN_SETTINGS", "remote_run", "remote_session_opener"]
 
 RUN_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "sliding_window",
-                   "trajectory_capacity")
+                "trajectory_capacity", "shared_from", "window_join")
 """The stream settings a remote run asks the server for (the others are the server's)."""
+_STREAM_FIELDS = {f.name for f in dataclasses.fields(StreamConfig)}
 
 
 class _RunSession:
@@ -60,16 +62,16 @@ def remote_session_opener(url: str, *, token: str | None = None, encoding: str =
     """``open_session`` for `mapstream.pipeline.run`: a session of the server at ``url``."""
 
     def open_session(opts: RunOptions, device: torch.device, length: int | None) -> OpenedSession:
-        if opts.mode == "windowed":
-            raise ValueError("a server's sessions stream through one cache: run --mode windowed with a local model")
-        # The server's model is known only once the session is open: the reference's plan.
-        plan = plan_stream("streaming", opts.stream, length, None)
-        settings = {name: getattr(plan.stream, name) for name in RUN_SETTINGS}
+        # The server plans the session, as a local run plans its input: it knows the model.
+        settings = {name: getattr(opts.stream, name) for name in RUN_SETTINGS}
         remote = Client(url, token=token).open_session(settings=settings, depth=True, confidence=True,
-                                                       dtype="float32")
+                                                       dtype="float32", mode=opts.mode, frames=length)
         info: dict[str, Any] = remote.info
+        planned = {name: info["settings"][name] for name in RUN_SETTINGS}
+        planned.update({k: v for k, v in (info.get("windows") or {}).items() if k in _STREAM_FIELDS})
+        stream = opts.stream.with_settings(**planned)
         # A server that does not say its model's width serves the official one's.
-        return OpenedSession(_RunSession(remote, encoding), plan.mode, plan.stream, info["model"],
+        return OpenedSession(_RunSession(remote, encoding), info.get("mode", "streaming"), stream, info["model"],
                              list(info["warnings"]), info["precision"], info["heads_precision"],
                              info["camera_iterations"], where=url,
                              image_size=info.get("image_size", DEFAULT_IMAGE_SIZE))

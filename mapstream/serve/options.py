@@ -1,28 +1,33 @@
-"""A session's ``open`` message read into `SessionOptions`: the stream settings a client may
-choose, how its frames are preprocessed and which arrays its results carry.
+"""A session's ``open`` message read into `SessionOptions`: how the session streams (its mode,
+the stream settings a client may choose, the frames it announces), how its frames are
+preprocessed and which arrays its results carry; and `plan_session`, the plan it runs.
 
 The server's `StreamConfig` is each session's default and, for what costs memory, its bound:
 a client may shorten the sliding window or the trajectory memory, not lengthen them. The
 settings that follow the server's model and device (precision, attention backend, CUDA
-graphs) are the server's alone.
+graphs) and the windows' sizes are the server's alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..checkpoint import DEFAULT_IMAGE_SIZE
 from ..config import StreamConfig
 from ..io.images import check_preprocess_args
+from ..pipeline.stream_plan import MODES, StreamPlan, plan_stream
 from .protocol import PROTOCOL_VERSION, ProtocolError
 
-__all__ = ["CLIENT_SETTINGS", "OutputOptions", "SessionOptions", "parse_open", "MAX_SCALE_FRAMES"]
+__all__ = ["CLIENT_SETTINGS", "OutputOptions", "SessionOptions", "parse_open", "plan_session", "MAX_SCALE_FRAMES",
+           "WINDOW_SETTINGS"]
 
 MAX_SCALE_FRAMES = 64
 """Most scale frames a client may ask for (they stay in every frame's attention)."""
 CLIENT_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "provisional", "sliding_window",
-                    "trajectory_capacity")
+                   "trajectory_capacity", "shared_from", "window_join")
 """The stream settings a client may choose in its open message."""
+WINDOW_SETTINGS = ("window_size", "overlap", "overlap_keyframes", "shared_from", "window_join")
+"""The settings of a windowed session, as its ``opened`` answer tells them."""
 _BOUNDED = ("sliding_window", "trajectory_capacity")
 
 
@@ -48,6 +53,24 @@ class SessionOptions:
     stream: StreamConfig
     preprocess: tuple[str, int] | None  # (mode, image_size) as `mapstream run` does, or frames go in as sent
     outputs: OutputOptions
+    mode: str = "auto"  # one of MODES, as `mapstream run --mode`
+    frames: int | None = None  # how many frames the client will send, when it knows (None: a live stream)
+
+
+def plan_session(options: SessionOptions, trained_views: int | None) -> tuple[StreamPlan, list[str]]:
+    """How a session streams, and what the client is warned of: `plan_stream` of its mode for
+    an input of ``options.frames`` frames (None: live), on weights whose training clips held
+    ``trained_views`` frames. A live session through one cache keeps its settings as given (its
+    keyframe rule: None stores every frame; its provisional predictions); a session of known
+    length is planned as `mapstream run` plans that input. Windows give final predictions only."""
+    plan = plan_stream(options.mode, options.stream, options.frames, trained_views)
+    if plan.mode == "streaming" and options.frames is None:
+        plan = replace(plan, stream=options.stream)
+    warnings = []
+    if options.stream.provisional and not plan.stream.provisional:
+        why = "runs windows" if plan.mode == "windowed" else "announced its frames, as a run does"
+        warnings.append(f"no provisional predictions: this session {why}, and its results are final only")
+    return plan, warnings
 
 
 def _settings(given: Any, server: StreamConfig) -> StreamConfig:
@@ -107,18 +130,36 @@ def _outputs(given: Any) -> OutputOptions:
     return options
 
 
+def _mode(given: Any, server_mode: str) -> str:
+    if given is None:
+        return server_mode
+    if given not in MODES:
+        raise ProtocolError(f"mode is one of {', '.join(MODES)} (or null: the server's {server_mode}), got {given!r}",
+                            "bad_open")
+    return given
+
+
+def _frames(given: Any) -> int | None:
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+        raise ProtocolError(f"frames is the number of frames the client will send (an integer >= 1), or null for a "
+                            f"live stream; got {given!r}", "bad_open")
+    return given
+
+
 def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int,
-               image_size: int = DEFAULT_IMAGE_SIZE) -> SessionOptions:
+               image_size: int = DEFAULT_IMAGE_SIZE, mode: str = "auto") -> SessionOptions:
     """The options of an ``open`` message, or a ProtocolError saying what is wrong;
-    ``image_size``: the served model's own frame width, where ``preprocess`` names none."""
+    ``image_size``: the served model's own frame width, where ``preprocess`` names none;
+    ``mode``: the server's, where the message names none."""
     if message.get("type") != "open":
         raise ProtocolError(f"the first message opens the session ({{\"type\": \"open\", \"version\": "
                             f"{PROTOCOL_VERSION}}}), got type {message.get('type')!r}", "bad_open")
     if message.get("version") != PROTOCOL_VERSION:
         raise ProtocolError(f"this server speaks protocol version {PROTOCOL_VERSION}, the client asked for "
                             f"{message.get('version')!r}", "unsupported_version")
-    unknown = sorted(set(message) - {"type", "version", "settings", "preprocess", "outputs"})
+    unknown = sorted(set(message) - {"type", "version", "settings", "preprocess", "outputs", "mode", "frames"})
     if unknown:
         raise ProtocolError(f"open has no fields {unknown}", "bad_open")
     return SessionOptions(_settings(message.get("settings"), server),
-                          _preprocess(message.get("preprocess"), patch_size, image_size), _outputs(message.get("outputs")))
+                          _preprocess(message.get("preprocess"), patch_size, image_size), _outputs(message.get("outputs")),
+                          _mode(message.get("mode"), mode), _frames(message.get("frames")))

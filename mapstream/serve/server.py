@@ -20,15 +20,18 @@ from typing import Any
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
-from ..checkpoint import model_image_size
+from ..checkpoint import model_image_size, model_trained_views
 from ..config import StreamConfig
 from ..models.gct import GCTNetwork
+from ..pipeline.stream_plan import MODES
 from ..session import Session, resolve_precision
+from ..windowed import WindowedSession
+from ..windowed.online import check_window_options
 from .config import ServeConfig, resolve_token
 from .frames import check_frame_message, decode_frame
 from .gate import Gate
 from .metrics import Metrics
-from .options import CLIENT_SETTINGS, parse_open
+from .options import CLIENT_SETTINGS, WINDOW_SETTINGS, SessionOptions, parse_open, plan_session
 from .protocol import PROTOCOL_VERSION, ProtocolError, parse_json, unpack
 from .results import result_message, text
 from .scheduler import Worker
@@ -65,16 +68,28 @@ def _error(code: str, message: str, *, frame: int | None = None, fatal: bool = F
 class Server:
     """Serves ``model`` (on its device, in its dtype; the caller loads and casts it) as
     docs/SERVE.md describes. ``stream``: the settings each session starts from and is bounded
-    by (default: the model's); ``model_desc`` and ``warnings``: what clients are told of the
-    model; ``environ``: where $MAPSTREAM_TOKEN is read (default: os.environ). Refuses to be made without a token where `resolve_token` says so."""
+    by (default: the model's); ``mode``: how a session streams unless its client says
+    (`mapstream run --mode`: "auto" runs windows of the weights' training clip length where
+    they record one); ``model_desc`` and ``warnings``: what clients are told of the model;
+    ``environ``: where $MAPSTREAM_TOKEN is read (default: os.environ). Refuses to be made
+    without a token where `resolve_token` says so, and with window settings no window runs."""
 
     def __init__(self, model: GCTNetwork, config: ServeConfig = ServeConfig(), stream: StreamConfig | None = None,
-                 *, model_desc: str = "", warnings: list[str] = (), environ: dict[str, str] | None = None) -> None:
+                 *, mode: str = "auto", model_desc: str = "", warnings: list[str] = (),
+                 environ: dict[str, str] | None = None) -> None:
         self.model, self.config, self.model_desc, self.warnings = model, config, model_desc, list(warnings)
         self._token = resolve_token(config, environ)
         device = next(model.parameters()).device
         stream = stream or model.stream_config
         self.stream_config = stream.with_settings(precision=resolve_precision(stream.precision, device))
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "windowed" or mode == "auto" and stream.keyframe_interval is None:
+            check_window_options(self.stream_config)
+        self.mode = mode
+        live, _ = plan_session(SessionOptions(self.stream_config, None, None, mode), model_trained_views(model))
+        if live.reason:
+            log.info("live sessions: %s", live.reason)
         self.streams: dict[str, ServedStream] = {}
         self._slots = 0  # connections past the handshake that hold or are opening a session
         self._draining = False
@@ -169,7 +184,7 @@ class Server:
             if isinstance(first, bytes):
                 raise ProtocolError("the first message is a JSON text message {\"type\": \"open\", ...}", "bad_open")
             options = parse_open(parse_json(first), self.stream_config, self.model.config.patch_size,
-                                 model_image_size(self.model))
+                                 model_image_size(self.model), self.mode)
         except ConnectionClosed:
             return None
         except asyncio.TimeoutError:
@@ -178,12 +193,14 @@ class Server:
         except ProtocolError as err:
             return await self._turn_away(ws, err.code, str(err), 1008)
         try:
+            plan, warnings = plan_session(options, model_trained_views(self.model))
+            kind = WindowedSession if plan.mode == "windowed" else Session
             session = await self.worker.on_model_thread(
-                functools.partial(Session, self.model, options.stream, output_device="cpu"))
+                functools.partial(kind, self.model, plan.stream, output_device="cpu"))
         except (TypeError, ValueError) as err:  # settings the open message passed but a session refuses
             return await self._turn_away(ws, "bad_open", f"settings: {err}", 1008)
         stream = ServedStream(secrets.token_urlsafe(16), session, options, self.config.queue_size,
-                              RateLimit(self.config.max_fps), connection=ws)
+                              RateLimit(self.config.max_fps), connection=ws, warnings=warnings)
         self.streams[stream.id] = stream
         self.metrics.sessions_opened.inc()
         stream.outbox.put_nowait(text(self._opened(stream)))
@@ -201,17 +218,21 @@ class Server:
             await ws.close(close_code, code)
 
     def _opened(self, stream: ServedStream) -> dict[str, Any]:
-        c, settings = self.config, stream.options.stream
+        c, settings, windowed = self.config, stream.session.config, stream.windowed
         return {
             "type": "opened", "version": PROTOCOL_VERSION, "session": stream.id, "queue_size": c.queue_size,
             "max_fps": c.max_fps, "max_frame_pixels": c.max_frame_pixels, "max_message_bytes": c.max_message_bytes,
             "idle_timeout": c.idle_timeout, "patch_size": self.model.config.patch_size,
             "image_size": model_image_size(self.model), "model": self.model_desc,
-            "warnings": self.warnings,
+            "warnings": self.warnings + stream.warnings,
             "precision": self.stream_config.precision,
             "heads_precision": str(self.model.head_dtype).removeprefix("torch."),
             "camera_iterations": self.model.config.camera_num_iterations,
             "settings": {name: _plain(getattr(settings, name)) for name in CLIENT_SETTINGS},
+            "mode": "windowed" if windowed else "streaming",
+            "windows": {**{name: getattr(settings, name) for name in WINDOW_SETTINGS}, "span": stream.session.span,
+                        "overlap_frames": stream.session.overlap} if windowed else None,
+            "trained_views": model_trained_views(self.model),
             "preprocess": None if stream.options.preprocess is None else dict(
                 zip(("mode", "image_size"), stream.options.preprocess)),
             "outputs": asdict(stream.options.outputs),
@@ -241,6 +262,10 @@ class Server:
         header, payload = unpack(message)
         frame_id = check_frame_message(header, stream.last_frame_id)
         stream.last_frame_id = frame_id
+        if stream.windowed and header.get("keyframe") is not None:
+            return self._refuse(stream, frame_id, "bad_frame", "this session runs windows, which store frames at a "
+                                "fixed interval: send frames with keyframe null (or open the session with mode "
+                                "streaming to choose keyframes)")
         if stream.ending is not None:
             code = "shutting_down" if self._draining else "closing"
             return self._refuse(stream, frame_id, code, "the session is ending: frames sent after close (or a server "

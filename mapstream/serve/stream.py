@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..session import Session
+from ..windowed import WindowedSession
 from .options import SessionOptions
 
 __all__ = ["Control", "QueuedFrame", "RateLimit", "ServedStream"]
@@ -64,7 +65,7 @@ class ServedStream:
     only touches ``session``)."""
 
     id: str
-    session: Session
+    session: Session | WindowedSession
     options: SessionOptions
     queue_size: int
     limit: RateLimit
@@ -80,6 +81,11 @@ class ServedStream:
     gone: bool = False  # the connection ended: nothing more is done for it
     released: bool = False  # its session is closed, its cache freed
     connection: Any = None  # the WebSocket connection (closed by the server on shutdown)
+    warnings: list[str] = field(default_factory=list)  # what the client is told of its own session when it opens
+
+    @property
+    def windowed(self) -> bool:
+        return isinstance(self.session, WindowedSession)
 
     @property
     def queued_frames(self) -> int:

@@ -83,3 +83,32 @@ def test_a_remote_run_that_gives_no_width_takes_the_served_models_own(photos, tm
     assert json.loads((tmp_path / "remote" / "run.json").read_text())["config"]["image_size"] == 112
     assert np.load(tmp_path / "remote" / "predictions.npz")["images"].shape[2] == 112
     capsys.readouterr()
+
+
+def test_a_remote_run_plans_windows_as_the_local_run_of_the_same_weights(photos, tmp_path, capsys):
+    """Weights that record training clips shorter than the input: both runs take windows of
+    that length (the server plans the session from the input's length, which the remote run
+    announces) and write the same files; run.json records the same windows."""
+    from safetensors.torch import save_file
+
+    import mapstream
+    from mapstream.config import StreamConfig
+
+    weights = tmp_path / "views5.safetensors"
+    save_file(dict(mapstream.fill_synthetic_(mapstream.build_model("tiny")).state_dict()), str(weights),
+              metadata={"preset": "tiny", "trained_views": "5"})
+    assert main(["run", str(photos), "--out", str(tmp_path / "local"), "--model", str(weights), "--overlap", "2",
+                 *SETTINGS, "--quiet"]) == 0
+    model, desc, warnings = resolve_model(str(weights), filename="unused", device=torch.device("cpu"),
+                                          camera_num_iterations=4)
+    with serving(model, max_batch=1, stream=StreamConfig(overlap=2), model_desc=desc, warnings=warnings) as running:
+        assert main(["stream", str(photos), "--to", running.url, "--out", str(tmp_path / "remote"), *SETTINGS,
+                     "--quiet"]) == 0
+    capsys.readouterr()
+    local, remote = _files(tmp_path / "local"), _files(tmp_path / "remote")
+    assert sorted(local) == sorted(remote) and [str(n) for n in local if local[n] != remote[n]] == ["run.json"]
+    local_run, remote_run = (json.loads((tmp_path / d / "run.json").read_text())["config"] for d in ("local", "remote"))
+    local_run.pop("options"), remote_run.pop("options")
+    assert local_run == remote_run
+    assert (local_run["mode"], local_run["window_size"], local_run["overlap"], local_run["shared_from"]) == (
+        "windowed", 5, 2, "later")
