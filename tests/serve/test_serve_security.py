@@ -100,3 +100,12 @@ def test_the_command_refuses_to_serve_unprotected(capsys, tmp_path):
     (tmp_path / "t").write_text("short")
     assert main(["serve", "--token-file", str(tmp_path / "t"), "--model", "tiny"]) == 2
     assert "at least 16 characters" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--mode", "windowed", "--overlap", "0"], "an overlap of 0 frames leaves consecutive windows no frame"),
+    (["--mode", "windowed", "--keyframe-interval", "auto"], "windowed inference needs a fixed keyframe interval"),
+])
+def test_the_command_refuses_window_settings_no_window_runs(capsys, flags, message):
+    assert main(["serve", "--no-auth", "--model", "tiny", *flags]) == 2
+    assert message in capsys.readouterr().err
