@@ -28,9 +28,15 @@ from ..session import FramePrediction, Session
 from .align import Sim3, pairwise_alignment, warp_predictions
 from .plan import check_keyframe_interval, effective_overlap, warn_if_windows_evict, warn_overlap_cut
 
-__all__ = ["SHARED_FROM", "WindowedSession", "check_window_options", "warp_prediction", "predictions_as_window"]
+__all__ = [
+    "KEPT_TRANSFORMS", "SHARED_FROM", "WindowedSession", "check_window_options", "warp_prediction",
+    "predictions_as_window",
+]
 
 log = logging.getLogger(__name__)
+
+KEPT_TRANSFORMS = 4096
+"""Windows whose Sim(3) a session keeps in `WindowedSession.transforms` (the latest ones)."""
 
 
 @dataclass
@@ -119,7 +125,9 @@ class WindowedSession:
         # shared_from="later": this window's aligned predictions of its last `overlap` frames,
         # held until the next window predicts them again (or the stream ends).
         self._tail: list[FramePrediction] = []
-        self.transforms: list[Sim3] = []
+        # Window k's transform to the first window's frame, for the latest KEPT_TRANSFORMS
+        # windows: a session on an endless stream keeps bounded memory.
+        self.transforms: collections.deque[Sim3] = collections.deque(maxlen=KEPT_TRANSFORMS)
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> None:

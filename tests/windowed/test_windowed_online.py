@@ -77,7 +77,10 @@ def test_an_overlap_cut_to_the_window_is_told_online_as_offline(model, caplog):
     assert "does not fit" not in caplog.text
 
 
-def test_long_stream_runs_in_per_window_memory(model):
+def test_long_stream_runs_in_per_window_memory(model, monkeypatch):
+    """The cache holds one window's frames; the session keeps the latest KEPT_TRANSFORMS
+    windows' transforms, the newest last."""
+    monkeypatch.setattr(mapstream.windowed.online, "KEPT_TRANSFORMS", 10)
     x = frames_of(8, seed=9)
     with WindowedSession(model, window_size=6, overlap=2, num_scale_frames=2) as online:
         held = None
@@ -85,8 +88,12 @@ def test_long_stream_runs_in_per_window_memory(model):
             online.step(x[i % 8])
             if i == 50:
                 held = online.stats()["aggregator"].bytes_held
+            if online.stats()["windows"] == 12 and online._pending is None:
+                twelfth = online.transforms[-1]
         assert online.stats()["aggregator"].bytes_held == held
         assert online.stats()["windows"] == 1 + (400 - 6 + 3) // 4
+        assert len(online.transforms) == 10 and online.transforms[-1] is online._sim
+        assert all(t is not twelfth for t in online.transforms)  # the oldest were let go
 
 
 def test_five_thousand_frames_run_in_per_window_memory(model):
