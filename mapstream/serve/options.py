@@ -55,6 +55,7 @@ class SessionOptions:
     outputs: OutputOptions
     mode: str = "auto"  # one of MODES, as `mapstream run --mode`
     frames: int | None = None  # how many frames the client will send, when it knows (None: a live stream)
+    chosen: frozenset[str] = frozenset()  # the settings the client named
 
 
 def plan_session(options: SessionOptions, trained_views: int | None) -> tuple[StreamPlan, list[str]]:
@@ -62,10 +63,14 @@ def plan_session(options: SessionOptions, trained_views: int | None) -> tuple[St
     an input of ``options.frames`` frames (None: live), on weights whose training clips held
     ``trained_views`` frames. A live session through one cache keeps its settings as given (its
     keyframe rule: None stores every frame; its provisional predictions); a session of known
-    length is planned as `mapstream run` plans that input. Windows give final predictions only."""
+    length is planned as `mapstream run` plans that input. A client that names ``shared_from``
+    gets it where "auto" would answer a live session from the earlier window. Windows give
+    final predictions only."""
     plan = plan_stream(options.mode, options.stream, options.frames, trained_views)
     if plan.mode == "streaming" and options.frames is None:
         plan = replace(plan, stream=options.stream)
+    elif "shared_from" in options.chosen:
+        plan = replace(plan, stream=plan.stream.with_settings(shared_from=options.stream.shared_from))
     warnings = []
     if options.stream.provisional and not plan.stream.provisional:
         why = "runs windows" if plan.mode == "windowed" else "announced its frames, as a run does"
@@ -162,4 +167,5 @@ def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int,
         raise ProtocolError(f"open has no fields {unknown}", "bad_open")
     return SessionOptions(_settings(message.get("settings"), server),
                           _preprocess(message.get("preprocess"), patch_size, image_size), _outputs(message.get("outputs")),
-                          _mode(message.get("mode"), mode), _frames(message.get("frames")))
+                          _mode(message.get("mode"), mode), _frames(message.get("frames")),
+                          frozenset(message.get("settings") or ()))

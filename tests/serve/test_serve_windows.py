@@ -122,3 +122,24 @@ def test_an_open_message_with_a_mode_or_frames_no_session_runs_is_refused(clip_m
         with pytest.raises(ServiceError, match=message) as refused:
             Client(running.url).open_session(**options)
     assert refused.value.code == "bad_open"
+
+
+def test_a_reset_inside_a_window_finishes_the_sequence_and_starts_new_windows(clip_model):
+    """A scene cut flushes the windows (the frames a later window would have taken come from
+    the last one) and the next sequence, of another size, starts from a first window."""
+    first, second = frames(36, 7), frames(37, 6, hw=(42, 28))
+    with serving(clip_model, max_batch=1, stream=SERVER) as running:
+        session = Client(running.url).open_session(settings={"num_scale_frames": 2, "shared_from": "later"},
+                                                   depth=True, dtype="float32")
+        for image in first:
+            session.send(image)
+        session.reset()
+        for image in second:
+            session.send(image)
+        answers = session.close()
+    got = results(answers)
+    assert [(r.sequence, r.index) for r in got] == [(0, i) for i in range(7)] + [(1, i) for i in range(6)]
+    settings = dict(num_scale_frames=2, keyframe_interval=1, window_size=VIEWS, overlap=2)
+    for result, pred in zip(got, local_windows(clip_model, first, **settings) + local_windows(clip_model, second,
+                                                                                             **settings), strict=True):
+        assert_exact(result, pred)
