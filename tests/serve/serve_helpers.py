@@ -51,6 +51,16 @@ def solo(model, images: list[np.ndarray], *, resets: tuple[int, ...] = (), **set
     return preds
 
 
+def send_sequences(session, *sequences) -> list:
+    """Send each sequence's frames, a reset between sequences; the answers once closed."""
+    for k, images in enumerate(sequences):
+        if k:
+            session.reset()
+        for image in images:
+            session.send(image)
+    return session.close()
+
+
 def results(answers) -> list[Result]:
     return [a for a in answers if isinstance(a, Result) and not a.provisional]
 

@@ -12,7 +12,8 @@ from mapstream.client import Client, Result, ServiceError
 from mapstream.session import SessionClosedError
 
 from serve_helpers import (
-    as_tensor, assert_exact, events, frames, model_thread_held, results, serving, solo, tiny_model, wait_until,
+    as_tensor, assert_exact, events, frames, model_thread_held, results, send_sequences, serving, solo, tiny_model,
+    wait_until,
 )
 
 
@@ -64,12 +65,7 @@ def test_a_reset_starts_a_new_sequence_of_another_size_exactly_as_locally(model)
     first, second = frames(9, 5), frames(10, 4, hw=(42, 28))
     with serving(model, max_batch=1) as running:
         session = Client(running.url).open_session(settings={"num_scale_frames": 3}, depth=True, dtype="float32")
-        for image in first:
-            session.send(image)
-        session.reset()
-        for image in second:
-            session.send(image)
-        answers = session.close()
+        answers = send_sequences(session, first, second)
     kinds = [a.type if not isinstance(a, Result) else "result" for a in answers]
     assert kinds.count("reset") == 1 and kinds[-1] == "closed"
     got = results(answers)

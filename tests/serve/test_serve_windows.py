@@ -12,7 +12,7 @@ from mapstream.client import Client, ServiceError
 from mapstream.config import StreamConfig
 from mapstream.windowed import WindowedSession
 
-from serve_helpers import as_tensor, assert_exact, events, frames, results, serving, tiny_model
+from serve_helpers import as_tensor, assert_exact, events, frames, results, send_sequences, serving, tiny_model
 
 VIEWS = 5
 SERVER = StreamConfig(overlap=2)  # the windows' overlap is the server's; a window of 5 needs a shorter one
@@ -37,9 +37,7 @@ def local_windows(model, images, **settings) -> list:
 def served(model, images, *, server=SERVER, **open_options):
     with serving(model, max_batch=1, stream=server) as running:
         session = Client(running.url).open_session(depth=True, dtype="float32", **open_options)
-        for image in images:
-            session.send(image)
-        return session.info, session.close()
+        return session.info, send_sequences(session, images)
 
 
 def test_a_live_session_runs_windows_of_the_weights_clip_length_and_answers_each_frame_as_it_comes(clip_model):
@@ -131,12 +129,7 @@ def test_a_reset_inside_a_window_finishes_the_sequence_and_starts_new_windows(cl
     with serving(clip_model, max_batch=1, stream=SERVER) as running:
         session = Client(running.url).open_session(settings={"num_scale_frames": 2, "shared_from": "later"},
                                                    depth=True, dtype="float32")
-        for image in first:
-            session.send(image)
-        session.reset()
-        for image in second:
-            session.send(image)
-        answers = session.close()
+        answers = send_sequences(session, first, second)
     got = results(answers)
     assert [(r.sequence, r.index) for r in got] == [(0, i) for i in range(7)] + [(1, i) for i in range(6)]
     settings = dict(num_scale_frames=2, keyframe_interval=1, window_size=VIEWS, overlap=2)
