@@ -77,16 +77,3 @@ def test_a_run_s_plan_gives_final_predictions_only():
 def test_an_unknown_mode_is_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="mode must be one of auto, streaming, windowed, got 'online'"):
         plan_stream("online", StreamConfig(), 10, None)
-
-
-def test_a_run_through_a_server_refuses_windows_before_connecting(tmp_path):
-    """A server's sessions stream through one cache: a remote run asked for windows is told so
-    (no server listens at the address: the refusal comes first)."""
-    import torch
-
-    from mapstream.client.run import remote_session_opener
-    from mapstream.pipeline import RunOptions
-
-    opener = remote_session_opener("ws://127.0.0.1:9")
-    with pytest.raises(ValueError, match="a server's sessions stream through one cache"):
-        opener(RunOptions(input="x", out=tmp_path, mode="windowed"), torch.device("cpu"), 10)
