@@ -125,8 +125,8 @@ class WindowedSession:
         # shared_from="later": this window's aligned predictions of its last `overlap` frames,
         # held until the next window predicts them again (or the stream ends).
         self._tail: list[FramePrediction] = []
-        # Window k's transform to the first window's frame, for the latest KEPT_TRANSFORMS
-        # windows: a session on an endless stream keeps bounded memory.
+        # The latest KEPT_TRANSFORMS windows' transforms to the first window's frame, oldest
+        # first (all of them while there are no more): an endless stream keeps bounded memory.
         self.transforms: collections.deque[Sim3] = collections.deque(maxlen=KEPT_TRANSFORMS)
 
     # ------------------------------------------------------------------ lifecycle
