@@ -31,7 +31,7 @@ from .config import ServeConfig, resolve_token
 from .frames import check_frame_message, decode_frame
 from .gate import Gate
 from .metrics import Metrics
-from .options import CLIENT_SETTINGS, WINDOW_SETTINGS, SessionOptions, parse_open, plan_session
+from .options import CLIENT_SETTINGS, WINDOW_SETTINGS, OutputOptions, SessionOptions, parse_open, plan_session
 from .protocol import PROTOCOL_VERSION, ProtocolError, parse_json, unpack
 from .results import result_message, text
 from .scheduler import Worker
@@ -87,7 +87,8 @@ class Server:
         if mode == "windowed" or mode == "auto" and stream.keyframe_interval is None:
             check_window_options(self.stream_config)
         self.mode = mode
-        live, _ = plan_session(SessionOptions(self.stream_config, None, None, mode), model_trained_views(model))
+        live_options = SessionOptions(self.stream_config, None, OutputOptions(), mode)
+        live, _ = plan_session(live_options, model_trained_views(model))
         if live.reason:
             log.info("live sessions: %s", live.reason)
         self.streams: dict[str, ServedStream] = {}
