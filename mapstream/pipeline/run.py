@@ -26,13 +26,12 @@ from ..export import ALL_FORMATS, CloudOptions, check_formats, export_all, runti
 from ..export.reconstruction import Reconstruction
 from ..session import FramePrediction, Session, resolve_precision
 from ..windowed import WindowedSession
-from ..windowed.online import check_window_options
 from .frame_store import FrameStore
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 from .run_folder import RunFolder
 from .run_input import check_input_apart_from_outputs, frame_width, input_files, input_key, open_input
 from .run_stream import Streamed, stream_frames
-from .stream_plan import MODES, StreamPlan, plan_stream
+from .stream_plan import StreamPlan, check_mode, plan_stream
 
 __all__ = ["OpenedSession", "RunOptions", "RunSummary", "check_input", "check_options", "run"]
 
@@ -112,10 +111,7 @@ def check_options(opts: RunOptions) -> None:
         raise ValueError(f"--demo renders its own frames and reads no input: give the input {opts.input} or --demo, "
                          "not both")
     check_input_apart_from_outputs(opts)
-    if opts.mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {opts.mode!r}")
-    if opts.mode == "windowed" or opts.mode == "auto" and opts.stream.keyframe_interval is None:
-        check_window_options(opts.stream)  # "auto" may run windows (`plan_stream`)
+    check_mode(opts.mode, opts.stream)
 
 
 def check_input(opts: RunOptions) -> None:

@@ -22,8 +22,9 @@ import math
 from dataclasses import dataclass
 
 from ..config import StreamConfig
+from ..windowed.online import check_window_options
 
-__all__ = ["MODES", "REFERENCE_TRAINED_VIEWS", "StreamPlan", "plan_stream"]
+__all__ = ["MODES", "REFERENCE_TRAINED_VIEWS", "StreamPlan", "check_mode", "plan_stream"]
 
 MODES = ("auto", "streaming", "windowed")
 
@@ -40,6 +41,15 @@ class StreamPlan:
     """The settings the run's session takes: the keyframe interval decided, windows sized."""
     reason: str = ""
     """Why "auto" chose windows, for the log ("" otherwise)."""
+
+
+def check_mode(mode: str, stream: StreamConfig) -> None:
+    """A clear error for a mode `plan_stream` does not know, or for window settings no window
+    runs with where the mode may run windows ("auto" does unless a keyframe interval is given)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "windowed" or mode == "auto" and stream.keyframe_interval is None:
+        check_window_options(stream)
 
 
 def plan_stream(mode: str, stream: StreamConfig, length: int | None, trained_views: int | None) -> StreamPlan:

@@ -23,10 +23,9 @@ from websockets.exceptions import ConnectionClosed
 from ..checkpoint import model_image_size, model_trained_views
 from ..config import StreamConfig
 from ..models.gct import GCTNetwork
-from ..pipeline.stream_plan import MODES
+from ..pipeline.stream_plan import check_mode
 from ..session import Session, resolve_precision
 from ..windowed import WindowedSession
-from ..windowed.online import check_window_options
 from .config import ServeConfig, resolve_token
 from .frames import check_frame_message, decode_frame
 from .gate import Gate
@@ -82,10 +81,7 @@ class Server:
         device = next(model.parameters()).device
         stream = stream or model.stream_config
         self.stream_config = stream.with_settings(precision=resolve_precision(stream.precision, device))
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if mode == "windowed" or mode == "auto" and stream.keyframe_interval is None:
-            check_window_options(self.stream_config)
+        check_mode(mode, self.stream_config)
         self.mode = mode
         live_options = SessionOptions(self.stream_config, None, OutputOptions(), mode)
         live, _ = plan_session(live_options, model_trained_views(model))
