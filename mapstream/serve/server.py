@@ -83,8 +83,9 @@ class Server:
         self.stream_config = stream.with_settings(precision=resolve_precision(stream.precision, device))
         check_mode(mode, self.stream_config)
         self.mode = mode
+        self.trained_views = model_trained_views(model)
         live_options = SessionOptions(self.stream_config, None, OutputOptions(), mode)
-        live, _ = plan_session(live_options, model_trained_views(model))
+        live, _ = plan_session(live_options, self.trained_views)
         if live.reason:
             log.info("live sessions: %s", live.reason)
         self.streams: dict[str, ServedStream] = {}
@@ -190,7 +191,7 @@ class Server:
         except ProtocolError as err:
             return await self._turn_away(ws, err.code, str(err), 1008)
         try:
-            plan, warnings = plan_session(options, model_trained_views(self.model))
+            plan, warnings = plan_session(options, self.trained_views)
             kind = WindowedSession if plan.mode == "windowed" else Session
             session = await self.worker.on_model_thread(
                 functools.partial(kind, self.model, plan.stream, output_device="cpu"))
@@ -229,7 +230,7 @@ class Server:
             "mode": "windowed" if windowed else "streaming",
             "windows": {**{name: getattr(settings, name) for name in WINDOW_SETTINGS}, "span": stream.session.span,
                         "overlap_frames": stream.session.overlap} if windowed else None,
-            "trained_views": model_trained_views(self.model),
+            "trained_views": self.trained_views,
             "preprocess": None if stream.options.preprocess is None else dict(
                 zip(("mode", "image_size"), stream.options.preprocess)),
             "outputs": asdict(stream.options.outputs),
