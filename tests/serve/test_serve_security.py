@@ -60,6 +60,9 @@ def test_sessions_beyond_the_limit_are_refused_until_one_ends(guarded):
     with pytest.raises(ServiceError, match="HTTP 503 the server is full \\(2 sessions\\)"):
         client.open_session()
     first.close()
+    # The place is free once the server has let the first session's cache go, which it does on
+    # its model thread after the client has its `closed` answer.
+    wait_until(lambda: guarded.server._slots < 2)
     third = client.open_session()  # the freed place is taken again
     for session in (second, third):
         session.close()
