@@ -10,6 +10,8 @@ import tyro
 
 from ..config import StreamConfig
 from ..export import ALL_FORMATS
+from ..globalmap.config import MapConfig
+from ..pipeline.run import RunOptions
 from ._cloud import CloudFlags, PointCloudFlags
 from ._fleet import FleetFlags
 from ._flags import as_flags
@@ -67,6 +69,10 @@ class Run:
     """Heads in --precision too, not fp32 as the reference: faster on GPUs, within that precision's rounding."""
     formats: tuple[str, ...] = ALL_FORMATS
     """Outputs to write (default: all of them)."""
+    loop_closure: bool = RunOptions.loop_closure
+    """Build a global map beside the stream: loops found and closed in a pose graph, every output corrected (docs/MAP.md)."""
+    map: MapConfig = field(default_factory=MapConfig)
+    """The global map's settings, read with --loop-closure (docs/MAP.md)."""
     cloud: CloudFlags = field(default_factory=PointCloudFlags)
     sky_mask: bool = False
     """Segment the sky (ONNX model) and leave it out of the point cloud; masks are cached."""
@@ -106,6 +112,7 @@ class Run:
             drop_white_background=self.cloud.drop_white_background, max_points=self.cloud.max_points,
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
+            loop_closure=self.loop_closure, map=self.map,
         )
         if many:
             return self._run_many(opts)

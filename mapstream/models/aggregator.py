@@ -306,6 +306,14 @@ class AggregatorStream(nn.Module):
             trace("agg.tokens_in", tokens)
         return tokens
 
+    def patch_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """The ViT's normalised patch tokens of images [S, 3, H, W] in [0, 1] -> [S, H/p, W/p, C]:
+        a frame's own appearance, before any attention across frames (no cache is read)."""
+        x = (images[None] - self._resnet_mean) / self._resnet_std
+        tokens = self.patch_embed(x[0].to(self.camera_token.dtype))
+        p = self.config.patch_size
+        return tokens.reshape(images.shape[0], images.shape[-2] // p, images.shape[-1] // p, -1)
+
     def enter_layer(
         self, i: int, tokens: torch.Tensor, frame_rotary: Rotary, global_rotary: Rotary | None, *, streams: int = 1
     ) -> LayerEntry:

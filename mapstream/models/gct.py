@@ -132,6 +132,13 @@ class GCTNetwork(nn.Module):
         setting) for K/V of `dtype` on `device`."""
         return frame_backend(name or self.stream_config.backend, device, dtype)
 
+    @torch.no_grad()
+    def patch_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """The ViT's normalised patch tokens of frames [S, 3, H, W] in [0, 1]: [S, H/p, W/p, C]
+        (stateless; what a place descriptor is pooled from, `mapstream.globalmap`)."""
+        images = check_images(images, self.config.patch_size)[0]
+        return self.aggregator.patch_tokens(images).float()
+
     # ------------------------------------------------------------------ forward
     def forward(
         self,

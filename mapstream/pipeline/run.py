@@ -24,9 +24,11 @@ from ..config import StreamConfig
 from ..device import resolve_device
 from ..export import ALL_FORMATS, CloudOptions, check_formats, export_all, runtime_versions
 from ..export.reconstruction import Reconstruction
+from ..globalmap import GlobalMap, MapConfig
 from ..session import FramePrediction, Session, resolve_precision
 from ..windowed import WindowedSession
 from .frame_store import FrameStore
+from .loop_closure import MapRun, corrected_reconstruction
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 from .run_folder import RunFolder
 from .run_input import check_input_apart_from_outputs, frame_width, input_files, input_key, open_input
@@ -78,6 +80,8 @@ class RunOptions:
     sky_model: str | None = None
     compile: bool = False  # build the model with torch.compile'd static parts
     low_precision_heads: bool = False  # heads in the stream's precision too (default: fp32, as the reference)
+    loop_closure: bool = False  # a global map beside the stream: loops closed, every output corrected (docs/MAP.md)
+    map: MapConfig = field(default_factory=MapConfig)  # the global map's settings (read with loop_closure)
 
 
 @dataclass
@@ -103,6 +107,8 @@ def check_options(opts: RunOptions) -> None:
         from ..io.video import sample_interval
 
         sample_interval(None, opts.fps)  # its own error for a rate that keeps no frame
+    if not isinstance(opts.map, MapConfig):
+        raise TypeError(f"RunOptions.map must be a MapConfig, got {type(opts.map).__name__}")
     if not isinstance(opts.stream, StreamConfig):
         raise TypeError(f"RunOptions.stream must be a StreamConfig, got {type(opts.stream).__name__}")
     if opts.camera_iterations < 1:
@@ -194,17 +200,48 @@ def run(
             source = open_input(replace(opts, image_size=job.image_size))
         if on_model is not None:
             on_model(job.model_desc, list(job.warnings))
+        mapping = _start_map(opts, job)
         loaded = time.perf_counter()
-        streamed = stream_frames(
-            job.session, source, job.store, scale_frames=opts.stream.num_scale_frames, out=folder.path,
-            progress=progress,
-            on_frame=on_frame,
-        )
+        try:
+            streamed = stream_frames(
+                job.session, source, job.store, scale_frames=opts.stream.num_scale_frames, out=folder.path,
+                progress=progress, on_frame=_both(mapping.take, on_frame) if mapping else on_frame,
+            )
+        except BaseException:
+            if mapping is not None:
+                mapping.close()
+            raise
+        gmap = mapping.finish() if mapping is not None else None
         inferred = time.perf_counter()
-        recon, outputs, settings = _export(opts, job, progress)
+        recon, outputs, settings = _export(opts, job, progress, gmap)
         timings = {"setup": loaded - started, "inference": inferred - loaded - streamed.in_callback,
                    "on_frame": streamed.in_callback, "export": time.perf_counter() - inferred}
-        return _record(opts, job, recon, outputs, settings, streamed, timings)
+        return _record(opts, job, recon, outputs, settings, streamed, timings, gmap)
+
+
+def _both(first, second):
+    """One per-frame callback calling `first`, then `second` (when there is one)."""
+    if second is None:
+        return first
+
+    def call(pred, frame, index):
+        first(pred, frame, index)
+        second(pred, frame, index)
+
+    return call
+
+
+def _start_map(opts: RunOptions, job: "_Job") -> MapRun | None:
+    """The run's global map when loop closure is on, handed the frames an earlier run finished."""
+    if not opts.loop_closure:
+        return None
+    mapping = MapRun(job.model, opts.map)
+    if job.store.finished:
+        try:
+            mapping.resume(job.store.assemble())
+        finally:
+            job.store.discard_assembled()
+    return mapping
 
 
 @dataclass(frozen=True)
@@ -222,6 +259,7 @@ class OpenedSession:
     camera_iterations: int
     where: str | None = None  # run.json's "device" when not the run's own device (a server's address)
     image_size: int = DEFAULT_IMAGE_SIZE  # the model's own frame width, for runs that choose none
+    model: Any = None  # the network, where it runs here (loop closure measures loops with it)
 
 
 @dataclass
@@ -237,6 +275,7 @@ class _Job:
     session: Any  # Session or WindowedSession
     image_size: int  # the frames' width: the options', else the model's own (the demo: its rendered width)
     where: str | None = None
+    model: Any = None  # the network, where it runs here
 
 
 def _local_session(opts: RunOptions, device: torch.device, length: int | None) -> OpenedSession:
@@ -252,7 +291,7 @@ def _local_session(opts: RunOptions, device: torch.device, length: int | None) -
     plan = plan_for_model(opts, length, model, precision)
     return OpenedSession(planned_session(model, plan), plan.mode, plan.stream, model_desc, warnings, precision,
                          str(model.head_dtype).removeprefix("torch."), opts.camera_iterations,
-                         image_size=model_image_size(model))
+                         image_size=model_image_size(model), model=model)
 
 
 def plan_for_model(opts: RunOptions, length: int | None, model, precision: str) -> StreamPlan:
@@ -298,16 +337,22 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
     except BaseException:
         opened.session.close()
         raise
-    return _Job(folder, device, opened.model_desc, opened.warnings, config, store, opened.session, width, opened.where)
+    return _Job(folder, device, opened.model_desc, opened.warnings, config, store, opened.session, width, opened.where,
+                opened.model)
 
 
-def _export(opts: RunOptions, job: _Job, progress: bool | None) -> tuple[Reconstruction, dict[str, Path], dict]:
-    """Every requested format from the stored frames, the folder marked as being rewritten
-    meanwhile. Returns the reconstruction, what was written and the run's settings."""
+def _export(opts: RunOptions, job: _Job, progress: bool | None,
+            gmap: GlobalMap | None) -> tuple[Reconstruction, dict[str, Path], dict]:
+    """Every requested format from the stored frames (corrected by the global map when there
+    is one), the folder marked as being rewritten meanwhile. Returns the reconstruction, what
+    was written and the run's settings."""
     recon = job.store.assemble(fps=opts.fps)
+    if gmap is not None:
+        recon = corrected_reconstruction(recon, gmap)
     try:
         options = {**asdict(opts), **asdict(opts.stream)}
         options.pop("stream")
+        options["map"] = asdict(opts.map) if opts.loop_closure else None
         settings = {**job.config, "options": {k: str(v) for k, v in options.items()}}  # run.json's "config"
         job.folder.begin_export(settings, opts.formats, recon.file_stems())
         if opts.sky_mask:
@@ -323,7 +368,7 @@ def _export(opts: RunOptions, job: _Job, progress: bool | None) -> tuple[Reconst
 
 
 def _record(opts: RunOptions, job: _Job, recon: Reconstruction, outputs: dict[str, Path], settings: dict,
-            streamed: Streamed, timings: dict[str, float]) -> RunSummary:
+            streamed: Streamed, timings: dict[str, float], gmap: GlobalMap | None) -> RunSummary:
     """Write run.json (last: a folder with one and no ``state`` holds one finished run) and
     sum the run up."""
     fps = streamed.new_frames / max(timings["inference"], 1e-9)
@@ -340,6 +385,7 @@ def _record(opts: RunOptions, job: _Job, recon: Reconstruction, outputs: dict[st
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "warnings": job.warnings,
+        "loop_closure": gmap.record() if gmap is not None else None,
     }
     outputs = {**outputs, "run_json": job.folder.finish(outputs, recon.file_stems(), info)}
     return RunSummary(len(recon), streamed.new_frames, fps, job.folder.path, outputs, job.model_desc, job.warnings)
