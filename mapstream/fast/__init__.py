@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from .batched import BatchedPiecewiseGraphs
 from .graphs import GraphedStep, StartedStep
+from .piece import outside_captures
 from .pieces import PiecewiseGraphs
 from .whole import WholeStepGraphs
 
-__all__ = ["BatchedPiecewiseGraphs", "GraphedStep", "PiecewiseGraphs", "StartedStep", "WholeStepGraphs", "graphed_step"]
+__all__ = ["BatchedPiecewiseGraphs", "GraphedStep", "PiecewiseGraphs", "StartedStep", "WholeStepGraphs", "graphed_step",
+           "outside_captures"]
 
 
 def graphed_step(model, image_hw: tuple[int, int], *, whole: bool, capture: bool = True,

@@ -3,13 +3,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from typing import Callable
 
 import torch
 
-__all__ = ["Piece", "KeyedPiece", "conv_search"]
+__all__ = ["Piece", "KeyedPiece", "conv_search", "outside_captures"]
 
 log = logging.getLogger(__name__)
+
+# Held while a graph is captured. A CUDA graph capture forbids, process-wide, the CUDA calls
+# other threads make as a matter of course (allocations, synchronous copies): work on another
+# thread that shares the GPU with a stream (the global map's) runs inside `outside_captures`.
+_CAPTURING = threading.RLock()
+
+
+@contextlib.contextmanager
+def outside_captures():
+    """Run the enclosed GPU work while no CUDA graph is being captured (and let no capture
+    start until it is done)."""
+    with _CAPTURING:
+        yield
 
 
 class Piece:
@@ -34,7 +48,7 @@ class Piece:
                 self.fn()
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=self.pool):
+            with _CAPTURING, torch.cuda.graph(self.graph, pool=self.pool):
                 self.outputs = self.fn()
             self.held = self.reads() if self.reads is not None else []
             self.graph.replay()

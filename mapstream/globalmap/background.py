@@ -9,12 +9,15 @@ whole graph; a failure on the map thread is raised there (and the thread stops t
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 from dataclasses import dataclass
 
 import torch
+
+from ..fast import outside_captures
 
 from .config import MapConfig
 from .loops import LoopCheck
@@ -64,6 +67,12 @@ class BackgroundMap:
         self._queue.put((pred, frame.detach().cpu()))
 
     def _work(self) -> None:
+        device = next(self.map.model.parameters()).device
+        side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            self._loop()
+
+    def _loop(self) -> None:
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -83,11 +92,11 @@ class BackgroundMap:
         with self._lock:
             self._pending_keyframes -= 1
             behind = self._pending_keyframes
-        if behind > self.backlog:
+        search = behind <= self.backlog
+        if not search:
             self.skipped_searches += 1
-            closed = self.map.add(pred, frame, search=False)
-        else:
-            closed = self.map.add(pred, frame)
+        with outside_captures():
+            closed = self.map.add(pred, frame, search=search)
         if closed is not None and self.on_loop is not None:
             self.on_loop(closed, self.map.keyframe_poses())
 
