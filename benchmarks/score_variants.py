@@ -10,9 +10,9 @@ rank over the four metrics (ATE over the extent, AUC@30, depth abs_rel, δ<1.25;
 the lower ATE) have their latest checkpoint split into OUT/NAME/ by `half_weights.py`, small
 enough to come back from the device and be carried into the next leg. A run whose scoring
 fails (no export) is reported with its error and placed last. Each seed is a `mapstream run`
-process of its own: three runs of six seeds took more than the 2.5 minutes a device call had
-left after a 7-minute leg (docs/BENCHMARKS.md, session 33), so a call that trains and scores
-leaves several minutes for the scoring.
+process of its own: three runs of six seeds take more than the 2.5 minutes a 10-minute device
+call has left after a 7-minute leg, so a call that trains and scores leaves several minutes for
+the scoring.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Weights stored in 8 bits: each large matrix as int8 with one float32 scale per output row.
 
 Half the bytes of float16, at no cost measurable in the shipped small model's quality
-(docs/TRAINING.md, "After the fifth stage"): what lets a network of about twice the parameters
+(docs/TRAINING.md, "The shipped small model"): what lets a network of about twice the parameters
 fit the size allowed for weights shipped inside the package. A file in this form says so in
 its safetensors metadata (``weight_storage: int8-rows``), and
 `mapstream.checkpoint.read_state_dict` restores float weights on reading it, so every loader
