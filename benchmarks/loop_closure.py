@@ -5,7 +5,8 @@
 
 Each seed's sequence (`mapstream.synthetic.render_sequence`, seeds below
 `FIRST_TRAINING_SEED`: never seen in training) goes round the room `--laps` times, so the
-later laps revisit the first one's places. Every sequence is run twice with the run's
+later laps revisit the first one's places (`--twin`: rooms where every view also has a
+look-alike half a lap away, `mapstream.synthetic.make_twin_scene`). Every sequence is run twice with the run's
 defaults, without and with `--loop-closure`, and scored by `mapstream eval` (Sim(3)-aligned
 ATE as a fraction of the trajectory's extent, pose AUC@30, depth abs_rel, the fused cloud's
 Chamfer distance). For the loop-closed run it also reports the map's loops and checks, its
@@ -28,11 +29,11 @@ from pathlib import Path
 import numpy as np
 
 
-def render(args: tuple[int, int, float, tuple[int, int], str]) -> str:
+def render(args: tuple[int, int, float, tuple[int, int], str, bool]) -> str:
     from mapstream.synthetic import render_sequence, write_sequence
 
-    seed, frames, laps, hw, folder = args
-    seq = render_sequence(frames, hw, seed=seed, arc=2 * np.pi * laps)
+    seed, frames, laps, hw, folder, twin = args
+    seq = render_sequence(frames, hw, seed=seed, arc=2 * np.pi * laps, twin=twin)
     return str(write_sequence(seq, Path(folder) / f"gt_{seed}", depth_format="npy"))
 
 
@@ -87,6 +88,8 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--run-args", default="", help="further flags for both runs of `mapstream run`")
     parser.add_argument("--false-distance", type=float, default=FALSE_DISTANCE)
+    parser.add_argument("--twin", action="store_true",
+                        help="rooms that look the same after a half turn (every view has a look-alike half a lap away)")
     parser.add_argument("--workers", type=int, default=4, help="processes rendering the sequences")
     parser.add_argument("--keep", type=Path, default=None, help="keep the sequences and runs in this folder")
     parser.add_argument("--out", type=Path, default=None)
@@ -98,7 +101,7 @@ def main() -> int:
         parser.error("seeds from FIRST_TRAINING_SEED on are training's; score on smaller ones")
     work = args.keep or Path(tempfile.mkdtemp(prefix="loops-"))
     work.mkdir(parents=True, exist_ok=True)
-    jobs = [(seed, args.frames, args.laps, tuple(args.hw), str(work)) for seed in args.seeds]
+    jobs = [(seed, args.frames, args.laps, tuple(args.hw), str(work), args.twin) for seed in args.seeds]
     with ProcessPoolExecutor(args.workers) as pool:
         scenes = dict(zip(args.seeds, pool.map(render, jobs)))
     rows = []

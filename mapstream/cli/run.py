@@ -71,6 +71,8 @@ class Run:
     """Outputs to write (default: all of them)."""
     loop_closure: bool = RunOptions.loop_closure
     """Build a global map beside the stream: loops found and closed in a pose graph, every output corrected (docs/MAP.md)."""
+    known_poses: Optional[Path] = RunOptions.known_poses
+    """With --loop-closure: a TUM trajectory of poses known for some frames (GPS, ARKit...), matched by timestamp: the map takes their frame and metric scale."""
     map: MapConfig = field(default_factory=MapConfig)
     """The global map's settings, read with --loop-closure (docs/MAP.md)."""
     cloud: CloudFlags = field(default_factory=PointCloudFlags)
@@ -112,7 +114,7 @@ class Run:
             drop_white_background=self.cloud.drop_white_background, max_points=self.cloud.max_points,
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
-            loop_closure=self.loop_closure, map=self.map,
+            loop_closure=self.loop_closure, map=self.map, known_poses=self.known_poses,
         )
         if many:
             return self._run_many(opts)
@@ -126,7 +128,8 @@ class Run:
         try:
             try:
                 summary = run(opts, progress=not self.quiet, on_frame=None if view is None else view.add,
-                              on_model=None if view is None else _tell_view(view))
+                              on_model=None if view is None else _tell_view(view),
+                              on_map=view.show_map if view is not None and self.loop_closure else None)
             except ValueError as err:
                 raise ValueError(as_flags(str(err), Run)) from err
             print_run_summary(summary)

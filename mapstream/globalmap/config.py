@@ -50,6 +50,8 @@ class MapConfig:
     """Odometry sigmas are this many times larger across a window join (the weakest link of a windowed stream)."""
     loop_sigma: tuple[float, float, float] = (0.02, 0.03, 0.02)
     """Rotation, translation and log-scale sigmas of one loop edge."""
+    prior_sigma: tuple[float, float] = (0.02, 0.05)
+    """Rotation (rad) and position sigmas of a known pose (in the known poses' units, e.g. metres)."""
     outlier_rejection: str = "gnc"
     """How the final solve treats loop edges: gnc (graduated non-convexity: a loop that disagrees with the rest gets weight 0) or none."""
     depth_stride: int = 4
@@ -72,6 +74,9 @@ class MapConfig:
         for name in ("inlier_tolerance", "max_rotation_deg", "max_shift", "max_scale_change", "join_factor"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"MapConfig.{name} must be > 0, got {getattr(self, name)}")
+        if len(self.prior_sigma) != 2 or not all(v > 0 for v in self.prior_sigma):
+            raise ValueError(f"MapConfig.prior_sigma must be two positive sigmas (rotation, position), "
+                             f"got {self.prior_sigma}")
         for name in ("odometry_sigma", "loop_sigma"):
             value = getattr(self, name)
             if len(value) != 3 or not all(v > 0 for v in value):

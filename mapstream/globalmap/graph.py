@@ -106,7 +106,23 @@ class PoseGraph:
         self._estimate[key] = initial
         self._new_values.insert(key, to_gtsam(initial))
         if first:
-            self._queue(Edge(key, None, initial, np.array([1e-6, 1e-6, 1e-6]), "prior"))
+            self._queue(self._gauge(key))
+
+    def _gauge(self, key: int) -> Edge:
+        """The tight prior that holds the first node where the stream put it (the map's frame
+        is the stream's), unless priors on known poses give the frame (`anchored`)."""
+        return Edge(key, None, self._initial[key], np.array([1e-6, 1e-6, 1e-6]), "gauge")
+
+    @property
+    def anchored(self) -> bool:
+        """Priors on known poses fix the map's frame (and scale): no gauge."""
+        return any(e.kind == "prior" for e in self.edges)
+
+    def transform(self, sim: Sim3) -> None:
+        """Move every estimate by `sim` (world -> new world), e.g. into the frame of known poses
+        before they are added as priors. Call `solve` after."""
+        for key, value in self._estimate.items():
+            self._estimate[key] = sim.compose(value)
 
     def add_edge(self, edge: Edge) -> None:
         for key in (edge.i, edge.j):
@@ -145,14 +161,16 @@ class PoseGraph:
         first = self.keys[0] if self._estimate else None
         if first is None:
             return
-        graph.add(self._factor(Edge(first, None, self._initial[first], np.array([1e-6, 1e-6, 1e-6]), "prior")))
+        if not self.anchored:
+            graph.add(self._factor(self._gauge(first)))
         for edge in self.edges:
             graph.add(self._factor(edge))
         for key, value in self._estimate.items():
             values.insert(key, to_gtsam(value))
         lm = gtsam.LevenbergMarquardtParams()
         lm.setMaxIterations(iterations)
-        uncertain = [n + 1 for n, e in enumerate(self.edges) if e.robust]
+        offset = graph.size() - len(self.edges)  # the gauge's factor comes first, when there is one
+        uncertain = [n + offset for n, e in enumerate(self.edges) if e.robust]
         self.rejected_loops = []
         if uncertain and self.outlier_rejection == "gnc":
             params = gtsam.GncLMParams(lm)
@@ -163,11 +181,12 @@ class PoseGraph:
             optimizer.setInlierCostThresholdsAtProbability(0.99)
             result = optimizer.optimize()
             weights = np.asarray(optimizer.getWeights())
-            self.rejected_loops = [self.edges[n - 1] for n in uncertain if weights[n] < 0.5]
+            self.rejected_loops = [self.edges[n - offset] for n in uncertain if weights[n] < 0.5]
             if self.rejected_loops:
                 # The solution without them, exactly (GNC's last weights are near 0, not 0).
                 graph = gtsam.NonlinearFactorGraph()
-                graph.add(self._factor(Edge(first, None, self._initial[first], np.array([1e-6] * 3), "prior")))
+                if not self.anchored:
+                    graph.add(self._factor(self._gauge(first)))
                 for edge in self.edges:
                     if not any(edge is r for r in self.rejected_loops):
                         graph.add(self._factor(edge))

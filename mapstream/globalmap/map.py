@@ -28,7 +28,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from ..geometry.align import Sim3
+from ..geometry.align import Sim3, align_poses
 from .config import MapConfig
 from .graph import Edge, PoseGraph, from_gtsam, to_gtsam
 from .keyframes import MapKeyframe, encode_image, sample
@@ -209,6 +209,45 @@ class GlobalMap:
         """The final batch solve over the whole graph."""
         if len(self.graph) > 1:
             self.graph.solve()
+
+    def apply_known_poses(self, known: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict:
+        """Priors from poses known for some frames (GPS, wheel odometry, ARKit: metric, with
+        gravity): `known[i] = (T_known, T_stream)`, frame i's camera-to-world pose in the known
+        frame and as the stream predicted it. The map is moved into the known frame by the
+        Sim(3) that best fits the known poses (`align_poses`: orientations and centres), each
+        known frame adds a prior on the keyframe nearest it (its pose through the stream's
+        relative pose to that keyframe; rotation and position held with `prior_sigma`, scale
+        free), and the whole graph is solved again: the map takes the known poses' frame,
+        scale and gravity. Returns what run.json records of it."""
+        keys = self.graph.keys
+        if not known or not keys:
+            return {"known_poses": 0}
+        frames = sorted(known)
+        corrected = np.stack([self.correct_pose(i, known[i][1])[0] for i in frames])
+        targets = np.stack([np.asarray(known[i][0], dtype=np.float64)[:3] for i in frames])
+        to_known = align_poses(corrected, targets, mode="sim3")
+        self.graph.transform(to_known)
+        rot, trans = self.config.prior_sigma
+        anchored = set()
+        for i in frames:
+            key = min(keys, key=lambda k: abs(k - i))
+            T_stream = np.eye(4)
+            T_stream[:3] = np.asarray(known[i][1], dtype=np.float64)[:3]
+            T_known = np.eye(4)
+            T_known[:3] = np.asarray(known[i][0], dtype=np.float64)[:3]
+            relative = np.linalg.inv(T_stream) @ self.keyframes[key].T_world_cam  # frame i -> keyframe, stream
+            target = T_known @ relative
+            scale = self.graph.estimate(key).s  # free: held only loosely where it is
+            self.graph.add_edge(Edge(key, None, Sim3(target[:3, :3], target[:3, 3], scale),
+                                     np.array([rot, trans, 10.0]), "prior"))
+            anchored.add(key)
+        self.graph.solve()
+        after = np.stack([self.correct_pose(i, known[i][1])[0][:, 3] for i in frames])
+        rms = float(np.sqrt(((after - targets[:, :, 3]) ** 2).sum(1).mean()))
+        log.info("known poses: %d frames on %d keyframes; the map moved into their frame (scale x%.4f), "
+                 "%.3f m RMS from them after the solve", len(frames), len(anchored), to_known.s, rms)
+        return {"known_poses": len(frames), "keyframes_anchored": len(anchored), "scale_to_known": to_known.s,
+                "rms_to_known": rms}
 
     def correction(self, index: int) -> Sim3:
         """The world Sim(3) that moves frame `index`'s pose and points from the stream's frame

@@ -12,15 +12,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..export.reconstruction import Reconstruction
-from ..geometry import mat_to_quat
+from ..geometry import mat_to_quat, quat_to_mat
 from ..globalmap import BackgroundMap, GlobalMap, MapConfig
 
-__all__ = ["MapRun", "corrected_reconstruction"]
+__all__ = ["MapRun", "corrected_reconstruction", "known_poses_of", "read_known_poses"]
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,17 @@ class _Finished:
 class MapRun:
     """The map of one run: `take` is the run's per-frame callback, `finish` the map."""
 
-    def __init__(self, model, config: MapConfig, *, on_loop=None) -> None:
+    def __init__(self, model, config: MapConfig, *, on_map=None) -> None:
+        """on_map(keyframe_poses, loops): called after every loop the map closes and once at
+        the end, with each keyframe's corrected camera-to-world [3, 4] and the loop edges as
+        (candidate, query) frame pairs (e.g. `LiveView.show_map`)."""
         if model is None:
             raise ValueError("loop closure runs the network on this machine (it measures loops on short clips): "
                              "it is not available when a server predicts the frames; leave out --loop-closure")
         self.config = config
-        self.background = BackgroundMap(model, config, on_loop=on_loop)
+        self.on_map = on_map
+        loops = None if on_map is None else (lambda _check, poses: on_map(poses, self._loops()))
+        self.background = BackgroundMap(model, config, on_loop=loops)
         self.started = time.perf_counter()
 
     def resume(self, recon: Reconstruction) -> None:
@@ -59,8 +65,14 @@ class MapRun:
     def take(self, pred, frame: torch.Tensor, index: int) -> None:
         self.background.submit(dataclasses.replace(pred, index=index) if pred.index != index else pred, frame)
 
+    def _loops(self) -> list[tuple[int, int]]:
+        return [(c.candidate, c.query) for c in self.background.loops]
+
     def finish(self) -> GlobalMap:
-        return self.background.finish()
+        gmap = self.background.finish()
+        if self.on_map is not None:
+            self.on_map(gmap.keyframe_poses(), self._loops())
+        return gmap
 
     def close(self) -> None:
         self.background.close()
@@ -81,3 +93,62 @@ def corrected_reconstruction(recon: Reconstruction, gmap: GlobalMap) -> Reconstr
     pose_enc[:, :3] = T[:, :, 3]
     pose_enc[:, 3:7] = mat_to_quat(torch.from_numpy(T[:, :, :3])).numpy()
     return dataclasses.replace(recon, T_world_cam=T.astype(np.float32), pose_enc=pose_enc, depth=depth)
+
+
+def read_known_poses(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Timestamps [N] and camera-to-world poses [N, 4, 4] from a TUM trajectory
+    (`timestamp tx ty tz qx qy qz qw` a line) or a benchmark traj.txt (`timestamp` and a
+    row-major 3x4 camera-to-world); `#` starts a comment. ValueError names the line at fault."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--known-poses {path}: no such file (a TUM trajectory: timestamp tx ty tz qx qy qz qw)")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            values = [float(v) for v in line.replace(",", " ").split()]
+        except ValueError:
+            raise ValueError(f"{path}:{number}: not numbers: {line[:60]!r}") from None
+        if len(values) not in (8, 13) or (rows and len(values) != len(rows[0])):
+            raise ValueError(f"{path}:{number}: expected 8 values (TUM: timestamp tx ty tz qx qy qz qw) or 13 "
+                             f"(timestamp and a 3x4 pose), got {len(values)}")
+        rows.append(values)
+    if not rows:
+        raise ValueError(f"{path} holds no pose")
+    data = np.asarray(rows, dtype=np.float64)
+    if not np.isfinite(data).all():
+        raise ValueError(f"{path} has non-finite values")
+    poses = np.tile(np.eye(4), (len(data), 1, 1))
+    if data.shape[1] == 8:
+        quat = data[:, 4:8] / np.linalg.norm(data[:, 4:8], axis=1, keepdims=True)
+        poses[:, :3, :3] = quat_to_mat(torch.from_numpy(quat)).numpy()
+        poses[:, :3, 3] = data[:, 1:4]
+    else:
+        poses[:, :3] = data[:, 1:].reshape(-1, 3, 4)
+    return data[:, 0], poses
+
+
+def known_poses_of(recon: Reconstruction, path: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """The frames of `recon` with a known pose in `path`, matched by timestamp (nearest, within
+    half the median interval between frames): frame index -> (known pose, the stream's)."""
+    stamps, poses = read_known_poses(path)
+    times = np.asarray(recon.timestamps, dtype=np.float64)
+    spacing = float(np.median(np.diff(times))) if len(times) > 1 else 1.0
+    order = np.argsort(stamps)
+    stamps, poses = stamps[order], poses[order]
+    known = {}
+    for i, t in enumerate(times):
+        at = int(np.clip(np.searchsorted(stamps, t), 1, len(stamps) - 1)) if len(stamps) > 1 else 0
+        nearest = min((at - 1, at) if len(stamps) > 1 else (0,), key=lambda j: abs(stamps[j] - t))
+        if abs(stamps[nearest] - t) <= spacing / 2:
+            known[i] = (poses[nearest], np.asarray(recon.T_world_cam[i], dtype=np.float64))
+    if not known:
+        raise ValueError(
+            f"--known-poses {path}: none of its {len(stamps)} timestamps ({stamps[0]:.3f}..{stamps[-1]:.3f} s) is "
+            f"within {spacing / 2:.3f} s of a frame's ({times[0]:.3f}..{times[-1]:.3f} s); give the poses the frames' "
+            "own times (a video's, or the frame index / --fps for a folder)"
+        )
+    log.info("known poses: %d of the %d frames matched by timestamp", len(known), len(times))
+    return known

@@ -28,7 +28,7 @@ from ..globalmap import GlobalMap, MapConfig
 from ..session import FramePrediction, Session, resolve_precision
 from ..windowed import WindowedSession
 from .frame_store import FrameStore
-from .loop_closure import MapRun, corrected_reconstruction
+from .loop_closure import MapRun, corrected_reconstruction, known_poses_of
 from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
 from .run_folder import RunFolder
 from .run_input import check_input_apart_from_outputs, frame_width, input_files, input_key, open_input
@@ -82,6 +82,7 @@ class RunOptions:
     low_precision_heads: bool = False  # heads in the stream's precision too (default: fp32, as the reference)
     loop_closure: bool = False  # a global map beside the stream: loops closed, every output corrected (docs/MAP.md)
     map: MapConfig = field(default_factory=MapConfig)  # the global map's settings (read with loop_closure)
+    known_poses: Path | None = None  # TUM trajectory of poses known for some frames: priors in the map
 
 
 @dataclass
@@ -109,6 +110,8 @@ def check_options(opts: RunOptions) -> None:
         sample_interval(None, opts.fps)  # its own error for a rate that keeps no frame
     if not isinstance(opts.map, MapConfig):
         raise TypeError(f"RunOptions.map must be a MapConfig, got {type(opts.map).__name__}")
+    if opts.known_poses is not None and not opts.loop_closure:
+        raise ValueError("known poses are priors in the global map: add --loop-closure to use --known-poses")
     if not isinstance(opts.stream, StreamConfig):
         raise TypeError(f"RunOptions.stream must be a StreamConfig, got {type(opts.stream).__name__}")
     if opts.camera_iterations < 1:
@@ -171,6 +174,7 @@ def run(
     on_frame: Callable[[FramePrediction, torch.Tensor, int], None] | None = None,
     open_session: Callable[[RunOptions, torch.device, int | None], OpenedSession] | None = None,
     on_model: Callable[[str, list[str]], None] | None = None,
+    on_map: Callable[[dict, list[tuple[int, int]]], None] | None = None,
 ) -> RunSummary:
     """Run the whole job; see the module docstring. Returns what was done and where.
 
@@ -183,6 +187,8 @@ def run(
         gives a session of a server).
     on_model: called once the model is open, before the first frame, with its description and
         warnings as run.json records them (e.g. a live view tells a fallback to other weights).
+    on_map: with loop closure, called with the global map's corrected keyframe poses and its
+        loop edges after every loop it closes and at the end (e.g. `LiveView.show_map`).
     """
     started = time.perf_counter()
     check_options(opts)  # fail on a bad option before any heavy work
@@ -200,7 +206,7 @@ def run(
             source = open_input(replace(opts, image_size=job.image_size))
         if on_model is not None:
             on_model(job.model_desc, list(job.warnings))
-        mapping = _start_map(opts, job)
+        mapping = _start_map(opts, job, on_map)
         loaded = time.perf_counter()
         try:
             streamed = stream_frames(
@@ -231,11 +237,11 @@ def _both(first, second):
     return call
 
 
-def _start_map(opts: RunOptions, job: "_Job") -> MapRun | None:
+def _start_map(opts: RunOptions, job: "_Job", on_map) -> MapRun | None:
     """The run's global map when loop closure is on, handed the frames an earlier run finished."""
     if not opts.loop_closure:
         return None
-    mapping = MapRun(job.model, opts.map)
+    mapping = MapRun(job.model, opts.map, on_map=on_map)
     if job.store.finished:
         try:
             mapping.resume(job.store.assemble())
@@ -276,6 +282,7 @@ class _Job:
     image_size: int  # the frames' width: the options', else the model's own (the demo: its rendered width)
     where: str | None = None
     model: Any = None  # the network, where it runs here
+    priors: dict | None = None  # what the global map's priors did (run.json)
 
 
 def _local_session(opts: RunOptions, device: torch.device, length: int | None) -> OpenedSession:
@@ -348,6 +355,8 @@ def _export(opts: RunOptions, job: _Job, progress: bool | None,
     was written and the run's settings."""
     recon = job.store.assemble(fps=opts.fps)
     if gmap is not None:
+        if opts.known_poses is not None:
+            job.priors = gmap.apply_known_poses(known_poses_of(recon, opts.known_poses))
         recon = corrected_reconstruction(recon, gmap)
     try:
         options = {**asdict(opts), **asdict(opts.stream)}
@@ -385,7 +394,7 @@ def _record(opts: RunOptions, job: _Job, recon: Reconstruction, outputs: dict[st
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "warnings": job.warnings,
-        "loop_closure": gmap.record() if gmap is not None else None,
+        "loop_closure": {**gmap.record(), "priors": job.priors} if gmap is not None else None,
     }
     outputs = {**outputs, "run_json": job.folder.finish(outputs, recon.file_stems(), info)}
     return RunSummary(len(recon), streamed.new_frames, fps, job.folder.path, outputs, job.model_desc, job.warnings)

@@ -3,7 +3,7 @@
 See :mod:`mapstream.synthetic.sequence` for the entry points and :mod:`mapstream.synthetic.scene`
 for the ray caster.
 """
-from mapstream.synthetic.scene import Box, Scene, Sphere, Texture, make_scene
+from mapstream.synthetic.scene import Box, Scene, Sphere, Texture, make_scene, make_twin_scene
 from mapstream.synthetic.sequence import (
     FIRST_TRAINING_SEED,
     SyntheticSequence,
@@ -25,6 +25,7 @@ __all__ = [
     "load_sequence",
     "look_at",
     "make_scene",
+    "make_twin_scene",
     "render_sequence",
     "write_sequence",
 ]

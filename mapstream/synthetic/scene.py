@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Texture", "Box", "Sphere", "Scene", "make_scene"]
+__all__ = ["Texture", "Box", "Sphere", "Scene", "make_scene", "make_twin_scene"]
 
 _EPS = 1e-9
 
@@ -52,6 +52,9 @@ class Texture:
         checker: checker cell size in metres (0: no checker).
         noise: noise cell size in metres.
         seed: noise seed.
+        half_turn: the texture of a room box centred on the z axis that looks the same after a
+            half turn about that axis (its +x / -x and +y / -y walls alike, the floor and
+            ceiling point-symmetric); for look-alike scenes (`make_twin_scene`).
     """
 
     color_a: tuple[float, float, float]
@@ -59,9 +62,12 @@ class Texture:
     checker: float = 0.25
     noise: float = 0.15
     seed: int = 0
+    half_turn: bool = False
 
     def albedo(self, uv: np.ndarray, face: np.ndarray) -> np.ndarray:
         """Colours ``[M, 3]`` at surface coordinates ``uv`` ``[M, 2]`` (metres) on faces ``[M]``."""
+        if self.half_turn:
+            uv, face = _half_turn_canonical(uv, face)
         u, v = uv[:, 0], uv[:, 1]
         w = 0.45 * value_noise(u / self.noise, v / self.noise, self.seed + 7 * face)
         if self.checker > 0:
@@ -70,6 +76,21 @@ class Texture:
         a, b = np.asarray(self.color_a), np.asarray(self.color_b)
         tint = 0.85 + 0.15 * np.cos(face * 1.3)[:, None]  # faces differ slightly
         return (a + (b - a) * w[:, None]) * tint
+
+
+def _half_turn_canonical(uv: np.ndarray, face: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Box-face coordinates mapped so that (x, y, z) and (-x, -y, z) get the same colour: the
+    +x wall (face 1) reads as the -x wall (face 0) with its first coordinate (y) negated, the
+    +y wall (3) as the -y wall (2) with x negated; on the floor and ceiling (4, 5) a point and
+    its half-turned twin are mapped to the one with u >= 0."""
+    uv = uv.copy()
+    face = face.copy()
+    odd_wall = (face == 1) | (face == 3)
+    uv[odd_wall, 0] *= -1
+    face[odd_wall] -= 1
+    flat = (face >= 4) & (uv[:, 0] < 0)
+    uv[flat] *= -1
+    return uv, face
 
 
 @dataclass(frozen=True)
@@ -240,3 +261,39 @@ def make_scene(seed: int = 0, *, room_half_size: tuple[float, float, float] = (3
             )
         )
     return Scene(prims)
+
+
+def make_twin_scene(seed: int = 0, *, room_half_size: tuple[float, float, float] = (3.0, 2.6, 1.5)) -> Scene:
+    """A room that looks the same after a half turn about its vertical axis: a planted
+    look-alike. Its walls, floor and ceiling are textured half-turn symmetric and each of its
+    three boxes has a twin at the opposite point (turned by half a turn), so a camera at
+    ``(x, y)`` looking one way sees what a camera at ``(-x, -y)`` sees looking the other way,
+    though the two stand metres apart. No spheres (their texture would tell the twins apart),
+    and the two lights are a half-turned pair.
+    Deterministic given ``seed``."""
+    rng = np.random.default_rng(seed + 7_000_003)
+    hx, hy, hz = room_half_size
+
+    def colour() -> tuple[float, float, float]:
+        return tuple(float(c) for c in rng.uniform(0.2, 1.0, 3))
+
+    room = Box(
+        center=np.array([0.0, 0.0, hz]),
+        half_size=np.array(room_half_size),
+        texture=Texture(colour(), colour(), checker=0.5, noise=0.3, seed=int(rng.integers(1 << 20)), half_turn=True),
+        inside=True,
+    )
+    prims: list[Box | Sphere] = [room]
+    for k in range(3):
+        angle = np.pi * (k / 3) + rng.uniform(-0.3, 0.3)
+        r = rng.uniform(0.4, 0.9)
+        half = rng.uniform(0.15, 0.35, 3)
+        yaw = rng.uniform(0, np.pi)
+        texture = Texture(colour(), colour(), checker=rng.uniform(0.06, 0.15), noise=0.08,
+                          seed=int(rng.integers(1 << 20)))
+        for turn in (0.0, np.pi):
+            c, s_ = np.cos(angle + turn), np.sin(angle + turn)
+            prims.append(Box(center=np.array([r * c, r * s_, half[2]]), half_size=half, R=_yaw(yaw + turn),
+                             texture=texture))
+    # Lights in a half-turn pair too, or the shading would tell the twins apart.
+    return Scene(prims, lights=((0.3, 0.5, 0.8), (-0.3, -0.5, 0.8)))

@@ -21,7 +21,7 @@ import torch
 from mapstream.eval.datasets import canonical_timestamp, read_benchmark_scene, write_benchmark_scene
 from mapstream.geometry import look_at as geometry_look_at
 from mapstream.geometry import quat_to_mat
-from mapstream.synthetic.scene import make_scene
+from mapstream.synthetic.scene import make_scene, make_twin_scene
 
 __all__ = [
     "FIRST_TRAINING_SEED",
@@ -143,6 +143,7 @@ def render_sequence(
     fov_x_deg: float = 70.0,
     fps: float = 10.0,
     arc: float = 1.0,
+    twin: bool = False,
 ) -> SyntheticSequence:
     """Render a posed RGB-D sequence (deterministic given the arguments).
 
@@ -153,10 +154,12 @@ def render_sequence(
         fov_x_deg: horizontal field of view (square pixels: ``fy = fx``).
         fps: timestamps are ``i / fps`` seconds.
         arc: angle (radians) travelled along the path over the sequence.
+        twin: render :func:`make_twin_scene` (a room that looks the same after a half turn)
+            instead of :func:`make_scene`: every view has a look-alike half a lap away.
     """
     H, W = image_hw
     K = pinhole_intrinsics(image_hw, fov_x_deg)
-    scene = make_scene(seed)
+    scene = make_twin_scene(seed) if twin else make_scene(seed)
     T_room_cam = camera_path(num_frames, seed, arc=arc)
     rgb = np.zeros((num_frames, H, W, 3), np.uint8)
     depth = np.zeros((num_frames, H, W), np.float32)

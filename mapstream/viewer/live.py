@@ -122,6 +122,14 @@ class _Frame:
     image: np.ndarray | None
 
 
+@dataclass
+class _MapUpdate:
+    """The global map's keyframes (corrected camera-to-world [3, 4] each) and loop edges."""
+
+    poses: dict[int, np.ndarray]
+    loops: list[tuple[int, int]]
+
+
 class LiveView(Served):
     """A viser server whose scene grows with :meth:`add`; see the module docstring."""
 
@@ -158,6 +166,8 @@ class LiveView(Served):
         self._lock = threading.Lock()  # the scene's nodes: the worker adds, the GUI's thread resizes
         self._worker_done = False
         self._abandon = threading.Event()
+        self._map_shown = (0, 0)
+        self._map_nodes: dict[str, Any] = {}  # the global map's trajectory and loop segments
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> LiveView:
@@ -257,8 +267,49 @@ class LiveView(Served):
             self.skipped += 1
         self._queue.put(item)
 
+    def show_map(self, poses: dict[int, np.ndarray], loops: list[tuple[int, int]]) -> None:
+        """Queue the global map's state (`mapstream.globalmap`): its corrected keyframe poses,
+        drawn as a green trajectory, and its loop edges, drawn as red segments between the
+        keyframes they join; each call replaces the last. Returns at once."""
+        if self._worker is None:
+            raise RuntimeError("LiveView.show_map before start()")
+        self._queue.put(_MapUpdate({int(k): np.asarray(v, np.float64)[:3] for k, v in poses.items()},
+                                   [(int(a), int(b)) for a, b in loops]))
+
+    @property
+    def map_shown(self) -> tuple[int, int]:
+        """(keyframes, loop edges) of the global map drawn now."""
+        with self._lock:
+            return self._map_shown
+
+    def _draw_map(self, update: _MapUpdate) -> None:
+        server = self.server
+        if server is None or not update.poses:
+            return
+        keys = sorted(update.poses)
+        centres = np.stack([update.poses[k][:, 3] for k in keys])
+        width = 0.004 * float(self._scale or 1.0)
+        if len(centres) > 1:
+            segments = np.stack([centres[:-1], centres[1:]], axis=1).astype(np.float32)
+            self._map_nodes["trajectory"] = server.scene.add_line_segments(
+                "/live/map/trajectory", segments, (40, 200, 80), thickness=width)
+        joined = [(update.poses[a][:, 3], update.poses[b][:, 3]) for a, b in update.loops
+                  if a in update.poses and b in update.poses]
+        if joined:
+            self._map_nodes["loops"] = server.scene.add_line_segments(
+                "/live/map/loops", np.asarray(joined, np.float32), (230, 40, 40), thickness=width)
+        self._map_shown = (len(keys), len(joined))
+        self._gui["status"].content += f"; global map: {len(keys)} keyframes, {len(joined)} loops closed"
+
     def _draw_loop(self) -> None:
         while (item := self._queue.get()) is not None and not self._abandon.is_set():
+            if isinstance(item, _MapUpdate):
+                try:
+                    with self._lock:
+                        self._draw_map(item)
+                except Exception:
+                    logger.exception("live view: the global map could not be drawn")
+                continue
             try:
                 with self._lock:
                     self._draw(item)

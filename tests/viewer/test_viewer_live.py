@@ -280,3 +280,20 @@ def test_mapstream_run_view_says_the_weights_are_untrained_and_takes_allowed_ori
                  "--view-allow-origin", "http://localhost:9000"]) == 0
     assert seen["origins"] == ("http://localhost:9000",)
     assert seen["markdown"][0] == f"**{UNTRAINED_NOTE}**"  # first in the panel, before the status line
+
+
+def test_the_global_map_is_drawn_and_each_update_replaces_the_last(free_port: int) -> None:
+    with LiveView(LiveOptions(points_per_frame=5), port=free_port) as view:
+        with pytest.raises(RuntimeError, match="before start"):
+            LiveView(port=free_port).show_map({}, [])
+        view.add(prediction(0), frame())
+        poses = {k: np.hstack([np.eye(3), [[k], [0.0], [0.0]]]) for k in (0, 4, 8, 12)}
+        view.show_map(poses, [(0, 12), (4, 99)])  # a loop on a keyframe the map no longer holds is left out
+        moved = {k: np.hstack([np.eye(3), [[k], [1.0], [0.0]]]) for k in (0, 4, 8, 12, 16)}
+        view.show_map(moved, [(0, 12), (4, 16)])
+        view.stop()
+        assert view.map_shown == (5, 2)
+        trajectory, loops = view._map_nodes["trajectory"].points, view._map_nodes["loops"].points
+        np.testing.assert_allclose(trajectory[:, :, 0], [[0, 4], [4, 8], [8, 12], [12, 16]])
+        np.testing.assert_allclose(trajectory[:, :, 1], 1.0)  # the second update replaced the first
+        np.testing.assert_allclose(loops[:, :, 0], [[0, 12], [4, 16]])
