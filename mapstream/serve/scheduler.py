@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,7 +42,9 @@ def _frame_tensor(image) -> torch.Tensor:
 class Worker:
     """Runs rounds while any session has work. ``streams``: the server's registry (id ->
     stream), read each round; ``deliver``: called on the event loop with each round's
-    outcomes."""
+    outcomes. A session's ``on_model`` counts its items in the round in progress; when the
+    round ends, its ``last_active`` is then. Whoever makes a session's queue takeable again
+    (a frame or control queued, its congestion eased) calls `wake`."""
 
     def __init__(self, streams: dict[str, ServedStream], max_batch: int, metrics: Metrics, deliver) -> None:
         self.streams, self.max_batch, self.metrics, self.deliver = streams, max_batch, metrics, deliver
@@ -68,6 +71,8 @@ class Worker:
                     self.deliver(outcomes)
                 except Exception:  # noqa: BLE001 - the worker serves the other sessions on
                     log.exception("a round of %d sessions failed", len(taken))
+                finally:
+                    self._finished(taken)
                 outcomes = taken = None  # a session that ends now is freed without waiting for the next round
 
     def _take(self) -> list[tuple[ServedStream, Any]]:
@@ -85,12 +90,21 @@ class Worker:
             item = stream.take()
             if item is None:
                 continue
+            stream.on_model += 1
             if isinstance(item, QueuedFrame):
                 frames += 1
                 stream.waiting[stream.next_index] = item
                 stream.next_index += 1
             taken.append((stream, item))
         return taken
+
+    @staticmethod
+    def _finished(taken: list[tuple[ServedStream, Any]]) -> None:
+        """The round of ``taken`` is over (a function: the coroutine keeps no session)."""
+        done = time.monotonic()
+        for stream, _ in taken:
+            stream.on_model -= 1
+            stream.last_active = done
 
     def _round(self, taken: list[tuple[ServedStream, Any]]) -> list[Outcome]:
         """On the model thread: the round's frames stepped together, its controls done."""
