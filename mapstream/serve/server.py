@@ -409,7 +409,8 @@ class Server:
             if stream.ending == "idle":
                 log.info("session %s: its client read nothing for %g s: its connection is dropped", stream.id[:8],
                          self.config.idle_timeout)
-                stream.connection.transport.abort()
+                stream.connection.transport.abort()  # its handler then ends it, as any connection that goes
+                stream.last_active = now
                 continue
             stream.ending, stream.last_active = "idle", now
             stream.queue.clear()

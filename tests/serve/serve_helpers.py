@@ -93,6 +93,12 @@ def serving(model, **config) -> BackgroundServer:
     return BackgroundServer(Server(model, ServeConfig(**settings), stream, environ={}, **described)).start()
 
 
+def only_session(running: BackgroundServer):
+    """The server's one open session (``ServedStream``), once it is registered."""
+    wait_until(lambda: len(running.server.streams) == 1)
+    return next(iter(running.server.streams.values()))
+
+
 @contextlib.contextmanager
 def model_thread_held(running: BackgroundServer):
     """The server's model thread kept busy until the block ends: queued frames stay queued,

@@ -11,17 +11,12 @@ import pytest
 
 from mapstream.client import Client, Result, ServiceError
 
-from serve_helpers import frames, model_thread_held, sends_held, serving, tiny_model, wait_until
+from serve_helpers import frames, model_thread_held, only_session, sends_held, serving, tiny_model, wait_until
 
 
 @pytest.fixture(scope="module")
 def model():
     return tiny_model()
-
-
-def _only_session(running):
-    wait_until(lambda: len(running.server.streams) == 1)
-    return next(iter(running.server.streams.values()))
 
 
 def _worker_settled(running) -> None:
@@ -35,7 +30,7 @@ def _worker_settled(running) -> None:
 def test_a_client_that_fell_behind_is_answered_to_the_end_once_it_reads_again(model):
     with serving(model, queue_size=2, idle_timeout=60.0) as running:
         session = Client(running.url).open_session(settings={"num_scale_frames": 1})
-        stream = _only_session(running)
+        stream = only_session(running)
         with sends_held(running, stream):  # the client reads nothing meanwhile
             sent = [session.send(image, wait=False) for image in frames(60, 12)]
             session._ws.send('{"type": "close"}')
@@ -51,7 +46,7 @@ def test_a_client_that_fell_behind_is_answered_to_the_end_once_it_reads_again(mo
 def test_a_client_that_stops_reading_has_its_session_ended_and_its_place_freed(model):
     with serving(model, queue_size=2, idle_timeout=0.5, max_sessions=1) as running:
         session = Client(running.url).open_session(settings={"num_scale_frames": 1})
-        stream = _only_session(running)
+        stream = only_session(running)
         with sends_held(running, stream):  # for good: the client never reads again
             for image in frames(61, 8):
                 session.send(image, wait=False)
@@ -67,7 +62,7 @@ def test_a_client_that_stops_reading_has_its_session_ended_and_its_place_freed(m
 def test_a_session_whose_frame_is_on_the_model_is_not_taken_for_idle(model):
     with serving(model, idle_timeout=0.3) as running:
         session = Client(running.url).open_session(settings={"num_scale_frames": 1})
-        stream = _only_session(running)
+        stream = only_session(running)
         with model_thread_held(running):
             sent = session.send(frames(62, 1)[0], wait=False)
             wait_until(lambda: stream.waiting)  # taken: on the (held) model thread
