@@ -10,7 +10,7 @@ from __future__ import annotations
 from mapstream.client import Client, Result, ServiceError
 from mapstream.config import StreamConfig
 
-from serve_helpers import frames, model_thread_held, serving, tiny_model
+from serve_helpers import frames, model_thread_held, serving, tiny_model, wait_until
 
 MAX_PIXELS = 42 * 42
 SCALE_FRAMES = 4  # the server's scale phase
@@ -42,6 +42,8 @@ def test_a_client_sending_its_largest_frames_gets_one_bounded_turn_between_anoth
             for a, b in zip(frames(70, 8, LARGE), frames(71, 8, SMALL)):
                 greedy.send(a, wait=False)
                 other.send(b, wait=False)
+            # All decoded and queued (the greedy one's first frame taken) before the model runs.
+            wait_until(lambda: sum(s.queued_frames for s in running.server.streams.values()) == 15)
         others = [r.frame for r in other.close() if isinstance(r, Result)]
         greedy.close()
     assert others == list(range(8))

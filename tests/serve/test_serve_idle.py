@@ -44,7 +44,7 @@ def test_a_client_that_fell_behind_is_answered_to_the_end_once_it_reads_again(mo
 
 
 def test_a_client_that_stops_reading_has_its_session_ended_and_its_place_freed(model):
-    with serving(model, queue_size=2, idle_timeout=0.5, max_sessions=1) as running:
+    with serving(model, queue_size=2, idle_timeout=1.0, max_sessions=1) as running:
         session = Client(running.url).open_session(settings={"num_scale_frames": 1})
         stream = only_session(running)
         with sends_held(running, stream):  # for good: the client never reads again
