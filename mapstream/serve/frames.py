@@ -73,10 +73,11 @@ def _preprocessed(image: np.ndarray, mode: str, image_size_: int, patch_size: in
 
     height, width = image.shape[:2]
     new_w, new_h = resized_shape(width, height, mode, image_size_, patch_size)
-    if max(new_w / width, new_h / height) > MAX_ENLARGEMENT:
+    enlargement = max(new_w / width, new_h / height)
+    if enlargement > MAX_ENLARGEMENT:
         side = "wide" if new_w == image_size_ else "high"
         raise ProtocolError(f"frame of {width}x{height} pixels: preprocessing to image_size {image_size_} would enlarge "
-                            f"it {max(new_w / width, new_h / height):.1f} times, and this server enlarges frames at "
+                            f"it {enlargement:.1f} times, and this server enlarges frames at "
                             f"most {MAX_ENLARGEMENT} times: send frames at least "
                             f"{math.ceil(image_size_ / MAX_ENLARGEMENT)} pixels {side}, or open the session with a "
                             "smaller preprocess image_size", "bad_frame")

@@ -4,11 +4,11 @@ preprocessed and which arrays its results carry; and `plan_session`, the plan it
 
 The server's `StreamConfig` is each session's default and, for what costs memory or holds
 the model, its bound: a client may shorten the sliding window, the trajectory memory, the
-scale phase and the scale frames the cache keeps, not lengthen them. (A scale phase runs
-its frames through the model at once, while every other session waits: it is bounded as
-the frames themselves are.) The
-settings that follow the server's model and device (precision, attention backend, CUDA
-graphs) and the windows' sizes are the server's alone.
+scale phase and the scale frames the cache keeps, not lengthen them (a scale phase runs its
+frames through the model at once, while every other session waits). The settings that
+follow the server's model and device (precision, attention backend, CUDA graphs) and the
+windows' sizes are the server's alone; a preprocessing may not make frames larger than the
+server's pixel limit.
 """
 from __future__ import annotations
 
@@ -181,6 +181,7 @@ def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int,
     if unknown:
         raise ProtocolError(f"open has no fields {unknown}", "bad_open")
     return SessionOptions(_settings(message.get("settings"), server),
-                          _preprocess(message.get("preprocess"), patch_size, image_size, max_pixels), _outputs(message.get("outputs")),
+                          _preprocess(message.get("preprocess"), patch_size, image_size, max_pixels),
+                          _outputs(message.get("outputs")),
                           _mode(message.get("mode"), mode), _frames(message.get("frames")),
                           frozenset(message.get("settings") or ()))
