@@ -38,16 +38,19 @@ def test_a_client_sending_its_largest_frames_gets_one_bounded_turn_between_anoth
                  max_batch=1, queue_size=8) as running:
         greedy = _greedy(running.url)
         other = Client(running.url).open_session(settings={"num_scale_frames": 1})
+        large, small = frames(70, 8, LARGE), frames(71, 8, SMALL)
         with model_thread_held(running):  # both queue their frames, then the model runs them in turns
-            for a, b in zip(frames(70, 8, LARGE), frames(71, 8, SMALL)):
-                greedy.send(a, wait=False)
-                other.send(b, wait=False)
-            # All decoded and queued (the greedy one's first frame taken) before the model runs.
+            other.send(small[0], wait=False)  # the other's first frame goes first
+            wait_until(lambda: running.server.streams[other.id].waiting)
+            for i in range(8):
+                greedy.send(large[i], wait=False)
+                if i < 7:
+                    other.send(small[i + 1], wait=False)
             wait_until(lambda: sum(s.queued_frames for s in running.server.streams.values()) == 15)
         others = [r.frame for r in other.close() if isinstance(r, Result)]
         greedy.close()
     assert others == list(range(8))
-    work = [count * size[0] * size[1] for size, count in forwards if size == LARGE]
-    assert max(work) <= SCALE_FRAMES * MAX_PIXELS, work  # each turn of the greedy one is bounded by the server
     turns = ["other" if size == SMALL else "greedy" for size, _ in forwards]
-    assert turns[:16] == ["greedy", "other"] * 8  # and each of the other's frames waited for one such turn
+    assert turns[:16] == ["other", "greedy"] * 8  # each of the other's frames waited for one turn of the greedy's
+    work = [count * size[0] * size[1] for size, count in forwards if size == LARGE]
+    assert max(work) <= SCALE_FRAMES * MAX_PIXELS, work  # and each such turn is bounded by the server's limits
