@@ -37,7 +37,7 @@ class ServeConfig:
     max_sessions: int = 16
     """Sessions served at once; one more is refused (HTTP 503) until one ends."""
     max_frame_pixels: int = 1_000_000
-    """Largest frame (height x width, before any preprocessing); a larger one is refused unread."""
+    """Largest frame (height x width), as sent and after preprocessing: a larger one is refused unread."""
     max_message_bytes: int = 8 * 1024 * 1024
     """Largest message a client may send; a larger one ends its connection (close code 1009)."""
     max_fps: float = 30.0
@@ -47,7 +47,7 @@ class ServeConfig:
     max_batch: int = 16
     """Most frames of different sessions stepped in one batched forward (1: each alone, exactly its solo results)."""
     idle_timeout: float = 60.0
-    """Seconds without a message from a client after which its session ends and its cache is freed."""
+    """Seconds a session may be idle (nothing from or to its client, nothing on the model) before it ends."""
     shutdown_timeout: float = 30.0
     """On shutdown: seconds to finish the frames already queued before closing every connection."""
 

@@ -2,19 +2,26 @@
 
 The checks run before the expensive part: the header's fields first, then the image's size
 from the image file's own header (a frame of too many pixels is refused before a pixel is
-decoded), then decoding, the session's preprocessing and the patch-size rule.
+decoded), then decoding, the session's preprocessing and the patch-size rule. A session's
+preprocessing never makes a frame larger than the pixel limit (`parse_open` refuses an
+``image_size`` that could), and enlarges a frame at most ``MAX_ENLARGEMENT`` times: a
+thumbnail blown up to a full frame is refused, not guessed at.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from .protocol import ProtocolError, decode_image, image_size
 
-__all__ = ["check_frame_message", "decode_frame", "MAX_NAME_LENGTH"]
+__all__ = ["check_frame_message", "decode_frame", "MAX_ENLARGEMENT", "MAX_NAME_LENGTH"]
 
 MAX_NAME_LENGTH = 256
+MAX_ENLARGEMENT = 8
+"""Most times a session's preprocessing may enlarge a frame's sides (a 65-pixel-wide frame
+for a width of 518); a smaller frame holds too little for the model to see."""
 _FRAME_FIELDS = {"frame", "encoding", "shape", "keyframe", "name"}
 
 
@@ -62,7 +69,18 @@ def _preprocessed(image: np.ndarray, mode: str, image_size_: int, patch_size: in
     import torch
     from PIL import Image
 
-    from ..io.images import preprocess_image
+    from ..io.images import preprocess_image, resized_shape
+
+    height, width = image.shape[:2]
+    new_w, new_h = resized_shape(width, height, mode, image_size_, patch_size)
+    enlargement = max(new_w / width, new_h / height)
+    if enlargement > MAX_ENLARGEMENT:
+        side = "wide" if new_w == image_size_ else "high"
+        raise ProtocolError(f"frame of {width}x{height} pixels: preprocessing to image_size {image_size_} would enlarge "
+                            f"it {enlargement:.1f} times, and this server enlarges frames at "
+                            f"most {MAX_ENLARGEMENT} times: send frames at least "
+                            f"{math.ceil(image_size_ / MAX_ENLARGEMENT)} pixels {side}, or open the session with a "
+                            "smaller preprocess image_size", "bad_frame")
 
     try:
         frame = preprocess_image(Image.fromarray(image), mode, image_size_, patch_size)

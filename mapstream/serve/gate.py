@@ -9,23 +9,30 @@ before a session exists.
   otherwise, compared in constant time), then: ``GET /metrics`` answers Prometheus' text;
   a WebSocket handshake on ``/`` opens a session unless the server is full or shutting down
   (503).
+
+A request that is no WebSocket handshake at all (a ``POST``, a plain ``GET /``, bytes that
+are not HTTP, a connection closed before its request) never reaches `Gate`: websockets
+refuses it while parsing. `HandshakeLog` makes each such refusal one INFO line, so that no
+one who can reach the port fills the log with tracebacks.
 """
 from __future__ import annotations
 
 import hmac
 import http
 import logging
+import sys
 import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from websockets.datastructures import Headers
+from websockets.exceptions import InvalidHandshake
 from websockets.http11 import Response
 
 from ..viewer.origin_guard import check_origin_url
 from .metrics import Metrics
 
-__all__ = ["Gate"]
+__all__ = ["Gate", "HandshakeLog"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +95,28 @@ class Gate:
         self._metrics.refused.labels(reason).inc()
         log.info("refused a connection from %s: %s", _peer(connection), text.strip())
         return connection.respond(status, text)
+
+
+class HandshakeLog(logging.LoggerAdapter):
+    """The logger given to websockets' server: a failed handshake whose cause is the client's
+    request (websockets' InvalidHandshake: not HTTP, not GET, not an upgrade, closed early)
+    is logged as one INFO line naming the peer and the cause, without a traceback; every
+    other record passes unchanged (a failure of the server itself keeps its traceback)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__(logger, {})
+
+    def process(self, msg, kwargs):
+        return msg, kwargs  # websockets' own adapter gives the record its extra fields
+
+    def log(self, level, msg, *args, exc_info=None, **kwargs) -> None:
+        error = sys.exc_info()[1] if exc_info is True else exc_info
+        if level >= logging.ERROR and isinstance(error, InvalidHandshake):
+            cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+            peer = _peer((kwargs.get("extra") or {}).get("websocket"))
+            level, msg, args, exc_info = logging.INFO, "refused a request from %s that is no WebSocket handshake: " \
+                "%s%s", (peer, error, cause), None
+        super().log(level, msg, *args, exc_info=exc_info, **kwargs)
 
 
 def _peer(connection: Any) -> str:

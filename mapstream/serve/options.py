@@ -2,13 +2,17 @@
 the stream settings a client may choose, the frames it announces), how its frames are
 preprocessed and which arrays its results carry; and `plan_session`, the plan it runs.
 
-The server's `StreamConfig` is each session's default and, for what costs memory, its bound:
-a client may shorten the sliding window or the trajectory memory, not lengthen them. The
-settings that follow the server's model and device (precision, attention backend, CUDA
-graphs) and the windows' sizes are the server's alone.
+The server's `StreamConfig` is each session's default and, for what costs memory or holds
+the model, its bound: a client may shorten the sliding window, the trajectory memory, the
+scale phase and the scale frames the cache keeps, not lengthen them (a scale phase runs its
+frames through the model at once, while every other session waits). The settings that
+follow the server's model and device (precision, attention backend, CUDA graphs) and the
+windows' sizes are the server's alone; a preprocessing may not make frames larger than the
+server's pixel limit.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,11 +22,8 @@ from ..io.images import check_preprocess_args
 from ..pipeline.stream_plan import MODES, StreamPlan, plan_stream
 from .protocol import PROTOCOL_VERSION, ProtocolError
 
-__all__ = ["CLIENT_SETTINGS", "OutputOptions", "SessionOptions", "parse_open", "plan_session", "MAX_SCALE_FRAMES",
-           "WINDOW_SETTINGS"]
+__all__ = ["CLIENT_SETTINGS", "OutputOptions", "SessionOptions", "parse_open", "plan_session", "WINDOW_SETTINGS"]
 
-MAX_SCALE_FRAMES = 64
-"""Most scale frames a client may ask for (they stay in every frame's attention)."""
 CLIENT_SETTINGS = ("num_scale_frames", "cache_scale_frames", "keyframe_interval", "provisional", "sliding_window",
                    "trajectory_capacity", "shared_from", "window_join")
 """The stream settings a client may choose in its open message."""
@@ -92,15 +93,20 @@ def _settings(given: Any, server: StreamConfig) -> StreamConfig:
             bound, value = getattr(server, name), given[name]
             if bound is not None and (value is None or (isinstance(value, int) and value > bound)):
                 raise ProtocolError(f"{name} may be at most the server's {bound}, got {value!r}", "bad_open")
-    if isinstance(given.get("num_scale_frames"), int) and given["num_scale_frames"] > MAX_SCALE_FRAMES:
-        raise ProtocolError(f"num_scale_frames may be at most {MAX_SCALE_FRAMES}", "bad_open")
     try:
-        return server.with_settings(**given)
+        chosen = server.with_settings(**given)
     except (TypeError, ValueError) as err:
         raise ProtocolError(f"settings: {err}", "bad_open") from err
+    if chosen.num_scale_frames > server.num_scale_frames:
+        raise ProtocolError(f"num_scale_frames may be at most the server's {server.num_scale_frames} (a scale phase "
+                            f"runs its frames through the model at once), got {chosen.num_scale_frames}", "bad_open")
+    if chosen.anchor_frames > server.anchor_frames:
+        raise ProtocolError(f"the scale frames the cache keeps (cache_scale_frames, null: num_scale_frames) may be at "
+                            f"most the server's {server.anchor_frames}, got {chosen.anchor_frames}", "bad_open")
+    return chosen
 
 
-def _preprocess(given: Any, patch_size: int, image_size: int) -> tuple[str, int] | None:
+def _preprocess(given: Any, patch_size: int, image_size: int, max_pixels: int) -> tuple[str, int] | None:
     if given is None:
         return None
     if not isinstance(given, dict) or set(given) - {"mode", "image_size"}:
@@ -113,6 +119,14 @@ def _preprocess(given: Any, patch_size: int, image_size: int) -> tuple[str, int]
         check_preprocess_args(mode, size, patch_size)
     except ValueError as err:
         raise ProtocolError(f"preprocess: {err}", "bad_open") from err
+    # Crop makes frames image_size wide and at most as high, pad image_size square: the
+    # largest frame this preprocessing makes is image_size x image_size.
+    if size * size > max_pixels:
+        largest = math.isqrt(max_pixels) // patch_size * patch_size
+        instead = f"ask for image_size {largest} or less" if largest else "send frames as they are (preprocess null)"
+        raise ProtocolError(f"preprocess image_size {size} makes frames of up to {size}x{size} = {size * size} pixels; "
+                            f"this server takes at most {max_pixels} pixels a frame (max_frame_pixels): {instead}",
+                            "bad_open")
     return mode, size
 
 
@@ -152,10 +166,11 @@ def _frames(given: Any) -> int | None:
 
 
 def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int,
-               image_size: int = DEFAULT_IMAGE_SIZE, mode: str = "auto") -> SessionOptions:
+               image_size: int = DEFAULT_IMAGE_SIZE, mode: str = "auto", *, max_pixels: int) -> SessionOptions:
     """The options of an ``open`` message, or a ProtocolError saying what is wrong;
     ``image_size``: the served model's own frame width, where ``preprocess`` names none;
-    ``mode``: the server's, where the message names none."""
+    ``mode``: the server's, where the message names none; ``max_pixels``: the largest frame
+    the server takes (`ServeConfig.max_frame_pixels`), which no preprocessing may exceed."""
     if message.get("type") != "open":
         raise ProtocolError(f"the first message opens the session ({{\"type\": \"open\", \"version\": "
                             f"{PROTOCOL_VERSION}}}), got type {message.get('type')!r}", "bad_open")
@@ -166,6 +181,7 @@ def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int,
     if unknown:
         raise ProtocolError(f"open has no fields {unknown}", "bad_open")
     return SessionOptions(_settings(message.get("settings"), server),
-                          _preprocess(message.get("preprocess"), patch_size, image_size), _outputs(message.get("outputs")),
+                          _preprocess(message.get("preprocess"), patch_size, image_size, max_pixels),
+                          _outputs(message.get("outputs")),
                           _mode(message.get("mode"), mode), _frames(message.get("frames")),
                           frozenset(message.get("settings") or ()))

@@ -21,7 +21,7 @@ import numpy as np
 
 __all__ = [
     "ARRAY_DTYPES", "ENCODINGS", "MAGIC", "PROTOCOL_VERSION", "ProtocolError", "decode_arrays", "decode_image",
-    "encode_arrays", "image_size", "pack", "parse_json", "unpack",
+    "encode_arrays", "image_size", "open_image", "pack", "parse_json", "unpack",
 ]
 
 PROTOCOL_VERSION = 1
@@ -69,9 +69,34 @@ def parse_json(text: str | bytes) -> dict[str, Any]:
         value = json.loads(text)
     except (ValueError, UnicodeDecodeError) as err:
         raise ProtocolError(f"not JSON: {err}") from err
+    except RecursionError as err:  # Python's parser recurses per nested array or object
+        raise ProtocolError("not a message: JSON nested too deeply (a message is an object of a few plain "
+                            "fields)") from err
     if not isinstance(value, dict):
         raise ProtocolError(f"a message is a JSON object, got {type(value).__name__}")
     return value
+
+
+_SIGNATURES = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n"}
+"""How a JPEG and a PNG file begin."""
+_PIL_FORMATS = {"jpeg": ["JPEG"], "png": ["PNG"]}
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error)
+"""What Pillow raises for a corrupt or truncated file (UnidentifiedImageError is an OSError)."""
+
+
+def open_image(encoding: str, payload: memoryview):
+    """The frame's image file opened (lazily: nothing decoded yet) by Pillow's plugin of its
+    encoding alone, once its first bytes are that format's signature: no other plugin of
+    Pillow (GIF, TIFF, EPS through Ghostscript, ...) ever reads a client's bytes. A
+    ProtocolError ("bad_frame") for bytes of another format, whatever the header says."""
+    from PIL import Image
+
+    signature = _SIGNATURES[encoding]
+    if bytes(payload[: len(signature)]) != signature:
+        raise ProtocolError(f"the frame's header says {encoding}, and its data is not a {encoding.upper()} file (it "
+                            f"starts with {bytes(payload[:8])!r}): this server decodes JPEG, PNG and raw frames only",
+                            "bad_frame")
+    return Image.open(io.BytesIO(payload), formats=_PIL_FORMATS[encoding])
 
 
 def image_size(header: dict[str, Any], payload: memoryview) -> tuple[int, int]:
@@ -86,14 +111,14 @@ def image_size(header: dict[str, Any], payload: memoryview) -> tuple[int, int]:
                 and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape)):
             raise ProtocolError(f"a raw frame declares its shape [H, W, 3] (uint8), got {shape!r}", "bad_frame")
         return shape[0], shape[1]
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(payload)) as image:
+        with open_image(header["encoding"], payload) as image:
             width, height = image.size
     except Image.DecompressionBombError as err:  # PIL's own bound, far above any server's
         raise ProtocolError(f"the frame is far too large: {err}", "frame_too_large") from err
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+    except _PIL_ERRORS as err:
         raise ProtocolError(f"the frame is not a readable {encoding} image: {err}", "bad_frame") from err
     return height, width
 
@@ -107,15 +132,13 @@ def decode_image(header: dict[str, Any], payload: memoryview) -> np.ndarray:
             raise ProtocolError(f"a raw frame of shape [{height}, {width}, 3] is {height * width * 3} bytes, "
                                 f"got {len(payload)}", "bad_frame")
         return np.frombuffer(payload, dtype=np.uint8).reshape(height, width, 3).copy()
-    from PIL import Image
-
     from ..io.images import to_rgb
 
     try:
-        with Image.open(io.BytesIO(payload)) as image:
+        with open_image(header["encoding"], payload) as image:
             image.load()
             return np.asarray(to_rgb(image), dtype=np.uint8).copy()
-    except (OSError, SyntaxError, ValueError) as err:  # PIL's words for truncated and corrupt data
+    except _PIL_ERRORS as err:  # PIL's words for truncated and corrupt data
         raise ProtocolError(f"the frame's {header['encoding']} data is corrupt or truncated: {err}",
                             "bad_frame") from err
 

@@ -3,8 +3,9 @@ frames through one batched forward (`mapstream.step_together`) in the one thread
 the model, and hands each session its answers in order.
 
 Each round takes at most one item per session (a session's frames are sequential) and at
-most ``max_batch`` frames, starting one session further each round so that none waits
-behind the others. The model thread is a single-thread executor: session creation, steps,
+most ``max_batch`` frames, in turns: a round starts with the session after the last one
+whose frame the round before took, so a session with a frame queued waits for at most one
+frame of each other session, whoever sent first or more. The model thread is a single-thread executor: session creation, steps,
 resets and `Session.close` all run there, one after another, so no two ever touch the
 model or a cache at once, and the event loop never waits on the model.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,13 +43,15 @@ def _frame_tensor(image) -> torch.Tensor:
 class Worker:
     """Runs rounds while any session has work. ``streams``: the server's registry (id ->
     stream), read each round; ``deliver``: called on the event loop with each round's
-    outcomes."""
+    outcomes. A session's ``on_model`` counts its items in the round in progress; when the
+    round ends, its ``last_active`` is then. Whoever makes a session's queue takeable again
+    (a frame or control queued, its congestion eased) calls `wake`."""
 
     def __init__(self, streams: dict[str, ServedStream], max_batch: int, metrics: Metrics, deliver) -> None:
         self.streams, self.max_batch, self.metrics, self.deliver = streams, max_batch, metrics, deliver
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mapstream-model")
         self._wake = asyncio.Event()
-        self._start = 0  # where the next round begins in the registry's order
+        self._after: str | None = None  # the last session whose frame a round took: the next round starts after it
         self.rounds = 0
 
     def wake(self) -> None:
@@ -68,29 +72,39 @@ class Worker:
                     self.deliver(outcomes)
                 except Exception:  # noqa: BLE001 - the worker serves the other sessions on
                     log.exception("a round of %d sessions failed", len(taken))
+                finally:
+                    self._finished(taken)
                 outcomes = taken = None  # a session that ends now is freed without waiting for the next round
 
     def _take(self) -> list[tuple[ServedStream, Any]]:
-        """This round's items: the head of each session's queue, frames up to ``max_batch``."""
-        order = list(self.streams.values())
-        if not order:
-            return []
-        self._start %= len(order)
-        order = order[self._start :] + order[: self._start]
-        self._start += 1
+        """This round's items: the head of each session's queue, frames up to ``max_batch``,
+        in turns (the module docstring)."""
+        ids = list(self.streams)
+        start = ids.index(self._after) + 1 if self._after in self.streams else 0
         taken, frames = [], 0
-        for stream in order:
+        for stream_id in ids[start:] + ids[:start]:
+            stream = self.streams[stream_id]
             if stream.queue and isinstance(stream.queue[0], QueuedFrame) and frames >= self.max_batch:
                 continue  # its frame waits for the next round; a control would still be taken
             item = stream.take()
             if item is None:
                 continue
+            stream.on_model += 1
             if isinstance(item, QueuedFrame):
                 frames += 1
                 stream.waiting[stream.next_index] = item
                 stream.next_index += 1
+                self._after = stream_id
             taken.append((stream, item))
         return taken
+
+    @staticmethod
+    def _finished(taken: list[tuple[ServedStream, Any]]) -> None:
+        """The round of ``taken`` is over (a function: the coroutine keeps no session)."""
+        done = time.monotonic()
+        for stream, _ in taken:
+            stream.on_model -= 1
+            stream.last_active = done
 
     def _round(self, taken: list[tuple[ServedStream, Any]]) -> list[Outcome]:
         """On the model thread: the round's frames stepped together, its controls done."""

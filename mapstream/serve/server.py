@@ -28,7 +28,7 @@ from ..session import Session, resolve_precision
 from ..windowed import WindowedSession
 from .config import ServeConfig, resolve_token
 from .frames import check_frame_message, decode_frame
-from .gate import Gate
+from .gate import Gate, HandshakeLog
 from .metrics import Metrics
 from .options import CLIENT_SETTINGS, WINDOW_SETTINGS, OutputOptions, SessionOptions, parse_open, plan_session
 from .protocol import PROTOCOL_VERSION, ProtocolError, parse_json, unpack
@@ -108,6 +108,7 @@ class Server:
         self._ws_server = await serve(
             self._handle, self.config.host, self.config.port, process_request=self.gate.process_request,
             max_size=self.config.max_message_bytes, compression=None, server_header="mapstream",
+            logger=HandshakeLog(logging.getLogger("websockets.server")),
         )
         self.port = int(next(iter(self._ws_server.sockets)).getsockname()[1])
         self._tasks = [asyncio.create_task(self.worker.run()), asyncio.create_task(self._reap_idle())]
@@ -181,8 +182,12 @@ class Server:
             first = await asyncio.wait_for(ws.recv(), timeout=self.config.idle_timeout)
             if isinstance(first, bytes):
                 raise ProtocolError("the first message is a JSON text message {\"type\": \"open\", ...}", "bad_open")
-            options = parse_open(parse_json(first), self.stream_config, self.model.config.patch_size,
-                                 model_image_size(self.model), self.mode)
+            try:
+                message = parse_json(first)
+            except ProtocolError as err:
+                raise ProtocolError(f"the open message: {err}", "bad_open") from err
+            options = parse_open(message, self.stream_config, self.model.config.patch_size,
+                                 model_image_size(self.model), self.mode, max_pixels=self.config.max_frame_pixels)
         except ConnectionClosed:
             return None
         except asyncio.TimeoutError:
@@ -240,7 +245,7 @@ class Server:
         sender = asyncio.create_task(self._send_loop(stream, ws))
         try:
             async for message in ws:
-                stream.last_seen = time.monotonic()
+                stream.last_active = time.monotonic()
                 if stream.outbox.qsize() > stream.outbox_limit:  # answers pile up: it sends, it does not read
                     await ws.close(1008, "the client does not read its answers")
                     break
@@ -382,19 +387,33 @@ class Server:
                     item = await loop.run_in_executor(None, result_message, item.pred, item.frame, item.sequence,
                                                       latency, stream.options.outputs)
                 await ws.send(item)
+                stream.last_active = time.monotonic()
+                if stream.queue and not stream.congested():  # the worker left its queue while answers piled up
+                    self.worker.wake()
 
     async def _reap_idle(self) -> None:
-        """End the sessions whose client sent nothing for ``idle_timeout`` while nothing of
-        theirs was queued."""
+        """End the sessions that showed no life for ``idle_timeout`` (see `_end_idle`)."""
         period = min(1.0, self.config.idle_timeout / 4)
         while True:
             await asyncio.sleep(period)
             self._end_idle(time.monotonic())  # a function: no session is held across the sleep
 
     def _end_idle(self, now: float) -> None:
+        """A session is idle when for ``idle_timeout`` its client sent nothing, no answer of its
+        was sent and none of its items was on the model: its client is told and its queue
+        emptied. One still there an ``idle_timeout`` later has not read even that (a client
+        that stopped reading, or a peer gone without closing): its connection is dropped."""
         for stream in list(self.streams.values()):
-            if stream.ending is None and not stream.queue and now - stream.last_seen > self.config.idle_timeout:
-                stream.ending = "idle"
-                stream.outbox.put_nowait(_error("idle_timeout", f"nothing from this client for "
-                                                f"{self.config.idle_timeout:g} s: the session ends", fatal=True))
-                stream.outbox.put_nowait(_Close(1000, "idle"))
+            if stream.on_model or stream.ending == "shutdown" or now - stream.last_active <= self.config.idle_timeout:
+                continue
+            if stream.ending == "idle":
+                log.info("session %s: its client read nothing for %g s: its connection is dropped", stream.id[:8],
+                         self.config.idle_timeout)
+                stream.connection.transport.abort()  # its handler then ends it, as any connection that goes
+                stream.last_active = now
+                continue
+            stream.ending, stream.last_active = "idle", now
+            stream.queue.clear()
+            stream.outbox.put_nowait(_error("idle_timeout", f"nothing from or to this client for "
+                                            f"{self.config.idle_timeout:g} s: the session ends", fatal=True))
+            stream.outbox.put_nowait(_Close(1000, "idle"))

@@ -76,7 +76,8 @@ class ServedStream:
     next_index: int = 0  # sequence index of the next frame taken
     last_frame_id: int | None = None
     frame_hw: tuple[int, int] | None = None  # the size of the current sequence's frames (arrival order)
-    last_seen: float = field(default_factory=time.monotonic)
+    last_active: float = field(default_factory=time.monotonic)  # a message from the client, an answer sent, a step done
+    on_model: int = 0  # items the worker took and has not finished (set by the worker)
     ending: str | None = None  # why no more frames are taken in: "close", "shutdown", "idle", or None
     gone: bool = False  # the connection ended: nothing more is done for it
     released: bool = False  # its session is closed, its cache freed

@@ -1,7 +1,9 @@
 """What the service tests share: the tiny model, deterministic frames, a server on an
-ephemeral loopback port, the model thread held still, and solo runs to compare with."""
+ephemeral loopback port, the model thread or a client's answers held still, and solo runs to
+compare with."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -91,6 +93,12 @@ def serving(model, **config) -> BackgroundServer:
     return BackgroundServer(Server(model, ServeConfig(**settings), stream, environ={}, **described)).start()
 
 
+def only_session(running: BackgroundServer):
+    """The server's one open session (``ServedStream``), once it is registered."""
+    wait_until(lambda: len(running.server.streams) == 1)
+    return next(iter(running.server.streams.values()))
+
+
 @contextlib.contextmanager
 def model_thread_held(running: BackgroundServer):
     """The server's model thread kept busy until the block ends: queued frames stay queued,
@@ -108,6 +116,28 @@ def model_thread_held(running: BackgroundServer):
     finally:
         release.set()
         future.result(10)
+
+
+@contextlib.contextmanager
+def sends_held(running: BackgroundServer, stream):
+    """The server's writes to one session's client held until the block ends, as when the
+    client reads nothing and its TCP window is full: its answers pile up in the session's
+    outbox."""
+    async def hold() -> asyncio.Event:
+        released, send = asyncio.Event(), stream.connection.send
+
+        async def held_send(*args, **kwargs):
+            await released.wait()
+            return await send(*args, **kwargs)
+
+        stream.connection.send = held_send
+        return released
+
+    released = running.call(hold(), 10)
+    try:
+        yield
+    finally:
+        running.loop.call_soon_threadsafe(released.set)
 
 
 def wait_until(condition, timeout: float = 10.0) -> None:

@@ -17,6 +17,8 @@ from mapstream.serve.stream import QueuedFrame, RateLimit, ServedStream
 
 from serve_helpers import TOKEN, frames
 
+MAX_PIXELS = 1_000_000
+
 
 def _png(image: np.ndarray, fmt: str = "PNG") -> bytes:
     buffer = io.BytesIO()
@@ -100,16 +102,16 @@ def test_frame_headers_are_checked():
 def test_an_open_message_chooses_within_the_servers_bounds():
     server = StreamConfig(sliding_window=16)
     options = parse_open({"type": "open", "version": 1, "settings": {"num_scale_frames": 2, "sliding_window": 8},
-                          "outputs": {"depth": True, "dtype": "float32"}}, server, 14)
+                          "outputs": {"depth": True, "dtype": "float32"}}, server, 14, max_pixels=MAX_PIXELS)
     assert options.stream.num_scale_frames == 2 and options.stream.sliding_window == 8
     assert options.outputs.depth and options.outputs.dtype == "float32" and not options.outputs.points
     assert options.preprocess is None  # frames used as sent
     # A preprocess without a width takes the served model's own (518 unless its weights record another).
     shaped = {"type": "open", "version": 1, "preprocess": {"mode": "pad"}}
-    assert parse_open(shaped, server, 14).preprocess == ("pad", 518)
-    assert parse_open(shaped, server, 14, image_size=294).preprocess == ("pad", 294)
+    assert parse_open(shaped, server, 14, max_pixels=MAX_PIXELS).preprocess == ("pad", 518)
+    assert parse_open(shaped, server, 14, image_size=294, max_pixels=MAX_PIXELS).preprocess == ("pad", 294)
     shaped["preprocess"]["image_size"] = 140
-    assert parse_open(shaped, server, 14, image_size=294).preprocess == ("pad", 140)
+    assert parse_open(shaped, server, 14, image_size=294, max_pixels=MAX_PIXELS).preprocess == ("pad", 140)
     for message, words in [
         ({"type": "open", "version": 2}, "version 1"),
         ({"type": "open", "version": 1, "settings": {"sliding_window": 32}}, "at most the server's 16"),
@@ -121,7 +123,7 @@ def test_an_open_message_chooses_within_the_servers_bounds():
         ({"type": "hello"}, "opens the session"),
     ]:
         with pytest.raises(ProtocolError, match=words):
-            parse_open(message, server, 14)
+            parse_open(message, server, 14, max_pixels=MAX_PIXELS)
 
 
 def test_the_rate_limit_lets_one_seconds_burst_through_then_the_rate():

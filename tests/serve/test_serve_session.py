@@ -12,8 +12,8 @@ from mapstream.client import Client, Result, ServiceError
 from mapstream.session import SessionClosedError
 
 from serve_helpers import (
-    as_tensor, assert_exact, events, frames, model_thread_held, results, send_sequences, serving, solo, tiny_model,
-    wait_until,
+    as_tensor, assert_exact, events, frames, model_thread_held, only_session, results, send_sequences, serving, solo,
+    tiny_model, wait_until,
 )
 
 
@@ -22,18 +22,13 @@ def model():
     return tiny_model()
 
 
-def _only_session(running):
-    wait_until(lambda: len(running.server.streams) == 1)
-    return next(iter(running.server.streams.values()))
-
-
 def test_a_busy_model_drops_the_oldest_unmarked_frames_and_serves_the_rest_exactly(model):
     images = frames(7, 10)
     with serving(model, queue_size=4, max_batch=1) as running:
         session = Client(running.url).open_session(settings={"num_scale_frames": 2}, depth=True, dtype="float32")
         with model_thread_held(running):
             sent = [session.send(images[0], wait=False)]
-            wait_until(lambda: _only_session(running).waiting)  # frame 0 is on the (held) model thread
+            wait_until(lambda: only_session(running).waiting)  # frame 0 is on the (held) model thread
             sent += [session.send(image, keyframe=True if i == 2 else None, wait=False)
                      for i, image in enumerate(images[1:], 1)]
             dropped = []
@@ -41,7 +36,7 @@ def test_a_busy_model_drops_the_oldest_unmarked_frames_and_serves_the_rest_exact
                 answer = session.receive(30)
                 assert answer.type == "dropped" and answer.data["reason"] == "queue full"
                 dropped.append(answer.frame)
-            assert [f.frame_id for f in _only_session(running).queue] == [2, 7, 8, 9]
+            assert [f.frame_id for f in only_session(running).queue] == [2, 7, 8, 9]
         answers = session.close()
     assert sent == list(range(10)) and dropped == [1, 3, 4, 5, 6]  # frame 2 was marked as a keyframe
     kept = [0, 2, 7, 8, 9]
@@ -91,7 +86,7 @@ def test_a_short_sequence_is_flushed_when_the_client_closes(model):
 def test_an_idle_session_ends_and_frees_its_cache(model):
     with serving(model, idle_timeout=0.3) as running:
         session = Client(running.url).open_session()
-        served = _only_session(running)
+        served = only_session(running)
         answer = session.receive(10)
         assert answer.type == "error" and answer.data["code"] == "idle_timeout" and answer.fatal
         with pytest.raises(ServiceError, match="connection closed"):
@@ -104,11 +99,11 @@ def test_an_idle_session_ends_and_frees_its_cache(model):
 def test_a_client_that_vanishes_mid_stream_has_its_session_freed(model):
     with serving(model) as running:
         session = Client(running.url).open_session(settings={"num_scale_frames": 2})
-        served = _only_session(running)
+        served = only_session(running)
         with model_thread_held(running):  # its frames are still queued when it goes
             for image in frames(12, 5):
                 session.send(image, wait=False)
-            wait_until(lambda: _only_session(running).queued_frames == 4)  # and one on the model thread
+            wait_until(lambda: only_session(running).queued_frames == 4)  # and one on the model thread
             session._ws.socket.shutdown(socket.SHUT_RDWR)
             session._ws.socket.close()
             wait_until(lambda: not running.server.streams)  # ended while its step is still to run
@@ -128,7 +123,7 @@ def test_shutdown_answers_the_frames_taken_refuses_later_ones_and_closes(model):
         with model_thread_held(running):
             for image in images:
                 session.send(image, wait=False)
-            wait_until(lambda: running.server.streams and _only_session(running).queued_frames == 4)
+            wait_until(lambda: running.server.streams and only_session(running).queued_frames == 4)
             stopper.start()
             wait_until(lambda: running.server._draining)
             late = session.send(frames(14, 1)[0], wait=False)
