@@ -29,8 +29,10 @@ class MapConfig:
     clip_neighbours: int = 1
     """Keyframes on each side of the candidate (and before the current one) in the verification clip."""
     min_inlier_ratio: float = 0.6
-    """Share of the clip's pixels (confidence-weighted) that must agree with the map after alignment, on each side."""
-    inlier_tolerance: float = 0.05
+    """Share of a clip frame's pixels (confidence-weighted) that must agree with the map after alignment (candidate and current frame each)."""
+    min_overlap: float = 0.3
+    """Share of the current frame's pixels (confidence-weighted) the clip must place on surfaces the candidate sees."""
+    inlier_tolerance: float = 0.1
     """A pixel agrees when its aligned 3D point is within this fraction of its depth of the map's."""
     max_rotation_deg: float = 20.0
     """Largest rotation a loop may apply to the current keyframe's pose against the graph's estimate."""
@@ -48,7 +50,7 @@ class MapConfig:
     """Rotation (rad), translation (fraction of the median depth) and log-scale sigmas of one odometry edge."""
     join_factor: float = 4.0
     """Odometry sigmas are this many times larger across a window join (the weakest link of a windowed stream)."""
-    loop_sigma: tuple[float, float, float] = (0.02, 0.03, 0.02)
+    loop_sigma: tuple[float, float, float] = (0.05, 0.1, 0.08)
     """Rotation, translation and log-scale sigmas of one loop edge."""
     prior_sigma: tuple[float, float] = (0.02, 0.05)
     """Rotation (rad) and position sigmas of a known pose (in the known poses' units, e.g. metres)."""
@@ -68,7 +70,7 @@ class MapConfig:
             raise ValueError(f"MapConfig.capacity must be >= 16 keyframes, got {self.capacity}")
         if self.clip_neighbours < 0 or self.loop_cooldown < 0:
             raise ValueError("MapConfig.clip_neighbours and loop_cooldown must be >= 0")
-        for name in ("min_similarity", "min_inlier_ratio"):
+        for name in ("min_similarity", "min_inlier_ratio", "min_overlap"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"MapConfig.{name} must be in [0, 1], got {getattr(self, name)}")
         for name in ("inlier_tolerance", "max_rotation_deg", "max_shift", "max_scale_change", "join_factor"):

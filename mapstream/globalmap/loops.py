@@ -4,17 +4,20 @@ A candidate place (an older keyframe whose descriptor resembles the current one'
 verified on a short fresh clip: the candidate with `clip_neighbours` keyframes on each side,
 then the current keyframe with `clip_neighbours` keyframes before it, all fed as the scale
 frames of a new session, so they attend to each other in both directions and share one
-frame and one scale. Each side of the clip is then aligned to the map by a confidence-
-weighted Sim(3) (Umeyama) between the clip's 3D points and the stream's points of the same
-pixels (the same images, so every pixel pairs with itself). The two alignments disagree
-exactly by the drift accumulated between the candidate and now; that disagreement is the
-loop edge.
+frame and one scale. The candidate and the current keyframe are each aligned to the map by
+a confidence-weighted Sim(3) (Umeyama) between the clip's 3D points of the frame and the
+stream's points of the same pixels (the same image, so every pixel pairs with itself). The
+two alignments disagree exactly by the drift accumulated between the candidate and now; that
+disagreement is the loop edge.
 
 A candidate is rejected when
-* either side's inlier ratio (confidence-weighted share of pixels whose aligned point lies
+* either frame's inlier ratio (confidence-weighted share of pixels whose aligned point lies
   within `inlier_tolerance` of its depth from the map's) is below `min_inlier_ratio`: the
-  clip and the map do not describe the same geometry, or the network could not place the
-  frames together;
+  clip and the map do not describe the same geometry;
+* the overlap is below `min_overlap`: the confidence-weighted share of the current frame's
+  pixels that, placed by the clip, fall inside the candidate's image at the candidate's
+  predicted depth (within `inlier_tolerance`). The network only places two frames together
+  where they see the same surfaces; views of different places fail here;
 * the correction it asks of the current keyframe, against the graph's present estimate, is
   larger than drift can explain: a rotation over `max_rotation_deg`, a shift over
   `max_shift` of the path travelled since the candidate, or a scale change over
@@ -50,7 +53,8 @@ class LoopCheck:
     similarity: float
     accepted: bool = False
     reason: str = ""
-    inlier_ratio: float = 0.0  # the lower of the two sides'
+    inlier_ratio: float = 0.0  # the lower of the two frames'
+    overlap: float = 0.0  # share of the current frame seen by the candidate, in the clip
     rotation_deg: float = float("nan")  # the correction asked of the current keyframe
     shift: float = float("nan")  # its translation, as a fraction of the path since the candidate
     log_scale: float = float("nan")
@@ -63,6 +67,7 @@ class LoopCheck:
         return {
             "candidate": self.candidate, "query": self.query, "similarity": num(self.similarity),
             "accepted": self.accepted, "reason": self.reason, "inlier_ratio": num(self.inlier_ratio),
+            "overlap": num(self.overlap),
             "rotation_deg": num(self.rotation_deg), "shift": num(self.shift), "log_scale": num(self.log_scale),
         }
 
@@ -103,7 +108,7 @@ class LoopVerifier:
 
     def _side(self, keyframes: list[MapKeyframe], preds) -> tuple[Sim3, float]:
         """The Sim(3) mapping the clip's world onto the map's (stream) world on these
-        keyframes, and its inlier ratio."""
+        keyframes' pixels, and its inlier ratio."""
         stride = self.config.depth_stride
         src, dst, weight, depth = [], [], [], []
         for kf, pred in zip(keyframes, preds):
@@ -133,6 +138,30 @@ class LoopVerifier:
                 return sim, 0.0
         return sim, float(weight[inliers].sum() / weight.sum())
 
+    def _overlap(self, query, candidate) -> float:
+        """Confidence-weighted share of the query frame's sampled pixels that the clip places
+        inside the candidate's image, at the candidate's own predicted depth there."""
+        stride, tol = self.config.depth_stride, self.config.inlier_tolerance
+        depth_q = sample(query.depth.float().numpy(), stride)
+        conf_q = np.maximum(sample(query.depth_conf.float().numpy(), stride) - 1, 0)
+        T_q, T_c = query.T_world_cam.double().numpy(), candidate.T_world_cam.double().numpy()
+        world = sparse_points(depth_q, query.K.double().numpy(), stride) @ T_q[:3, :3].T + T_q[:3, 3]
+        cam = (world - T_c[:3, 3]) @ T_c[:3, :3]  # into the candidate's camera
+        K = candidate.K.double().numpy()
+        z = cam[..., 2]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u = K[0, 0] * cam[..., 0] / z + K[0, 2]
+            v = K[1, 1] * cam[..., 1] / z + K[1, 2]
+        depth_c = candidate.depth.float().numpy()
+        h, w = depth_c.shape
+        inside = (z > 0) & (u >= 0) & (u <= w - 1) & (v >= 0) & (v <= h - 1) & (depth_q > 0)
+        seen = np.zeros_like(inside)
+        rows = np.clip(np.round(v[inside]).astype(int), 0, h - 1)
+        cols = np.clip(np.round(u[inside]).astype(int), 0, w - 1)
+        seen[inside] = np.abs(depth_c[rows, cols] - z[inside]) < tol * z[inside]
+        total = conf_q[depth_q > 0].sum()
+        return float(conf_q[seen].sum() / total) if total > 0 else 0.0
+
     def check(
         self, candidate_side: list[MapKeyframe], query_side: list[MapKeyframe], *, candidate: MapKeyframe,
         query: MapKeyframe, similarity: float, estimate_candidate: Sim3, estimate_query: Sim3,
@@ -145,11 +174,17 @@ class LoopVerifier:
         if len(preds) != len(candidate_side) + len(query_side):
             result.reason = "the clip gave no prediction for every frame"
             return result
-        cand_sim, cand_ratio = self._side(candidate_side, preds[: len(candidate_side)])
-        query_sim, query_ratio = self._side(query_side, preds[len(candidate_side) :])
+        at = [kf.index for kf in candidate_side].index(candidate.index)
+        cand_pred, query_pred = preds[at], preds[-1]
+        cand_sim, cand_ratio = self._side([candidate], [cand_pred])
+        query_sim, query_ratio = self._side([query], [query_pred])
         result.inlier_ratio = min(cand_ratio, query_ratio)
+        result.overlap = self._overlap(query_pred, cand_pred)
         if result.inlier_ratio < cfg.min_inlier_ratio:
             result.reason = f"inlier ratio {result.inlier_ratio:.2f} < {cfg.min_inlier_ratio}"
+            return result
+        if result.overlap < cfg.min_overlap:
+            result.reason = f"overlap {result.overlap:.2f} < {cfg.min_overlap}"
             return result
         # Query-era world -> candidate-era world; as an edge between the two nodes (whose
         # initial values are the stream's poses, which the alignments were made against).

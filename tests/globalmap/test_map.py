@@ -78,7 +78,7 @@ def test_bad_settings_are_refused_with_their_name(bad):
 def test_an_endless_stream_keeps_the_map_within_its_bound(tiny):
     """20,000 frames: the map holds at most `capacity` keyframes (nodes, descriptors, images),
     its edges stay in proportion, and the process does not grow with the stream."""
-    cfg = MapConfig(keyframe_every=4, capacity=64, min_similarity=1.0)
+    cfg = MapConfig(keyframe_every=10, capacity=64, min_similarity=1.0)
     gmap = GlobalMap(tiny, cfg)
     rng = np.random.default_rng(0)
     T = np.eye(4)
@@ -87,13 +87,13 @@ def test_an_endless_stream_keeps_the_map_within_its_bound(tiny):
         step = np.eye(4)
         step[:3, 3] = rng.normal(scale=0.02, size=3)
         T = T @ step
-        gmap.add(prediction(i, T), _frame(i) if i % 4 == 0 else None)
+        gmap.add(prediction(i, T), _frame(i) if i % 10 == 0 else None)
         if i in (4_999, 19_999):
             rss[i] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         assert len(gmap.keyframes) <= cfg.capacity
     assert len(gmap.graph) == len(gmap.keyframes) == len(gmap.places) <= cfg.capacity
     assert len(gmap.graph.edges) <= 2 * cfg.capacity
-    assert gmap.stats()["merged_away"] == 5_000 - len(gmap.keyframes)
+    assert gmap.stats()["merged_away"] == 2_000 - len(gmap.keyframes)
     assert gmap.stats()["bytes"] <= cfg.capacity * max(kf.nbytes for kf in gmap.keyframes.values())
     assert len(gmap.rejected) <= KEPT_REJECTIONS
     # The peak resident size after 20,000 frames is the one after 5,000 (plus allocator noise).
@@ -150,6 +150,7 @@ def test_known_poses_on_a_tenth_of_the_frames_give_the_map_their_frame_and_metri
     corrected = np.stack([gmap.correct_pose(i, stream[i])[0] for i in range(n)])
     fit = umeyama(corrected[:, :3, 3], truth[:, :3, 3], with_scale=True)
     assert fit.s == pytest.approx(1.0, abs=0.02)  # metric
-    assert np.abs(corrected[:, :3, 3] - truth[:, :3, 3]).max() < 0.1  # and in the known frame
+    error = np.linalg.norm(corrected[:, :3, 3] - truth[:, :3, 3], axis=1)  # and in the known frame (metres)
+    assert np.median(error) < 0.05 and error.max() < 0.2
     # Depth scales with the map: a frame's correction carries the factor to metric depth.
     assert gmap.correct_pose(55, stream[55])[1] == pytest.approx(2.5, rel=0.02)
