@@ -69,7 +69,9 @@ def test_known_poses_put_the_map_in_their_frame(scene, tmp_path):
     gap = out["T_world_cam"][known, :, 3] - seq.T_world_cam[known, :3, 3]
     rms = float(np.sqrt((gap**2).sum(1).mean()))
     assert rms == pytest.approx(priors["rms_to_known"], rel=1e-3, abs=1e-4)
-    assert rms < 0.25
+    # Untrained weights make poor odometry, but the map is in the known frame now, which
+    # lies metres away from the stream's own (its first camera at the origin).
+    assert rms < 0.5 < float(np.linalg.norm(seq.T_world_cam[0, :3, 3]))
     # Pose encodings follow the corrected poses.
     np.testing.assert_allclose(out["pose_enc"][:, :3], out["T_world_cam"][:, :, 3], atol=1e-5)
     R = quat_to_mat(torch.from_numpy(out["pose_enc"][:, 3:7].astype(np.float64))).numpy()
