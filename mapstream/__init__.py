@@ -14,6 +14,7 @@ import logging
 from .checkpoint import CheckpointError, convert_checkpoint, load_model
 from .compat import GCTStream
 from .config import ModelConfig, StreamConfig, get_preset, preset_names
+from .globalmap import BackgroundMap, GlobalMap, MapConfig
 from .io.images import list_images, load_images
 from .models import GCTNetwork, StreamState, fill_synthetic_
 from .multistream import step_together
@@ -25,7 +26,10 @@ from ._version import __version__
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
+    "BackgroundMap",
     "CheckpointError",
+    "GlobalMap",
+    "MapConfig",
     "WindowedSession",
     "convert_checkpoint",
     "list_images",
