@@ -34,7 +34,7 @@ class MapConfig:
     """Share of the current frame's pixels (confidence-weighted) the clip must place on surfaces the candidate sees."""
     inlier_tolerance: float = 0.1
     """A pixel agrees when its aligned 3D point is within this fraction of its depth of the map's."""
-    max_rotation_deg: float = 20.0
+    max_rotation_deg: float = 45.0
     """Largest rotation a loop may apply to the current keyframe's pose against the graph's estimate."""
     max_shift: float = 0.25
     """Largest shift a loop may apply, as a fraction of the path travelled since the candidate (plus `inlier_tolerance` of the depth)."""
