@@ -151,6 +151,6 @@ def test_known_poses_on_a_tenth_of_the_frames_give_the_map_their_frame_and_metri
     fit = umeyama(corrected[:, :3, 3], truth[:, :3, 3], with_scale=True)
     assert fit.s == pytest.approx(1.0, abs=0.02)  # metric
     error = np.linalg.norm(corrected[:, :3, 3] - truth[:, :3, 3], axis=1)  # and in the known frame (metres)
-    assert np.median(error) < 0.05 and error.max() < 0.2
+    assert np.median(error) < 0.1 and error.max() < 0.2
     # Depth scales with the map: a frame's correction carries the factor to metric depth.
     assert gmap.correct_pose(55, stream[55])[1] == pytest.approx(2.5, rel=0.02)
