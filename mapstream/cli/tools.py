@@ -39,7 +39,7 @@ class Eval:
     align: Literal["none", "se3", "sim3"] = "sim3"
     """Trajectory alignment before ATE/RPE (recorded next to every number)."""
     match: Literal["auto", "name", "timestamp", "index"] = "auto"
-    """How frames are paired: by file name, by timestamp (names read as seconds, else the run's own times; the nearest run frame per ground-truth frame, so a run denser than its ground truth is evaluated on the paired frames), by position (equal counts), or auto (the first that pairs every frame)."""
+    """How frames are paired: by file name, by timestamp (the run's own times, or its names read as seconds where those pair more; the nearest run frame per ground-truth frame, so a run denser than its ground truth is evaluated on the paired frames), by position (equal counts), or auto (the first that pairs every frame)."""
     max_dt: float = 0.02
     """Timestamp pairing tolerance in seconds (also used to pair TUM depth maps and poses)."""
     points_align: Literal["poses", "trajectory"] = "poses"
