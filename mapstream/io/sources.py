@@ -277,8 +277,15 @@ def is_glob(text: str) -> bool:
 
 def glob_files(pattern: str) -> list[str]:
     """The files a glob input reads: its matches (``**`` recursive) that are files,
-    natural-sorted by path."""
-    return [f for f in sorted(globlib.glob(pattern, recursive=True), key=natural_sort_key) if os.path.isfile(f)]
+    natural-sorted by path; links that lead to no file (a loop, a missing target) are skipped
+    with a warning naming them."""
+    matches = sorted(globlib.glob(pattern, recursive=True), key=natural_sort_key)
+    dangling = [f for f in matches if os.path.islink(f) and not os.path.exists(f)]
+    if dangling:
+        shown = ", ".join(dangling[:3]) + (", ..." if len(dangling) > 3 else "")
+        logger.warning("%s: skipped %d link%s that lead nowhere (a loop of links, or a missing target): %s",
+                       pattern, len(dangling), "" if len(dangling) == 1 else "s", shown)
+    return [f for f in matches if os.path.isfile(f)]
 
 
 def _to_height(frame: torch.Tensor, height: int) -> torch.Tensor:

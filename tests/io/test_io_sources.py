@@ -295,3 +295,19 @@ def test_a_picture_smaller_than_a_patch_is_refused_and_a_large_upscale_is_told(t
     with caplog.at_level(logging.WARNING, logger="mapstream.io.sources"):
         list(open_source(tmp_path, image_size=56))  # 2 and 2.8 times: no warning
     assert caplog.records == []
+
+
+def test_image_links_that_lead_nowhere_are_skipped_with_a_warning(tmp_path: Path, caplog) -> None:
+    """A loop of links (a.png -> b.png -> a.png) and a link to a missing file hold no picture:
+    the folder's and the glob's other images run, and the skipped links are named."""
+    Image.fromarray(np.zeros((28, 28, 3), np.uint8)).save(tmp_path / "0.png")
+    (tmp_path / "a.png").symlink_to(tmp_path / "b.png")
+    (tmp_path / "b.png").symlink_to(tmp_path / "a.png")
+    (tmp_path / "c.png").symlink_to(tmp_path / "gone.png")
+    for spec, says in ((tmp_path, "skipped 3 image links that lead nowhere"), (f"{tmp_path}/*.png", "skipped 3 links")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mapstream.io"):
+            assert [name for name, _ in open_source(str(spec), image_size=28)] == ["0.png"]
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1 and says in warned[0], warned
+        assert all(f"{name}.png" in warned[0] for name in "abc") and "0.png" not in warned[0]
