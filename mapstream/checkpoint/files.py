@@ -8,6 +8,7 @@ import os
 import pickle
 import re
 import types
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,13 +92,32 @@ def is_torch_zip(path: Path) -> bool:
         return f.read(4) == b"PK\x03\x04"
 
 
+_LEGACY_TORCH_MAGIC = pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2)
+"""How a file of torch's legacy (pre-zip) format begins: its magic number, pickled."""
+
+
+def is_plain_pickle(path: Path) -> bool:
+    """Whether ``path`` is a pickle that torch.save did not write (``pickle.dump`` of a dict,
+    say): a pickle's protocol opcode, without torch's legacy magic number after it."""
+    with open(path, "rb") as f:
+        head = f.read(len(_LEGACY_TORCH_MAGIC))
+    return head[:1] == b"\x80" and head != _LEGACY_TORCH_MAGIC
+
+
 def _torch_load(path: Path, trust_pickle: bool) -> Any:
     # mmap needs torch's zip format; files in the legacy format are read into memory.
     mmap = is_torch_zip(path)
     if not mmap:
+        if is_plain_pickle(path):
+            raise CheckpointError(
+                f"{path} is a plain Python pickle, not a checkpoint written by torch.save or safetensors; save the "
+                "weights with torch.save(model.state_dict(), path) or safetensors.torch.save_file, and load that"
+            )
         log.info("%s is not in torch's zip format: reading it into memory (no mmap)", path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        with warnings.catch_warnings():  # torch's notes on pickle protocols: the error below says what matters
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         objects = _pickled_objects(path, exc)
         if not objects:
@@ -148,11 +168,23 @@ def _pickled_objects(path: Path, exc: Exception) -> list[str]:
 
 
 def _unreadable(path: Path, exc: Exception) -> str:
-    detail = " ".join(str(exc).split())[-300:]
+    detail = " ".join(str(exc).split())
+    detail = detail if len(detail) <= 300 else detail[:297] + "..."  # its beginning says what it is
     return (
         f"could not read {path} as a PyTorch or safetensors checkpoint ({type(exc).__name__}: {detail}); "
         "is it a checkpoint, and was it copied completely?"
     )
+
+
+def _misnamed_safetensors(path: Path) -> str:
+    """What a file named .safetensors that is not one is (its first bytes say)."""
+    with open(path, "rb") as f:
+        head = f.read(len(_LEGACY_TORCH_MAGIC))
+    if head[:4] == b"PK\x03\x04" or head == _LEGACY_TORCH_MAGIC:
+        return (f"{path} is named .safetensors but is a PyTorch checkpoint (torch.save); rename it to "
+                f"{path.with_suffix('.pt').name} and load or convert that")
+    return (f"{path} is named .safetensors but is not a safetensors file (it does not begin with a safetensors "
+            "header): it is damaged, cut short, or a file of another kind renamed; write or download it again")
 
 
 def _pickle_refusal(path: Path, objects: list[str]) -> str:
@@ -267,6 +299,8 @@ def read_state_dict(path: str | os.PathLike, *, trust_pickle: bool = False) -> d
         except Exception as exc:  # a damaged header or a truncated file
             raise CheckpointError(_unreadable(path, exc)) from exc
         obj = _restore_storage(obj, metadata.get(int8.STORAGE_KEY), path)
+    elif path.suffix.lower() == ".safetensors":
+        raise CheckpointError(_misnamed_safetensors(path))
     else:
         obj = _torch_load(path, trust_pickle)
     return checkpoint_filter_fn(_unwrap(obj, path))

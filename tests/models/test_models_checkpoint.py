@@ -315,6 +315,35 @@ def test_a_damaged_safetensors_file_gets_a_checkpoint_error(tmp_path, ref, damag
         load_model(path, preset="tiny")
 
 
+def test_a_plain_pickle_is_named_as_such_without_torchs_warning(tmp_path, recwarn):
+    """`pickle.dump` of a dict is no checkpoint torch.save wrote: one plain line, no torch
+    warning about pickle protocols, no cut-off UnpicklingError text."""
+    import pickle
+
+    with open(tmp_path / "raw.pt", "wb") as f:
+        pickle.dump({"weights": [1.0, 2.0]}, f, protocol=4)
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "raw.pt", preset="tiny", trust_pickle=True)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'raw.pt'} is a plain Python pickle, not a checkpoint written by torch.save")
+    assert "torch.save(model.state_dict(), path)" in message and "Unpickl" not in message
+    assert [str(w.message) for w in recwarn] == []
+
+
+def test_a_file_named_safetensors_that_is_not_one_says_so_in_plain_words(tmp_path, pt_file, ref):
+    text = tmp_path / "notes.safetensors"
+    text.write_text("these are notes, not weights\n")
+    with pytest.raises(CheckpointError, match=r"notes\.safetensors is named \.safetensors but is not a safetensors "
+                                              r"file .*a file of another kind renamed") as err:
+        convert_checkpoint(text, tmp_path / "out.safetensors")
+    assert "zip" not in str(err.value) and "header too large" not in str(err.value)
+    renamed = pt_file.rename(tmp_path / "ckpt.safetensors")
+    with pytest.raises(CheckpointError, match=r"is named \.safetensors but is a PyTorch checkpoint \(torch\.save\); "
+                                              r"rename it to ckpt\.pt"):
+        load_model(renamed, preset="tiny")
+    assert not (tmp_path / "out.safetensors").exists()
+
+
 def test_partial_load(tmp_path, ref, caplog):
     partial = {k: v for k, v in ref.items() if not k.startswith("depth_head.")}
     partial["aggregator.camera_token"] = torch.zeros(1, 2, 1, 7)
