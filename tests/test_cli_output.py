@@ -2,6 +2,7 @@
 each log record once."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,21 @@ def test_the_hubs_warnings_print_once() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("hub warning") == 1, done.stderr
     assert "WARNING huggingface_hub.utils._http: hub warning" in done.stderr  # in the CLI's own log format
+
+
+@pytest.mark.parametrize("command, usage", [
+    ("eval", "usage: mapstream eval [-h] [EVAL OPTIONS] RUN"),
+    ("convert", "usage: mapstream convert [-h] CKPT [--dst PATH]"),
+    ("run", "usage: mapstream run [-h] [RUN OPTIONS] [INPUT ...]"),
+    ("stream", "usage: mapstream stream [-h] [STREAM OPTIONS] INPUT"),
+])
+def test_help_names_each_argument_by_what_it_is(command, usage, capsys) -> None:
+    """The positional arguments' names say what to give, not the type tyro reads (STR); eval's
+    and convert's options too."""
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(usage) and not re.search(r"\bSTR\b", text.splitlines()[0])
+    if command in ("eval", "convert"):
+        assert not re.search(r"\bSTR\b", text)

@@ -41,7 +41,7 @@ class Run:
 
     ON_INTERRUPT: ClassVar[str] = "a run keeps the frames it finished and resumes from them when run again"
 
-    input: tyro.conf.Positional[tuple[str, ...]] = ()
+    input: Annotated[tyro.conf.Positional[tuple[str, ...]], tyro.conf.arg(metavar="[INPUT ...]")] = ()
     """Image folder, video file, glob, webcam index or stream URL (leave out with --demo); several: see --many."""
     out: Path = Path("runs/latest")
     """Output folder (created; an interrupted run there is resumed)."""
