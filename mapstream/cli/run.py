@@ -188,8 +188,12 @@ def print_run_summary(summary, where: str = "") -> None:
     """A finished run's warnings, frames, speed and outputs; `where`: the server that predicted them."""
     for warning in summary.warnings:
         print(f"WARNING: {warning}")
+    frames = f"{summary.frames} frame{'' if summary.frames == 1 else 's'}"
+    if summary.new_frames:
+        done = f"{frames} ({summary.new_frames} new) at {summary.fps:.2f} FPS"
+    else:  # a rerun of a finished run: no frame ran, so there is no speed to tell
+        done = f"{frames}, none new: an earlier run in this folder finished every frame; outputs written again"
     print(
-        f"{summary.frames} frame{'' if summary.frames == 1 else 's'} ({summary.new_frames} new) at "
-        f"{summary.fps:.2f} FPS with {summary.model}{f' on {where}' if where else ''}\n"
+        f"{done} with {summary.model}{f' on {where}' if where else ''}\n"
         f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
     )

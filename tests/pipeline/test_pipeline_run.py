@@ -112,6 +112,18 @@ def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch
     assert np.isfinite(npz["T_world_cam"]).all()
 
 
+def test_a_rerun_with_nothing_new_says_so(tmp_path, capsys):
+    """Every frame finished by the run before: no frame runs, so no speed is told."""
+    frames = photos(tmp_path)
+    out = tmp_path / "out"
+    assert run_cli(str(frames), "--out", str(out)) == 0
+    assert "10 frames (10 new) at " in capsys.readouterr().out
+    assert run_cli(str(frames), "--out", str(out)) == 0
+    said = capsys.readouterr().out
+    assert "10 frames, none new: an earlier run in this folder finished every frame; outputs written again with " in said
+    assert "FPS" not in said and "0 new" not in said
+
+
 def test_a_run_removes_the_temp_files_a_killed_write_left_in_its_folders_only(tmp_path):
     """A run killed while an export was being written leaves hidden ``.<name>.tmp-*`` files; the
     next run into the folder deletes those of its own files there and in its frame folders, and
