@@ -69,8 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         parsed = tyro.cli(_commands(), args=args, prog="mapstream")
     command = _bars_only_on_a_terminal(parsed, args)
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     try:
-        return int(command.main() or 0)
+        # Log lines print above the progress bars, which stay on the last line: a job's bar
+        # over its inputs lives for the whole job, through every input's log lines.
+        with logging_redirect_tqdm():
+            return int(command.main() or 0)
     except (ValueError, OSError, RuntimeError, ImportError) as err:  # ImportError: an optional package
         print(f"error: {err}", file=sys.stderr)
         return 2
