@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..hub import CHECKPOINT_SUFFIXES, DEFAULT_FILENAME, download_checkpoint, looks_like_repo_id
-from ..weights import int8
+from ..weights import int8, small_weights
 from .report import LIST_LIMIT, CheckpointError, summarize_keys
 
 log = logging.getLogger(__name__)
@@ -236,6 +236,32 @@ def _restore_storage(tensors: dict[str, torch.Tensor], storage: str | None, path
     return tensors
 
 
+SHIPPED_SMALL = "small"
+"""The name of mapstream's shipped small weights as a checkpoint source (as `--model small`)."""
+
+PRESET_KEY = "preset"
+"""The metadata entry of a safetensors file (written by `mapstream train`) naming the
+architecture preset its weights were trained as."""
+
+
+def recorded_preset(path: str | os.PathLike) -> str | None:
+    """The architecture preset a safetensors file's metadata records (`PRESET_KEY`), or None
+    (a `.pt` file, no record, or a name that is no preset of this mapstream)."""
+    from ..config import preset_names
+
+    path = Path(path)
+    if not is_safetensors(path):
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt", device="cpu") as handle:
+            name = (handle.metadata() or {}).get(PRESET_KEY)
+    except Exception as exc:  # a damaged header
+        raise CheckpointError(_unreadable(path, exc)) from exc
+    return name if name in preset_names() else None
+
+
 # What a file's metadata may record of its weights' training, with what each value must be.
 _TRAINING_RECORDS = {IMAGE_SIZE_KEY: "a width in pixels", TRAINED_VIEWS_KEY: "a count of frames"}
 
@@ -316,12 +342,19 @@ def resolve_checkpoint(
     """The local file for `source`: an existing file, a folder (with `filename`, default
     lingbot-map-long.pt), or a hub repo id "owner/name" (downloaded and cached).
 
-    A string that exists locally is always a path; a missing path that does not look like a
-    repo id raises FileNotFoundError without contacting the hub.
+    ``"small"`` (the name `mapstream run --model small` takes) is mapstream's shipped small
+    weights (`mapstream.weights`). A string that exists locally is always a path; a missing
+    path that does not look like a repo id raises FileNotFoundError without contacting the hub.
     """
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"source must be a path or a hub repo id, got {type(source).__name__}")
     path = Path(source).expanduser()
+    if source == SHIPPED_SMALL and not path.exists():
+        shipped = small_weights()
+        if shipped is None:
+            raise FileNotFoundError("this installation of mapstream has no shipped small model "
+                                    "(mapstream/weights/small.safetensors); give a checkpoint file or hub repo id")
+        path = shipped
     if not path.exists():
         if isinstance(source, str) and looks_like_repo_id(source):
             return download_checkpoint(source, filename or DEFAULT_FILENAME, revision=revision, cache_dir=cache_dir)

@@ -699,3 +699,32 @@ def test_the_clip_length_a_file_records_its_weights_were_trained_on_travels_with
         save_file(dict(ref), str(tmp_path / "bad.safetensors"), metadata={"trained_views": bad})
         with pytest.raises(CheckpointError, match=f"trained_views={bad!r}.*not a count of frames"):
             load_model(tmp_path / "bad.safetensors", preset="tiny")
+
+
+def test_the_names_the_command_line_takes_load_in_python(ref):
+    """`load_model("small")` is the shipped small weights, built as the preset they record;
+    `load_model("tiny")` the tiny preset's seeded synthetic weights (`--model tiny`)."""
+    from mapstream.weights import small_weights
+
+    small = load_model("small")
+    auto = load_model(small_weights(), preset="auto")
+    assert small.load_report.ok and small.load_report.image_size == 294
+    assert list(small.state_dict()) == list(auto.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(small.state_dict().values(), auto.state_dict().values()))
+    assert_same(load_model("tiny"), ref)
+
+
+def test_a_file_that_records_its_preset_loads_as_that_preset_by_default(tmp_path, ref):
+    from mapstream.checkpoint import recorded_preset
+    from mapstream.weights import small_weights
+
+    assert recorded_preset(small_weights()) == "small-deep"
+    assert load_model(small_weights()).load_report.ok  # no preset="auto" needed
+    path = tmp_path / "trained.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.items()}, path, metadata={"format": "pt", "preset": "tiny"})
+    assert recorded_preset(path) == "tiny"
+    assert_same(load_model(path), ref)
+    with pytest.raises(CheckpointError, match="matches preset 'tiny'"):  # a preset given still wins
+        load_model(path, preset="lingbot-map")
+    save_file({k: v.contiguous() for k, v in ref.items()}, path, metadata={"preset": "no-such-preset"})
+    assert recorded_preset(path) is None
