@@ -153,6 +153,23 @@ def snapshot(*roots: Path) -> dict[str, bytes | str]:
     return files
 
 
+def assert_every_field_refuses(app: ViewerApp, typed: list[str], says: str) -> None:
+    """Each path of ``typed``, in each of the page's path fields, is refused with ``says`` in
+    the status line, and nothing is written."""
+    handles = app.handles
+    assert handles is not None
+    for path in typed:
+        for field, act, what in (
+            (handles.glb_path, app.export_glb, "export GLB"),
+            (handles.png_path, app.screenshot, "screenshot"),
+            (handles.video_path, app.record_video, "record video"),
+        ):
+            field.value = path
+            assert act() is None, (what, path)
+            assert f"{what}: `" in handles.status.content and says in handles.status.content
+            assert "nothing was written" in handles.status.content
+
+
 def test_export_folders_place_only_inside(folders: tuple[Path, Path, Path]) -> None:
     run, outside, extra = folders
     places = ExportFolders([run, extra])
@@ -176,16 +193,7 @@ def test_the_page_cannot_write_outside_the_run_folder(
         assert handles is not None and app.server is not None
         client = RenderingClient(np.zeros((4, 6, 4), np.uint8))
         monkeypatch.setattr(app.server, "get_clients", lambda: {0: client})
-        for typed in [*escapes(run, outside), str(extra / "x.glb")]:
-            for field, act, what in (
-                (handles.glb_path, app.export_glb, "export GLB"),
-                (handles.png_path, app.screenshot, "screenshot"),
-                (handles.video_path, app.record_video, "record video"),
-            ):
-                field.value = typed
-                assert act() is None, (what, typed)
-                assert f"{what}: `" in handles.status.content and "outside the folders" in handles.status.content
-                assert "nothing was written" in handles.status.content
+        assert_every_field_refuses(app, [*escapes(run, outside), str(extra / "x.glb")], "outside the folders")
         assert client.calls == []  # not even a render was asked for
         assert snapshot(run, outside, extra) == before
         assert not (Path.home() / "mapstream-viewer-test-never-written.glb").exists()
@@ -242,16 +250,7 @@ def test_the_page_never_writes_over_the_runs_inputs_and_outputs(
         assert handles is not None and app.server is not None
         client = RenderingClient(np.zeros((4, 6, 4), np.uint8))
         monkeypatch.setattr(app.server, "get_clients", lambda: {0: client})
-        for path in typed:
-            for field, act, what in (
-                (handles.glb_path, app.export_glb, "export GLB"),
-                (handles.png_path, app.screenshot, "screenshot"),
-                (handles.video_path, app.record_video, "record video"),
-            ):
-                field.value = path
-                assert act() is None, (what, path)
-                assert f"{what}: `" in handles.status.content and "the run's own inputs or outputs" in handles.status.content
-                assert "nothing was written" in handles.status.content
+        assert_every_field_refuses(app, typed, "the run's own inputs or outputs")
         assert client.calls == []
         assert snapshot(run, extra) == before
         handles.glb_path.value = "view.glb"
