@@ -93,15 +93,29 @@ def is_torch_zip(path: Path) -> bool:
 
 
 _LEGACY_TORCH_MAGIC = pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2)
-"""How a file of torch's legacy (pre-zip) format begins: its magic number, pickled."""
+"""How a file of torch's legacy (pre-zip) format begins at the default protocol: its magic
+number, pickled."""
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Reads plain data only: a pickle naming any class or function stops here, unrun."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name}")
 
 
 def is_plain_pickle(path: Path) -> bool:
     """Whether ``path`` is a pickle that torch.save did not write (``pickle.dump`` of a dict,
-    say): a pickle's protocol opcode, without torch's legacy magic number after it."""
+    say): it starts with a pickle, and that pickle is not torch's legacy magic number."""
     with open(path, "rb") as f:
-        head = f.read(len(_LEGACY_TORCH_MAGIC))
-    return head[:1] == b"\x80" and head != _LEGACY_TORCH_MAGIC
+        if f.read(1) != b"\x80":  # a pickle's protocol opcode
+            return False
+        f.seek(0)
+        try:
+            first = _NoGlobals(f).load()
+        except Exception:  # names a class, or is no pickle after all: not torch's magic number either
+            return True
+    return first != torch.serialization.MAGIC_NUMBER
 
 
 def _torch_load(path: Path, trust_pickle: bool) -> Any:

@@ -315,7 +315,7 @@ def test_a_damaged_safetensors_file_gets_a_checkpoint_error(tmp_path, ref, damag
         load_model(path, preset="tiny")
 
 
-def test_a_plain_pickle_is_named_as_such_without_torchs_warning(tmp_path, recwarn):
+def test_a_plain_pickle_is_named_as_such_without_torchs_warning(tmp_path, ref, recwarn):
     """`pickle.dump` of a dict is no checkpoint torch.save wrote: one plain line, no torch
     warning about pickle protocols, no cut-off UnpicklingError text."""
     import pickle
@@ -328,6 +328,13 @@ def test_a_plain_pickle_is_named_as_such_without_torchs_warning(tmp_path, recwar
     assert message.startswith(f"{tmp_path / 'raw.pt'} is a plain Python pickle, not a checkpoint written by torch.save")
     assert "torch.save(model.state_dict(), path)" in message and "Unpickl" not in message
     assert [str(w.message) for w in recwarn] == []
+    # torch.save's legacy format, at any pickle protocol, is torch's own: not told as a plain pickle.
+    from mapstream.checkpoint.files import is_plain_pickle
+
+    for protocol in (2, 4):
+        torch.save(ref, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False, pickle_protocol=protocol)
+        assert not is_plain_pickle(tmp_path / "legacy.pt")
+    assert is_plain_pickle(tmp_path / "raw.pt")
 
 
 def test_a_file_named_safetensors_that_is_not_one_says_so_in_plain_words(tmp_path, pt_file, ref):
