@@ -34,6 +34,7 @@ from .files import (
     checkpoint_filter_fn,
     read_state_dict,
     recorded_image_size,
+    recorded_preset,
     recorded_trained_views,
     resolve_checkpoint,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "model_trained_views",
     "read_state_dict",
     "recorded_image_size",
+    "recorded_preset",
     "recorded_trained_views",
     "resolve_checkpoint",
 ]

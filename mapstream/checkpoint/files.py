@@ -8,6 +8,7 @@ import os
 import pickle
 import re
 import types
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from ..hub import CHECKPOINT_SUFFIXES, DEFAULT_FILENAME, download_checkpoint, looks_like_repo_id
-from ..weights import int8
+from ..weights import int8, small_weights
 from .report import LIST_LIMIT, CheckpointError, summarize_keys
 
 log = logging.getLogger(__name__)
@@ -91,13 +92,46 @@ def is_torch_zip(path: Path) -> bool:
         return f.read(4) == b"PK\x03\x04"
 
 
+_LEGACY_TORCH_MAGIC = pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2)
+"""How a file of torch's legacy (pre-zip) format begins at the default protocol: its magic
+number, pickled."""
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Reads plain data only: a pickle naming any class or function stops here, unrun."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def is_plain_pickle(path: Path) -> bool:
+    """Whether ``path`` is a pickle that torch.save did not write (``pickle.dump`` of a dict,
+    say): it starts with a pickle, and that pickle is not torch's legacy magic number."""
+    with open(path, "rb") as f:
+        if f.read(1) != b"\x80":  # a pickle's protocol opcode
+            return False
+        f.seek(0)
+        try:
+            first = _NoGlobals(f).load()
+        except Exception:  # names a class, or is no pickle after all: not torch's magic number either
+            return True
+    return first != torch.serialization.MAGIC_NUMBER
+
+
 def _torch_load(path: Path, trust_pickle: bool) -> Any:
     # mmap needs torch's zip format; files in the legacy format are read into memory.
     mmap = is_torch_zip(path)
     if not mmap:
+        if is_plain_pickle(path):
+            raise CheckpointError(
+                f"{path} is a plain Python pickle, not a checkpoint written by torch.save or safetensors; save the "
+                "weights with torch.save(model.state_dict(), path) or safetensors.torch.save_file, and load that"
+            )
         log.info("%s is not in torch's zip format: reading it into memory (no mmap)", path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        with warnings.catch_warnings():  # torch's notes on pickle protocols: the error below says what matters
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         objects = _pickled_objects(path, exc)
         if not objects:
@@ -148,11 +182,23 @@ def _pickled_objects(path: Path, exc: Exception) -> list[str]:
 
 
 def _unreadable(path: Path, exc: Exception) -> str:
-    detail = " ".join(str(exc).split())[-300:]
+    detail = " ".join(str(exc).split())
+    detail = detail if len(detail) <= 300 else detail[:297] + "..."  # its beginning says what it is
     return (
         f"could not read {path} as a PyTorch or safetensors checkpoint ({type(exc).__name__}: {detail}); "
         "is it a checkpoint, and was it copied completely?"
     )
+
+
+def _misnamed_safetensors(path: Path) -> str:
+    """What a file named .safetensors that is not one is (its first bytes say)."""
+    with open(path, "rb") as f:
+        head = f.read(len(_LEGACY_TORCH_MAGIC))
+    if head[:4] == b"PK\x03\x04" or head == _LEGACY_TORCH_MAGIC:
+        return (f"{path} is named .safetensors but is a PyTorch checkpoint (torch.save); rename it to "
+                f"{path.with_suffix('.pt').name} and load or convert that")
+    return (f"{path} is named .safetensors but is not a safetensors file (it does not begin with a safetensors "
+            "header): it is damaged, cut short, or a file of another kind renamed; write or download it again")
 
 
 def _pickle_refusal(path: Path, objects: list[str]) -> str:
@@ -202,6 +248,32 @@ def _restore_storage(tensors: dict[str, torch.Tensor], storage: str | None, path
                               f"say how they are scaled ({int8.STORAGE_KEY!r}); write it with "
                               "mapstream.weights.int8.quantize and that metadata")
     return tensors
+
+
+SHIPPED_SMALL = "small"
+"""The name of mapstream's shipped small weights as a checkpoint source (as `--model small`)."""
+
+PRESET_KEY = "preset"
+"""The metadata entry of a safetensors file (written by `mapstream train`) naming the
+architecture preset its weights were trained as."""
+
+
+def recorded_preset(path: str | os.PathLike) -> str | None:
+    """The architecture preset a safetensors file's metadata records (`PRESET_KEY`), or None
+    (a `.pt` file, no record, or a name that is no preset of this mapstream)."""
+    from ..config import preset_names
+
+    path = Path(path)
+    if not is_safetensors(path):
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt", device="cpu") as handle:
+            name = (handle.metadata() or {}).get(PRESET_KEY)
+    except Exception as exc:  # a damaged header
+        raise CheckpointError(_unreadable(path, exc)) from exc
+    return name if name in preset_names() else None
 
 
 # What a file's metadata may record of its weights' training, with what each value must be.
@@ -267,6 +339,8 @@ def read_state_dict(path: str | os.PathLike, *, trust_pickle: bool = False) -> d
         except Exception as exc:  # a damaged header or a truncated file
             raise CheckpointError(_unreadable(path, exc)) from exc
         obj = _restore_storage(obj, metadata.get(int8.STORAGE_KEY), path)
+    elif path.suffix.lower() == ".safetensors":
+        raise CheckpointError(_misnamed_safetensors(path))
     else:
         obj = _torch_load(path, trust_pickle)
     return checkpoint_filter_fn(_unwrap(obj, path))
@@ -282,12 +356,19 @@ def resolve_checkpoint(
     """The local file for `source`: an existing file, a folder (with `filename`, default
     lingbot-map-long.pt), or a hub repo id "owner/name" (downloaded and cached).
 
-    A string that exists locally is always a path; a missing path that does not look like a
-    repo id raises FileNotFoundError without contacting the hub.
+    ``"small"`` (the name `mapstream run --model small` takes) is mapstream's shipped small
+    weights (`mapstream.weights`). A string that exists locally is always a path; a missing
+    path that does not look like a repo id raises FileNotFoundError without contacting the hub.
     """
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"source must be a path or a hub repo id, got {type(source).__name__}")
     path = Path(source).expanduser()
+    if source == SHIPPED_SMALL and not path.exists():
+        shipped = small_weights()
+        if shipped is None:
+            raise FileNotFoundError("this installation of mapstream has no shipped small model "
+                                    "(mapstream/weights/small.safetensors); give a checkpoint file or hub repo id")
+        path = shipped
     if not path.exists():
         if isinstance(source, str) and looks_like_repo_id(source):
             return download_checkpoint(source, filename or DEFAULT_FILENAME, revision=revision, cache_dir=cache_dir)

@@ -20,6 +20,7 @@ from .files import (
     is_safetensors,
     is_torch_zip,
     read_state_dict,
+    recorded_preset,
     resolve_checkpoint,
     training_records,
 )
@@ -156,7 +157,7 @@ def load_model(
     source: str | os.PathLike,
     *,
     filename: str | None = None,
-    preset: str = "lingbot-map",
+    preset: str | None = None,
     strict: bool = True,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
@@ -169,12 +170,17 @@ def load_model(
     """Build a GCTStream and load a checkpoint into it; returns the model in eval mode.
 
     Args:
-        source: a `.pt`/`.safetensors` file, a folder holding `filename`, or a Hugging Face
-            repo id such as "robbyant/lingbot-map" (downloaded once, then cached).
+        source: a `.pt`/`.safetensors` file, a folder holding `filename`, a Hugging Face
+            repo id such as "robbyant/lingbot-map" (downloaded once, then cached), or
+            "small": mapstream's shipped small weights (as `mapstream run --model small`), or
+            "tiny": the tiny preset with seeded synthetic weights (as `--model tiny`; not a
+            reconstruction).
         filename: file inside the repo or folder (default "lingbot-map-long.pt").
-        preset: architecture preset ("lingbot-map", "tiny"), or "auto": the preset whose keys
-            and shapes the checkpoint fits (the official one first; when none fits, the error
-            is reported against the official one).
+        preset: architecture preset ("lingbot-map", "tiny", ...), or "auto": the preset whose
+            keys and shapes the checkpoint fits (the official one first; when none fits, the
+            error is reported against the official one). None (the default): the preset the
+            file records (a safetensors file written by `mapstream train`, the shipped small
+            weights), else the official one.
         strict: raise CheckpointError unless checkpoint and model have exactly the same
             keys and shapes. False: load what matches, log a warning (see `load_report`).
         device: where the weights go.
@@ -193,14 +199,20 @@ def load_model(
 
     The match of checkpoint and model is attached as `model.load_report` (a LoadReport).
     """
-    p = get_preset(_OFFICIAL if preset == "auto" else preset)  # fail on typos before any download
+    p = get_preset(_OFFICIAL if preset in ("auto", None) else preset)  # fail on typos before any download
     split_overrides(p.model, p.stream, {k: v for k, v in overrides.items() if k not in _MODEL_KWARGS})
     if enable_point not in (True, False, "auto"):
         raise ValueError(f"enable_point must be True, False or 'auto', got {enable_point!r}")
 
+    if source == UNTRAINED_TINY and not Path(source).exists():
+        return _untrained_tiny(preset, enable_point, device, dtype, overrides)
     start = time.perf_counter()
     path = resolve_checkpoint(source, filename=filename, revision=revision, cache_dir=cache_dir)
     records = training_records(path)  # a damaged header is told before the tensors load
+    if preset is None:
+        preset = recorded_preset(path) or _OFFICIAL
+        if preset != _OFFICIAL:
+            log.info("%s records its preset, %r: building that", path, preset)
     state_dict = read_state_dict(path, trust_pickle=trust_pickle)
     if enable_point == "auto":
         enable_point = any(k.startswith("point_head.") for k in state_dict)
@@ -217,6 +229,24 @@ def load_model(
         "loaded %d of %d tensors from %s in %.1f s", report.loaded, report.model_keys, path, time.perf_counter() - start
     )
     return model.eval()
+
+
+UNTRAINED_TINY = "tiny"
+"""The name `mapstream run --model tiny` takes: the tiny preset with seeded synthetic weights."""
+
+
+def _untrained_tiny(preset: str | None, enable_point: bool | Literal["auto"], device: str | torch.device,
+                    dtype: torch.dtype | None, overrides: dict[str, Any]) -> GCTStream:
+    """`load_model("tiny")`: the tiny preset filled with seeded synthetic weights, as
+    `mapstream run --model tiny` runs it (for trying the tool and tests: not a reconstruction)."""
+    from ..models import fill_synthetic_
+
+    if preset not in (None, "auto", UNTRAINED_TINY):
+        raise ValueError(f"load_model('tiny') builds the tiny preset; preset={preset!r} does not apply")
+    log.warning("load_model('tiny'): the tiny preset with untrained (synthetic) weights; its outputs are not a "
+                "reconstruction")
+    model = fill_synthetic_(_build(UNTRAINED_TINY, {**overrides, "enable_point": enable_point is True}, storage=True))
+    return model.to(device=device, dtype=dtype or torch.float32).eval()
 
 
 def model_image_size(model: torch.nn.Module) -> int:

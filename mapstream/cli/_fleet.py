@@ -52,9 +52,10 @@ def format_job(summary: JobSummary) -> str:
     totals = summary.to_dict()
     where = "nothing left to run" if summary.backend == "none" else (
         f"{summary.workers} {summary.backend} worker{'' if summary.workers == 1 else 's'}")
+    frames = (f"{totals['frames']} frames ({totals['new_frames']} new) in {totals['seconds']:.1f} s "
+              f"({totals['fps']:.2f} FPS)" if totals["new_frames"] else f"{totals['frames']} frames, none new")
     lines.append(
         f"{totals['inputs']} inputs: {totals['done']} run, {totals['finished_before']} finished before, "
-        f"{totals['failed']} failed; {totals['frames']} frames ({totals['new_frames']} new) in "
-        f"{totals['seconds']:.1f} s ({totals['fps']:.2f} FPS); {where}"
+        f"{totals['failed']} failed; {frames}; {where}"
     )
     return "\n".join(line.rstrip() for line in lines)

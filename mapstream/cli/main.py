@@ -41,6 +41,19 @@ def _configure_logging() -> None:
         hub.removeHandler(handler)
 
 
+def _logs_above_the_bars():
+    """Log lines printed above the progress bars, which stay on the last line (a job's bar over
+    its inputs lives through every input's log lines), where the log prints on the console;
+    a context that changes nothing where it does not (the log captured elsewhere)."""
+    import contextlib
+
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    console = any(isinstance(h, logging.StreamHandler) and h.stream in (sys.stderr, sys.stdout)
+                  for h in logging.getLogger().handlers)
+    return logging_redirect_tqdm() if console else contextlib.nullcontext()
+
+
 def _bars_only_on_a_terminal(command, args: list[str]):
     """The command, made quiet when its stderr is no terminal (a log file, a pipe, CI) unless
     `--no-quiet` asks for bars there: a progress bar redraws itself, which a terminal shows in
@@ -70,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         parsed = tyro.cli(_commands(), args=args, prog="mapstream")
     command = _bars_only_on_a_terminal(parsed, args)
     try:
-        return int(command.main() or 0)
+        with _logs_above_the_bars():
+            return int(command.main() or 0)
     except (ValueError, OSError, RuntimeError, ImportError) as err:  # ImportError: an optional package
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -43,7 +43,7 @@ class Run:
 
     ON_INTERRUPT: ClassVar[str] = "a run keeps the frames it finished and resumes from them when run again"
 
-    input: tyro.conf.Positional[tuple[str, ...]] = ()
+    input: Annotated[tyro.conf.Positional[tuple[str, ...]], tyro.conf.arg(metavar="[INPUT ...]")] = ()
     """Image folder, video file, glob, webcam index or stream URL (leave out with --demo); several: see --many."""
     out: Path = Path("runs/latest")
     """Output folder (created; an interrupted run there is resumed)."""
@@ -198,8 +198,12 @@ def print_run_summary(summary, where: str = "") -> None:
     """A finished run's warnings, frames, speed and outputs; `where`: the server that predicted them."""
     for warning in summary.warnings:
         print(f"WARNING: {warning}")
+    frames = f"{summary.frames} frame{'' if summary.frames == 1 else 's'}"
+    if summary.new_frames:
+        done = f"{frames} ({summary.new_frames} new) at {summary.fps:.2f} FPS"
+    else:  # a rerun of a finished run: no frame ran, so there is no speed to tell
+        done = f"{frames}, none new: an earlier run in this folder finished every frame; outputs written again"
     print(
-        f"{summary.frames} frame{'' if summary.frames == 1 else 's'} ({summary.new_frames} new) at "
-        f"{summary.fps:.2f} FPS with {summary.model}{f' on {where}' if where else ''}\n"
+        f"{done} with {summary.model}{f' on {where}' if where else ''}\n"
         f"outputs in {summary.out}: " + ", ".join(sorted(summary.outputs))
     )

@@ -26,7 +26,7 @@ class Stream:
 
     ON_INTERRUPT: ClassVar[str] = "a run keeps the frames it finished and resumes from them when run again"
 
-    input: tyro.conf.Positional[str]
+    input: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="INPUT")]
     """Image folder, video file, glob, webcam index or stream URL."""
     to: str = "ws://127.0.0.1:8765"
     """The server's address (ws://HOST:PORT, or wss:// behind a TLS proxy)."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import tyro
 
@@ -11,9 +11,10 @@ import tyro
 class Convert:
     """Write a .safetensors copy of a checkpoint (.pt file, folder or hub repo id)."""
 
-    src: tyro.conf.Positional[str]
-    dst: Optional[str] = None
-    """Output path (default: beside a SRC file with the suffix .safetensors; inside a SRC folder; for a hub id, in the working folder)."""
+    src: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="CKPT")]
+    """Checkpoint to convert: a .pt file, a folder holding one, or a hub repo id."""
+    dst: Annotated[Optional[str], tyro.conf.arg(metavar="PATH")] = None
+    """Output path (default: beside a CKPT file with the suffix .safetensors; inside a CKPT folder; for a hub id, in the working folder)."""
     trust_pickle: bool = False
     """Allow .pt files that pickle Python objects besides tensors (only from a trusted source)."""
 
@@ -30,16 +31,16 @@ class Eval:
     """Score a run (or a folder of runs) against ground truth: TUM RGB-D or the benchmark
     layout (traj.txt, intrinsics.txt, depth). Prints a table and writes JSON."""
 
-    pred: tyro.conf.Positional[str]
+    pred: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="RUN")]
     """Run folder written by `mapstream run` (or a folder of per-scene runs)."""
-    gt: str
+    gt: Annotated[str, tyro.conf.arg(metavar="FOLDER")]
     """Ground-truth scene or dataset folder."""
-    out: Optional[str] = None
-    """JSON path (default: PRED/eval.json)."""
+    out: Annotated[Optional[str], tyro.conf.arg(metavar="PATH")] = None
+    """JSON path (default: RUN/eval.json)."""
     align: Literal["none", "se3", "sim3"] = "sim3"
     """Trajectory alignment before ATE/RPE (recorded next to every number)."""
     match: Literal["auto", "name", "timestamp", "index"] = "auto"
-    """How frames are paired: by file name, by timestamp (names read as seconds, else the run's own times; the nearest run frame per ground-truth frame, so a run denser than its ground truth is evaluated on the paired frames), by position (equal counts), or auto (the first that pairs every frame)."""
+    """How frames are paired: by file name, by timestamp (the run's own times, or its names read as seconds where those pair more; the nearest run frame per ground-truth frame, so a run denser than its ground truth is evaluated on the paired frames), by position (equal counts), or auto (the first that pairs every frame)."""
     max_dt: float = 0.02
     """Timestamp pairing tolerance in seconds (also used to pair TUM depth maps and poses)."""
     points_align: Literal["poses", "trajectory"] = "poses"

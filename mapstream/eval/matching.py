@@ -41,6 +41,36 @@ def _by_timestamp(stamps: np.ndarray, gt_stamps: np.ndarray, max_dt: float) -> t
     return kept, nearest[kept]
 
 
+def _by_best_timestamps(
+    keys: Sequence[str], pred_timestamps: np.ndarray | None, gt: GroundTruthSequence, max_dt: float
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Pairs by the run's own timestamps or by its names read as seconds, whichever pairs more
+    frames (the run's own on a tie); None when the run has neither."""
+    sources = []
+    if pred_timestamps is not None and np.isfinite(np.asarray(pred_timestamps, dtype=np.float64)).all():
+        sources.append(("the run's timestamps", np.asarray(pred_timestamps, dtype=np.float64)))
+    try:
+        sources.append(("the frame names read as seconds", np.array([float(k) for k in keys], dtype=np.float64)))
+    except ValueError:
+        pass
+    if not sources:
+        return None
+    paired = [(_by_timestamp(stamps, gt.timestamps, max_dt), what) for what, stamps in sources]
+    best, what = max(paired, key=lambda p: len(p[0][0]))  # max keeps the first on a tie
+    log.info("%s: timestamps from %s", gt.name, what)
+    return best
+
+
+def _warn_if_most_unpaired(num_paired: int, num_pred: int, gt: GroundTruthSequence, max_dt: float) -> None:
+    """A warning when fewer than half the frames that could pair did (the fewer of the run's
+    and the ground truth's: a run denser than its ground truth leaves its extra frames out)."""
+    could = min(num_pred, len(gt))
+    if 2 * num_paired < could:
+        log.warning("%s: only %d of %d predicted frames (%d ground-truth frames) paired by timestamp within "
+                    "%g s; the scores cover those frames only (check the run's timestamps, --max-dt, or "
+                    "--match name/index)", gt.name, num_paired, num_pred, len(gt), max_dt)
+
+
 def match_frames(
     pred_names: Sequence[str],
     gt: GroundTruthSequence,
@@ -58,7 +88,9 @@ def match_frames(
             pairs every predicted frame; else the best partial name/timestamp match if it pairs at
             least half of them; else an error).
         max_dt: timestamp tolerance in seconds.
-        pred_timestamps: the run's own timestamps (seconds), used when the names are not numbers.
+        pred_timestamps: the run's own timestamps (seconds). Timestamp pairing uses them, or the
+            names read as seconds where those pair more frames (a TUM folder's file names are its
+            times; a run of ``000001.png`` files is timed by its own clock).
 
     Returns:
         ``(pred_idx [M], gt_idx [M], how)``.
@@ -75,18 +107,17 @@ def match_frames(
         pi = [i for i, k in enumerate(keys) if k in lookup]
         candidates["name"] = (np.array(pi, dtype=np.int64), np.array([lookup[keys[i]] for i in pi], dtype=np.int64))
     if mode in ("auto", "timestamp") and len(gt.timestamps) and np.isfinite(gt.timestamps).all():
-        try:
-            stamps = np.array([float(k) for k in keys])
-        except ValueError:
-            stamps = pred_timestamps
-        if stamps is not None:
-            candidates["timestamp"] = _by_timestamp(np.asarray(stamps, dtype=np.float64), gt.timestamps, max_dt)
+        paired = _by_best_timestamps(keys, pred_timestamps, gt, max_dt)
+        if paired is not None:
+            candidates["timestamp"] = paired
     if mode in ("auto", "index") and len(pred_names) == len(gt):
         idx = np.arange(len(gt))
         candidates["index"] = (idx, idx)
     if mode != "auto":
         if mode not in candidates or len(candidates[mode][0]) == 0:
             raise ValueError(f"{gt.name}: no frame could be matched by {mode}{_why_not(mode, pred_names, gt, max_dt)}")
+        if mode == "timestamp":
+            _warn_if_most_unpaired(len(candidates[mode][0]), len(pred_names), gt, max_dt)
         return (*candidates[mode], mode)
     for how in ("name", "timestamp", "index"):
         if how in candidates and len(candidates[how][0]) == len(pred_names):

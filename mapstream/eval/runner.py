@@ -5,7 +5,7 @@
 
 ``pred_dir`` is a run folder (``predictions.npz``) for a single ground-truth scene, or a folder of
 run folders named like the scenes of a dataset folder. Frames are matched by name (file stem),
-then by timestamp (names parsed as seconds, else the run's ``timestamps``, within ``max_dt``),
+then by timestamp (the run's ``timestamps``, or names read as seconds, within ``max_dt``),
 then by index (equal counts); ``match="timestamp"`` pairs a run denser than its ground truth
 (:mod:`mapstream.eval.matching`).
 Each metric group is computed when its inputs exist (a failing group is recorded under

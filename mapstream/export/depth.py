@@ -14,8 +14,10 @@ import os
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from mapstream.export._optional import import_optional
+from mapstream.export.captions import draw_caption, weights_caption
 from mapstream.export.frames import save_png
 from mapstream.export.reconstruction import Reconstruction
 from mapstream.io.atomic import prepare_dir
@@ -72,12 +74,19 @@ def write_depth_maps(
     mask_sky: bool = True,
     preview: bool = True,
     colormap: str = "turbo",
+    caption: str | None = None,
 ) -> dict[str, Path]:
     """Write ``folder/depth/<stem>.png`` (16-bit mm) and ``folder/depth_preview/<stem>.png``.
 
     Returns ``{"depth": folder/depth, "depth_preview": folder/depth_preview}`` (the second only
     with ``preview``). Sky pixels are written as 0 when ``mask_sky`` and a sky mask exist.
+    ``caption``: drawn across the top of each preview, as the summary figure draws it; None
+    takes :func:`~mapstream.export.captions.weights_caption` of ``folder`` (a run's folder: its
+    records say which weights made the depth), ``""`` draws none. The 16-bit maps are data: no
+    caption.
     """
+    if caption is None:
+        caption = weights_caption(folder)
     folder = prepare_dir(folder)
     out = {"depth": prepare_dir(folder / "depth")}
     if preview:
@@ -89,6 +98,10 @@ def write_depth_maps(
         save_png(depth_to_millimetres(recon.depth[i], invalid), out["depth"] / f"{stem}.png")
         if preview:
             rgb = colorize_depth(recon.depth[i], near, far, invalid=invalid, colormap=colormap)
+            if caption:
+                canvas = Image.fromarray(rgb)
+                draw_caption(canvas, caption)
+                rgb = np.asarray(canvas)
             save_png(rgb, out["depth_preview"] / f"{stem}.png")
     logger.info("wrote %d depth maps to %s", len(recon), folder)
     return out

@@ -282,7 +282,39 @@ def build_point_cloud(recon: Reconstruction, options: CloudOptions = CloudOption
     cloud = accumulator.result() if accumulator is not None else _concat(parts)
     cloud = subsample(cloud, options.max_points, seed=rng)
     logger.info("point cloud: %d of %d candidate pixels -> %d points", total, mask.size, len(cloud))
+    _tell_few_kept(recon, options, total)
     return cloud
+
+
+FEW_KEPT_FRACTION = 0.05
+"""A point cloud that keeps less than this fraction of the measured pixels is told in a warning."""
+
+
+def _tell_few_kept(recon: Reconstruction, options: CloudOptions, kept: int) -> None:
+    """Warn when the filters keep less than `FEW_KEPT_FRACTION` of the measured pixels, naming
+    the setting that leaves out the most of them."""
+    measured = _base_mask(recon, options.mask_sky)
+    count = int(measured.sum())
+    if count == 0 or kept >= FEW_KEPT_FRACTION * count:
+        return
+    cuts: list[tuple[int, str]] = []
+    if options.conf_threshold is not None:
+        cuts.append((int((measured & ~(recon.depth_conf > options.conf_threshold)).sum()),
+                     f"the confidence threshold {options.conf_threshold:g} (--conf-threshold, CloudOptions.conf_threshold)"))
+    if options.conf_percentile is not None:
+        cut = confidence_threshold(recon, options.conf_percentile, mask_sky=options.mask_sky)
+        cuts.append((int((measured & ~(recon.depth_conf >= cut)).sum()),
+                     f"the confidence percentile {options.conf_percentile:g} (--conf-percentile, CloudOptions.conf_percentile)"))
+    if options.drop_black or options.drop_white:
+        cuts.append((count - kept, "the background filter (--drop-black-background / --drop-white-background, "
+                                   "CloudOptions.drop_black / drop_white)"))
+    dropped, setting = max(cuts, default=(count - kept, "the filters"))
+    median = float(np.median(recon.depth_conf[measured]))
+    logger.warning(
+        "the point cloud keeps %.1f %% of the %d measured pixels: %s leaves out %.1f %% of them (the run's median "
+        "confidence is %.3g); lower that setting for a fuller cloud",
+        100.0 * kept / count, count, setting, 100.0 * dropped / count, median,
+    )
 
 
 def write_ply(

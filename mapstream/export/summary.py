@@ -6,27 +6,22 @@ time, keyframes are circled in red, the first frame is marked with a triangle. M
 used through its object API with the Agg canvas (no pyplot, no global backend change).
 
 A figure of predictions from untrained weights, or from mapstream's own small model, says so
-across its top: a summary.png looks like a result on its own, shared without the run's log.
-:func:`weights_caption` reads that from the run folder's records (``run.json``,
-``progress.json``), where a run records its model (``tiny (synthetic weights)``,
-:data:`mapstream.weights.SMALL_MODEL`).
+across its top (:mod:`mapstream.export.captions`).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mapstream.export._optional import import_optional
+from mapstream.export.captions import CAPTION_COLOR, SMALL_CAPTION, UNTRAINED_CAPTION, weights_caption
 from mapstream.export.depth import colorize_depth, depth_range
 from mapstream.export.reconstruction import Reconstruction
-from mapstream.export.run_info import names_untrained_weights
 from mapstream.io.atomic import atomic_path
-from mapstream.weights import names_small_weights
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -35,50 +30,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["SMALL_CAPTION", "UNTRAINED_CAPTION", "sample_frames", "summary_figure", "weights_caption",
            "write_summary_figure"]
-
-UNTRAINED_CAPTION = "UNTRAINED WEIGHTS (tiny preset): this is not a reconstruction of the scene"
-"""The caption of figures and videos of predictions from untrained weights."""
-SMALL_CAPTION = "MAPSTREAM'S SMALL MODEL (trained on procedural rooms), not the official LingBot-Map weights"
-"""The caption of figures and videos of predictions from mapstream's shipped small model."""
-_CAPTION_COLOR = "#c00000"
-
-
-def _record(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _model_of(settings: Any) -> str:
-    model = settings.get("model") if isinstance(settings, dict) else None
-    return model if isinstance(model, str) else ""
-
-
-def weights_caption(run_folder: str | os.PathLike[str]) -> str | None:
-    """:data:`UNTRAINED_CAPTION` when the run whose outputs the folder holds (or is being
-    written) ran on untrained weights, :data:`SMALL_CAPTION` when it ran on mapstream's small
-    model, else None (also for a folder without a run's records).
-
-    The run is the one run.json names: while a run replaces the folder's outputs, run.json is
-    marked (``state``) and its last ``replaced_by`` entry holds that run's settings; a
-    finished run's are its ``config``. Without run.json, ``progress.json`` has the settings of
-    the run keeping frames there.
-    """
-    folder = Path(run_folder)
-    info = _record(folder / "run.json")
-    replacing = info.get("replaced_by") if "state" in info else None
-    if isinstance(replacing, list) and replacing and isinstance(replacing[-1], dict):
-        model = _model_of(replacing[-1].get("settings"))
-    elif info:
-        model = _model_of(info.get("config"))
-    else:
-        model = _model_of(_record(folder / "progress.json").get("config"))
-    if names_untrained_weights(model):
-        return UNTRAINED_CAPTION
-    return SMALL_CAPTION if names_small_weights(model) else None
-
 
 def sample_frames(num_frames: int, count: int) -> list[int]:
     """Up to ``count`` frame indices evenly spread over ``[0, num_frames - 1]`` (first and last included)."""
@@ -107,7 +58,7 @@ def summary_figure(
     grid = figure.add_gridspec(2, 1 + len(samples), width_ratios=[5.0 / panel_w] + [1.0] * len(samples))
 
     if caption:
-        figure.suptitle(caption, color=_CAPTION_COLOR, fontsize="x-large", fontweight="bold")
+        figure.suptitle(caption, color=CAPTION_COLOR, fontsize="x-large", fontweight="bold")
     top = figure.add_subplot(grid[:, 0])
     x, z = recon.T_world_cam[:, 0, 3], recon.T_world_cam[:, 2, 3]
     top.plot(x, z, color="0.6", linewidth=1, zorder=1)

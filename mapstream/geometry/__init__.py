@@ -27,6 +27,7 @@ from mapstream.geometry.pose_encoding import (
     camera_matrices,
     extri_intri_to_pose_encoding,
     pose_encoding_to_extri_intri,
+    unit_quaternion_encoding,
 )
 from mapstream.geometry.rotation import mat_to_quat, quat_to_mat
 
@@ -46,5 +47,6 @@ __all__ = [
     "quat_to_mat",
     "to_homogeneous",
     "transform_points",
+    "unit_quaternion_encoding",
     "unproject_depth",
 ]

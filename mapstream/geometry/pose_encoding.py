@@ -28,7 +28,10 @@ from mapstream.geometry.camera import (
 )
 from mapstream.geometry.rotation import check_trailing_shape, mat_to_quat, quat_to_mat
 
-__all__ = ["POSE_ENCODING_DIM", "pose_encoding_to_extri_intri", "extri_intri_to_pose_encoding", "camera_matrices"]
+__all__ = [
+    "POSE_ENCODING_DIM", "pose_encoding_to_extri_intri", "extri_intri_to_pose_encoding", "camera_matrices",
+    "unit_quaternion_encoding",
+]
 
 POSE_ENCODING_DIM = 9
 
@@ -96,3 +99,15 @@ def extri_intri_to_pose_encoding(T_world_cam: Tensor, K: Tensor, image_hw: Seque
         fov_w.expand(batch).unsqueeze(-1),
     )
     return torch.cat(parts, dim=-1)
+
+
+def unit_quaternion_encoding(pose_enc: Tensor) -> Tensor:
+    """``pose_enc`` ``[*, 9]`` with its quaternion made unit length and ``w >= 0``: the same
+    camera (:func:`pose_encoding_to_extri_intri` normalises it too), written one way whether
+    it came from the network (any length, either sign) or from re-encoding a pose
+    (:func:`extri_intri_to_pose_encoding`, a Sim(3) alignment)."""
+    check_trailing_shape(pose_enc, (POSE_ENCODING_DIM,), "pose_enc")
+    q = pose_enc[..., 3:7]
+    q = q / q.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
+    q = torch.where(q[..., 3:4] < 0, -q, q)
+    return torch.cat((pose_enc[..., :3], q, pose_enc[..., 7:]), dim=-1)

@@ -69,7 +69,8 @@ def list_images(
     """The image files of ``folder`` in natural order, subsampled.
 
     Only the folder itself is searched (not sub-folders); hidden files (name starting with
-    ``.``) are skipped.  ``extensions`` are matched case-insensitively, with or without the dot.
+    ``.``) are skipped, and so are links that lead to no file (a loop, a missing target),
+    with a warning naming them.  ``extensions`` are matched case-insensitively, with or without the dot.
 
     Order of the limits: **stride first, then first_k** -- ``stride=2, first_k=3`` on
     ``0..9`` gives ``0, 2, 4``.  (The reference demo applies first_k before stride; with this
@@ -86,10 +87,15 @@ def list_images(
     if not root.is_dir():
         raise FileNotFoundError(f"not a folder: {root} (pass a folder of images)")
     exts = {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
-    files = [
-        p for p in root.iterdir()
-        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in exts
-    ]
+    named = [p for p in root.iterdir() if not p.name.startswith(".") and p.suffix.lower() in exts]
+    files = [p for p in named if p.is_file()]
+    dangling = sorted((p.name for p in named if p.is_symlink() and not p.exists()), key=natural_sort_key)
+    if dangling:  # a link in a loop, or to nothing: no picture behind it
+        shown = ", ".join(dangling[:3]) + (", ..." if len(dangling) > 3 else "")
+        logger.warning(
+            "%s: skipped %d image link%s that lead nowhere (a loop of links, or a missing target): %s",
+            root, len(dangling), "" if len(dangling) == 1 else "s", shown,
+        )
     if not files:
         raise ValueError(
             f"no images in {root}: looked for files ending in {', '.join(sorted(exts))} "

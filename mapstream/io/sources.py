@@ -11,7 +11,9 @@
 Frames are preprocessed one at a time with :func:`preprocess_image`. Image files whose frames
 would come out with different heights (crop mode, mixed aspect ratios) are padded with white,
 centred, to the tallest, as :func:`load_images` pads a batch (the reference's rule): their
-sizes are read from the files' headers before the first frame.
+sizes are read from the files' headers before the first frame. An image smaller than one
+patch a side is refused (it holds no picture to reconstruct); one upscaled more than
+:data:`MAX_UPSCALE` times is told in a warning, once a pass (its frame is mostly interpolated).
 """
 from __future__ import annotations
 
@@ -37,10 +39,14 @@ from mapstream.io.images import (
     pad_white,
     preprocess_image,
     preprocessed_height,
+    resized_shape,
 )
 from mapstream.io.video import VIDEO_EXTENSIONS, is_video_url, iter_video_frames, probe_video, sample_interval, video_stem
 
 logger = logging.getLogger(__name__)
+
+MAX_UPSCALE = 4.0
+"""Preprocessing that enlarges a picture more than this many times is told in a warning."""
 
 NamedImages = Callable[[], Iterator[tuple[str, Image.Image]] | Iterator[tuple[str, Image.Image, float | None]]]
 """Yields (name, image), or (name, image, time in seconds) where the input knows when a
@@ -109,10 +115,19 @@ class FrameSource:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         first: tuple[int, int] | None = None  # a stream's frame size, kept when it changes
         told = False  # of a size change, once a pass: a switched stream stays switched
+        told_upscale = False
         for name, image, *when in self._frames():
             self.last_time = when[0] if when else None
             if self.rotate:
                 image = image.transpose(_CLOCKWISE[self.rotate])
+            scale = self._check_picture_size(name, image)
+            if scale > MAX_UPSCALE and not told_upscale:
+                told_upscale = True
+                logger.warning(
+                    "%s: frame %s is %dx%d, upscaled %.0f times to the model's %d-pixel frames: most of what the model "
+                    "sees is interpolated, so its depth and pose are unreliable; give the images at their full size",
+                    self.description, name, image.size[0], image.size[1], scale, self.image_size,
+                )
             try:
                 frame = preprocess_image(image, self.mode, self.image_size, self.patch_size)
             except ValueError as err:
@@ -132,6 +147,20 @@ class FrameSource:
                         )
                     frame = _to_height(frame, first[0])
             yield name, frame
+
+    def _check_picture_size(self, name: str, image: Image.Image) -> float:
+        """How many times ``image`` is upscaled by preprocessing; a ValueError for an image
+        smaller than one patch a side, which holds less picture than one of the model's patches
+        (every pixel of its frame would be invented)."""
+        width, height = image.size
+        if min(width, height) < self.patch_size:
+            raise ValueError(
+                f"frame {name} of {self.description} is {width}x{height} pixels, smaller than one {self.patch_size}-pixel "
+                f"patch a side: upscaled to a {self.image_size}-pixel frame it holds no picture to reconstruct; "
+                "leave it out or give the image at its full size"
+            )
+        new_w, new_h = resized_shape(width, height, self.mode, self.image_size, self.patch_size)
+        return max(new_w / width, new_h / height)
 
     def __len__(self) -> int:
         if self.length is None:
@@ -248,8 +277,15 @@ def is_glob(text: str) -> bool:
 
 def glob_files(pattern: str) -> list[str]:
     """The files a glob input reads: its matches (``**`` recursive) that are files,
-    natural-sorted by path."""
-    return [f for f in sorted(globlib.glob(pattern, recursive=True), key=natural_sort_key) if os.path.isfile(f)]
+    natural-sorted by path; links that lead to no file (a loop, a missing target) are skipped
+    with a warning naming them."""
+    matches = sorted(globlib.glob(pattern, recursive=True), key=natural_sort_key)
+    dangling = [f for f in matches if os.path.islink(f) and not os.path.exists(f)]
+    if dangling:
+        shown = ", ".join(dangling[:3]) + (", ..." if len(dangling) > 3 else "")
+        logger.warning("%s: skipped %d link%s that lead nowhere (a loop of links, or a missing target): %s",
+                       pattern, len(dangling), "" if len(dangling) == 1 else "s", shown)
+    return [f for f in matches if os.path.isfile(f)]
 
 
 def _to_height(frame: torch.Tensor, height: int) -> torch.Tensor:

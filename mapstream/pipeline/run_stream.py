@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..geometry import invert_se3
+from ..geometry import invert_se3, unit_quaternion_encoding
 from ..progress import progress_bar
 from ..session import FramePrediction
 from ..windowed import pairwise_alignment
@@ -135,7 +135,9 @@ def _frame_record(pred: FramePrediction, frame: torch.Tensor, when: float | None
         "depth_conf": pred.depth_conf.float().cpu().numpy(),
         "T_world_cam": pred.T_world_cam.float().cpu().numpy(),
         "K": pred.K.float().cpu().numpy(),
-        "pose_enc": pred.pose_enc.float().cpu().numpy(),
+        # One way for every frame: the network's quaternion has any length, a re-encoded one
+        # (a resumed or windowed run's aligned frames) unit length.
+        "pose_enc": unit_quaternion_encoding(pred.pose_enc.float()).cpu().numpy(),
         "keyframe": bool(pred.keyframe),
         "index": int(pred.index),
         "name": pred.name or f"frame_{pred.index:06d}",

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from mapstream.device import resolve_device
 from mapstream.export import Reconstruction
+from mapstream.export.captions import draw_caption
 from mapstream.export.glb import FRUSTUM_EDGES, frustum_corners
 from mapstream.progress import progress_bar
 from mapstream.render.edl import eye_dome_lighting
@@ -200,37 +201,6 @@ def _coloured(points: torch.Tensor, color: tuple[int, int, int], device) -> tupl
     return points.float().to(device), colors
 
 
-_CAPTION_BAND = (192, 0, 0)
-
-
-def _caption_lines(draw: ImageDraw.ImageDraw, caption: str, font, width: int) -> list[str]:
-    """``caption`` broken at spaces into lines that fit ``width`` pixels (a word longer than
-    the width stays whole)."""
-    lines: list[str] = []
-    for word in caption.split():
-        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= width:
-            lines[-1] = f"{lines[-1]} {word}"
-        else:
-            lines.append(word)
-    return lines
-
-
-def _draw_caption(canvas: Image.Image, caption: str) -> int:
-    """White text on a red band across the top of ``canvas``; returns the band's height."""
-    draw = ImageDraw.Draw(canvas)
-    try:
-        font = ImageFont.load_default(size=max(10, canvas.height // 28))
-    except TypeError:  # Pillow before 10.1: one bitmap size only
-        font = ImageFont.load_default()
-    lines = _caption_lines(draw, caption, font, canvas.width - 16)
-    line_h = getattr(font, "size", 11) + 4  # the bitmap fallback font (no FreeType) is 11 px
-    band = 8 + line_h * len(lines)
-    draw.rectangle((0, 0, canvas.width, band), fill=_CAPTION_BAND)
-    for i, line in enumerate(lines):
-        draw.text((8, 4 + i * line_h), line, fill=(255, 255, 255), font=font)
-    return band
-
-
 def _annotate(image: np.ndarray, recon: Reconstruction, t: int, inset: bool, caption: str | None = None) -> np.ndarray:
     """The frame counter, the input frame t as an inset (a quarter of the height), and the
     caption band."""
@@ -240,7 +210,7 @@ def _annotate(image: np.ndarray, recon: Reconstruction, t: int, inset: bool, cap
         w = max(int(round(h * recon.image_hw[1] / recon.image_hw[0])), 8)
         thumb = Image.fromarray(np.asarray(recon.images[t])).resize((w, h), Image.BILINEAR)
         canvas.paste(thumb, (8, canvas.height - h - 8))
-    top = _draw_caption(canvas, caption) if caption else 0
+    top = draw_caption(canvas, caption) if caption else 0
     draw = ImageDraw.Draw(canvas)
     draw.text((8, top + 8), f"frame {t + 1}/{len(recon)}  {recon.names[t]}", fill=(255, 255, 255), stroke_width=2,
               stroke_fill=(0, 0, 0))

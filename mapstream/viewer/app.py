@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from mapstream.export import Reconstruction
+from mapstream.pipeline.own_files import run_own_files
 from mapstream.viewer.controls import LOOK_AT_CENTRE, VIEW_STEP_S, ViewerHandles, ViewerOptions, add_controls
 from mapstream.viewer.export_folders import ExportFolders
 from mapstream.viewer.page_exports import PageExports
@@ -56,8 +57,9 @@ class ViewerApp(PageExports, Served):
     :meth:`start` binds the port and builds the scene, :meth:`stop` frees it. Also a context
     manager (``with ViewerApp(recon).start() as app: ...``). ``output_dir`` (the run folder) is
     where the "Export" folder's files go by default; without it, the current directory. Paths
-    typed into the page are written only inside that folder or one of ``export_dirs``
-    (:mod:`mapstream.viewer.export_folders`); paths given to the methods from code are the
+    typed into the page are written only inside that folder or one of ``export_dirs``, and never
+    over the run's own inputs and outputs (:mod:`mapstream.viewer.export_folders`,
+    :mod:`mapstream.pipeline.own_files`); paths given to the methods from code are the
     caller's own. The websocket talks to the viewer's own page and to pages of
     ``allowed_origins`` only (:mod:`mapstream.viewer.origin_guard`). ``notices`` (e.g. that the
     run did not finish, or that its weights were untrained) stand at the top of the panel.
@@ -81,7 +83,8 @@ class ViewerApp(PageExports, Served):
         self.options.validate()
         self.host, self.requested_port, self.title = host, check_port(port), title
         self.output_dir = Path(output_dir) if output_dir is not None else None
-        self.export_folders = ExportFolders([self.output_dir or Path.cwd(), *export_dirs])
+        protected = run_own_files(self.output_dir).owns if self.output_dir is not None else None
+        self.export_folders = ExportFolders([self.output_dir or Path.cwd(), *export_dirs], protected)
         self.allowed_origins = tuple(allowed_origins)
         self.notices = tuple(notices)
         self.pool = build_point_pool(recon, self.options.max_points, self.options.seed)

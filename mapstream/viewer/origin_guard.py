@@ -130,10 +130,19 @@ class OriginPolicy:
             if str(origin) in self._refused or len(self._refused) >= MAX_LOGGED_REFUSALS:
                 return
             self._refused.add(str(origin))
+        try:
+            allowable = check_origin_url(str(origin))
+        except ValueError:  # "null" (a local file or a sandboxed frame): no flag lets it in
+            logger.warning(
+                "viewer: refused a connection from a page of origin %s (a local file or a sandboxed frame), which "
+                "is not this viewer's own page; open the viewer at its own address (http://HOST:PORT) instead",
+                origin,
+            )
+            return
         logger.warning(
             "viewer: refused a connection from a page of %s, which is not this viewer's own page; if you opened "
             "the viewer through that address yourself (a tunnel or a proxy), start it with %s %s",
-            origin, ALLOW_ORIGIN_HINT, origin,
+            origin, ALLOW_ORIGIN_HINT, allowable,
         )
 
 

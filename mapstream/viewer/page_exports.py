@@ -2,8 +2,8 @@
 "screenshot" and "record video", each writing to the path in its field or to a path given by
 code.
 
-A path typed into the page is written only inside the app's export folders
-(:mod:`mapstream.viewer.export_folders`): whoever reaches the page can type one. A path given to
+A path typed into the page is written only inside the app's export folders, and never over
+the run's own files (:mod:`mapstream.viewer.export_folders`): whoever reaches the page can type one. A path given to
 these methods by a program is that program's own choice. Outcomes (written, refused, failed) go
 to the log and the page's status line; nothing is raised to the server.
 """
@@ -19,7 +19,7 @@ import numpy as np
 from mapstream.export import Reconstruction
 from mapstream.viewer.actions import export_shown_glb, first_client, save_render
 from mapstream.viewer.controls import SCREENSHOT_SIZES, ViewerHandles, glb_style
-from mapstream.viewer.export_folders import ExportFolders, OutsideExportFolders
+from mapstream.viewer.export_folders import ExportFolders, RefusedPath
 from mapstream.viewer.recording import VideoRecorder, originals_path
 from mapstream.viewer.scene import PointPool, SceneFraming
 
@@ -47,7 +47,7 @@ class PageExports:
         export folders; None when empty.
 
         Raises:
-            OutsideExportFolders: the field names a file outside the export folders.
+            RefusedPath: the field names a file outside the export folders, or one of the run's own.
         """
         if path is not None:
             text = str(path).strip()
@@ -66,7 +66,7 @@ class PageExports:
                 return None
             try:
                 target = self._target(path, handles.glb_path)
-            except OutsideExportFolders as refusal:
+            except RefusedPath as refusal:
                 self._report(f"export GLB: {refusal}; nothing was written", failed=True)
                 return None
             frames = self._visible_frames()
@@ -101,7 +101,7 @@ class PageExports:
                 return None
             try:
                 target, outside = self._target(path, self.handles.png_path), None
-            except OutsideExportFolders as err:
+            except RefusedPath as err:
                 target, outside = None, f"{err}; nothing was written"
             client = first_client(self.server)
             busy = self._screenshot_thread is not None and self._screenshot_thread.is_alive()
@@ -145,7 +145,7 @@ class PageExports:
                 target = self._target(path, self.handles.video_path)
                 if path is None and target is not None and self.handles.video_originals.value:
                     self.export_folders.place(str(originals_path(target)))  # written beside it
-            except OutsideExportFolders as refusal:
+            except RefusedPath as refusal:
                 self._report(f"record video: {refusal}; nothing was written", failed=True)
                 return None
             return self._recorder.start(

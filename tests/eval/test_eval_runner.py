@@ -190,6 +190,38 @@ def test_oracle_through_the_exporter(scene, tmp_path: Path) -> None:
     assert_perfect(report.scenes[0].metrics)
 
 
+def test_timestamp_matching_uses_the_runs_own_times_not_numbered_file_names(scene, tmp_path: Path) -> None:
+    """A run of ``000000.png``, ``000001.png``... at 10 fps: its times are 0.0, 0.1... s (as the
+    ground truth's), so `--match timestamp` pairs every frame; the names read as seconds would
+    pair one."""
+    reconstruction = pytest.importorskip("mapstream.export.reconstruction")
+    seq, root = scene
+    n = len(seq)
+    recon = reconstruction.Reconstruction(
+        images=seq.rgb, depth=seq.depth, depth_conf=np.full_like(seq.depth, 2.0), T_world_cam=seq.T_world_cam,
+        K=seq.K, pose_enc=np.zeros((n, 9), np.float32), names=[f"{i:06d}.png" for i in range(n)], fps=10.0,
+    )
+    recon.save_npz(tmp_path / "run" / "predictions.npz")
+    (s,) = evaluate(tmp_path / "run", root, match="timestamp").scenes
+    assert s.match == "timestamp" and s.num_frames == n
+    assert_perfect(s.metrics)
+
+
+def test_timestamp_matching_warns_when_most_frames_do_not_pair(scene, caplog: pytest.LogCaptureFixture) -> None:
+    _, root = scene
+    gt = read_benchmark_scene(root)
+    stamps = gt.timestamps + np.where(np.arange(len(gt)) < 2, 0.0, 0.05)  # 2 of 8 within 0.02 s
+    names = [f"f{i}" for i in range(len(gt))]
+    with caplog.at_level(logging.WARNING, logger="mapstream.eval.matching"):
+        pi, gi, how = match_frames(names, gt, mode="timestamp", pred_timestamps=stamps)
+    assert how == "timestamp" and gi.tolist() == [0, 1]
+    assert "only 2 of 8 predicted frames" in caplog.text and "--max-dt" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mapstream.eval.matching"):
+        match_frames(names, gt, mode="timestamp", pred_timestamps=gt.timestamps)
+    assert caplog.text == ""
+
+
 def test_the_cloud_is_placed_by_the_poses_where_a_short_path_leaves_the_centres_loose(scene, tmp_path: Path) -> None:
     # Exact orientations and depth, camera centres off by about 10 cm (a streamed model's ATE
     # on such rooms): the 8 centres along a short arc fit a rotation about the arc that swings

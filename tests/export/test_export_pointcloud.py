@@ -233,3 +233,26 @@ def test_one_rule_says_which_pixels_are_measured_for_files_and_the_live_view():
                             conf_threshold=1.5, max_points=10, seed=0)
     assert len(xyz) == want.sum() == 2
     np.testing.assert_allclose(xyz, [[0.0, 0.0, 1.0], [6.0, 3.0, 3.0]])
+
+
+def test_a_cloud_that_keeps_few_of_the_measured_pixels_names_the_setting(caplog: pytest.LogCaptureFixture) -> None:
+    """Confidences of 1.2 but at 3 pixels a frame: the default threshold 1.5 keeps under 1 %
+    of the measured pixels, told with the setting to lower; a threshold of 1.0 keeps them all."""
+    import dataclasses
+    import logging
+
+    recon = make_recon(sky=False)
+    conf = np.full((N, H, W), 1.2, np.float32)
+    conf[:, 5, 10:13] = 2.0
+    recon = dataclasses.replace(recon, depth_conf=conf)
+    measured = int(np.isfinite(recon.depth).sum() - (recon.depth == 0).sum())
+    with caplog.at_level(logging.WARNING, logger="mapstream.export.points"):
+        assert len(build_point_cloud(recon)) == 3 * N
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert f"keeps {100 * 3 * N / measured:.1f} % of the {measured} measured pixels" in warned
+    assert "the confidence threshold 1.5 (--conf-threshold, CloudOptions.conf_threshold) leaves out 99.7 %" in warned
+    assert "median confidence is 1.2" in warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mapstream.export.points"):
+        assert len(build_point_cloud(recon, CloudOptions(conf_threshold=1.0))) == measured
+    assert caplog.records == []

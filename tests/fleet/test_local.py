@@ -9,6 +9,7 @@ import os
 import pytest
 
 from fleet_helpers import assert_same_run, corrupt, options, scenes, solo
+from mapstream.cli._fleet import format_job
 from mapstream.cli.main import main
 from mapstream.fleet import JOB_RECORD, JobOptions, run_many
 from mapstream.pipeline import run
@@ -52,6 +53,8 @@ def test_a_rerun_skips_finished_inputs_and_resumes_an_interrupted_one(tmp_path):
     assert [(r.name, r.status, r.frames, r.new_frames, r.attempts) for r in again.results] == [
         ("s00", "finished_before", 4, 0, 0), ("s01", "finished_before", 4, 0, 0)]
     assert (again.backend, again.workers) == ("none", 0)
+    assert format_job(again).splitlines()[-1] == (
+        "2 inputs: 0 run, 2 finished before, 0 failed; 8 frames, none new; nothing left to run")
     assert records == {name: os.stat(tmp_path / "job" / name / "run.json").st_mtime_ns for name in records}
 
     # Other settings are another job: every input runs again (its frames are kept, its outputs rewritten).

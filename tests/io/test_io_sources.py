@@ -1,6 +1,7 @@
 """FrameSource: every input kind yields the same (name, tensor) pairs as the direct loaders."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -275,3 +276,38 @@ def test_a_file_too_extreme_to_crop_is_named_when_the_source_opens(tmp_path: Pat
     Image.fromarray(np.zeros((10, 4000, 3), np.uint8)).save(tmp_path / "1.png")
     with pytest.raises(ValueError, match=r"1\.png \(4000x10\) would be 56 wide and less than one 14-pixel patch.*'pad'"):
         open_source(tmp_path, image_size=56)
+
+
+def test_a_picture_smaller_than_a_patch_is_refused_and_a_large_upscale_is_told(tmp_path: Path, caplog) -> None:
+    """A 1x1 image would be upscaled to a whole frame of invented pixels: refused, named. A
+    20x20 one, 28 times smaller than a 560-pixel frame, runs with one warning a pass."""
+    Image.fromarray(np.zeros((28, 28, 3), np.uint8)).save(tmp_path / "0.png")
+    Image.new("RGB", (1, 1), (200, 10, 10)).save(tmp_path / "1.png")
+    with pytest.raises(ValueError, match=r"frame 1\.png of folder .* is 1x1 pixels, smaller than one 14-pixel patch"):
+        list(open_source(tmp_path, image_size=56))
+    (tmp_path / "1.png").unlink()
+    Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(tmp_path / "2.png")
+    with caplog.at_level(logging.WARNING, logger="mapstream.io.sources"):
+        assert len(list(open_source(tmp_path, image_size=560))) == 2
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "frame 0.png is 28x28, upscaled 20 times to the model's 560-pixel frames" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mapstream.io.sources"):
+        list(open_source(tmp_path, image_size=56))  # 2 and 2.8 times: no warning
+    assert caplog.records == []
+
+
+def test_image_links_that_lead_nowhere_are_skipped_with_a_warning(tmp_path: Path, caplog) -> None:
+    """A loop of links (a.png -> b.png -> a.png) and a link to a missing file hold no picture:
+    the folder's and the glob's other images run, and the skipped links are named."""
+    Image.fromarray(np.zeros((28, 28, 3), np.uint8)).save(tmp_path / "0.png")
+    (tmp_path / "a.png").symlink_to(tmp_path / "b.png")
+    (tmp_path / "b.png").symlink_to(tmp_path / "a.png")
+    (tmp_path / "c.png").symlink_to(tmp_path / "gone.png")
+    for spec, says in ((tmp_path, "skipped 3 image links that lead nowhere"), (f"{tmp_path}/*.png", "skipped 3 links")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mapstream.io"):
+            assert [name for name, _ in open_source(str(spec), image_size=28)] == ["0.png"]
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1 and says in warned[0], warned
+        assert all(f"{name}.png" in warned[0] for name in "abc") and "0.png" not in warned[0]

@@ -315,6 +315,42 @@ def test_a_damaged_safetensors_file_gets_a_checkpoint_error(tmp_path, ref, damag
         load_model(path, preset="tiny")
 
 
+def test_a_plain_pickle_is_named_as_such_without_torchs_warning(tmp_path, ref, recwarn):
+    """`pickle.dump` of a dict is no checkpoint torch.save wrote: one plain line, no torch
+    warning about pickle protocols, no cut-off UnpicklingError text."""
+    import pickle
+
+    with open(tmp_path / "raw.pt", "wb") as f:
+        pickle.dump({"weights": [1.0, 2.0]}, f, protocol=4)
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "raw.pt", preset="tiny", trust_pickle=True)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'raw.pt'} is a plain Python pickle, not a checkpoint written by torch.save")
+    assert "torch.save(model.state_dict(), path)" in message and "Unpickl" not in message
+    assert [str(w.message) for w in recwarn] == []
+    # torch.save's legacy format, at any pickle protocol, is torch's own: not told as a plain pickle.
+    from mapstream.checkpoint.files import is_plain_pickle
+
+    for protocol in (2, 4):
+        torch.save(ref, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False, pickle_protocol=protocol)
+        assert not is_plain_pickle(tmp_path / "legacy.pt")
+    assert is_plain_pickle(tmp_path / "raw.pt")
+
+
+def test_a_file_named_safetensors_that_is_not_one_says_so_in_plain_words(tmp_path, pt_file, ref):
+    text = tmp_path / "notes.safetensors"
+    text.write_text("these are notes, not weights\n")
+    with pytest.raises(CheckpointError, match=r"notes\.safetensors is named \.safetensors but is not a safetensors "
+                                              r"file .*a file of another kind renamed") as err:
+        convert_checkpoint(text, tmp_path / "out.safetensors")
+    assert "zip" not in str(err.value) and "header too large" not in str(err.value)
+    renamed = pt_file.rename(tmp_path / "ckpt.safetensors")
+    with pytest.raises(CheckpointError, match=r"is named \.safetensors but is a PyTorch checkpoint \(torch\.save\); "
+                                              r"rename it to ckpt\.pt"):
+        load_model(renamed, preset="tiny")
+    assert not (tmp_path / "out.safetensors").exists()
+
+
 def test_partial_load(tmp_path, ref, caplog):
     partial = {k: v for k, v in ref.items() if not k.startswith("depth_head.")}
     partial["aggregator.camera_token"] = torch.zeros(1, 2, 1, 7)
@@ -670,3 +706,32 @@ def test_the_clip_length_a_file_records_its_weights_were_trained_on_travels_with
         save_file(dict(ref), str(tmp_path / "bad.safetensors"), metadata={"trained_views": bad})
         with pytest.raises(CheckpointError, match=f"trained_views={bad!r}.*not a count of frames"):
             load_model(tmp_path / "bad.safetensors", preset="tiny")
+
+
+def test_the_names_the_command_line_takes_load_in_python(ref):
+    """`load_model("small")` is the shipped small weights, built as the preset they record;
+    `load_model("tiny")` the tiny preset's seeded synthetic weights (`--model tiny`)."""
+    from mapstream.weights import small_weights
+
+    small = load_model("small")
+    auto = load_model(small_weights(), preset="auto")
+    assert small.load_report.ok and small.load_report.image_size == 294
+    assert list(small.state_dict()) == list(auto.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(small.state_dict().values(), auto.state_dict().values()))
+    assert_same(load_model("tiny"), ref)
+
+
+def test_a_file_that_records_its_preset_loads_as_that_preset_by_default(tmp_path, ref):
+    from mapstream.checkpoint import recorded_preset
+    from mapstream.weights import small_weights
+
+    assert recorded_preset(small_weights()) == "small-deep"
+    assert load_model(small_weights()).load_report.ok  # no preset="auto" needed
+    path = tmp_path / "trained.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.items()}, path, metadata={"format": "pt", "preset": "tiny"})
+    assert recorded_preset(path) == "tiny"
+    assert_same(load_model(path), ref)
+    with pytest.raises(CheckpointError, match="matches preset 'tiny'"):  # a preset given still wins
+        load_model(path, preset="lingbot-map")
+    save_file({k: v.contiguous() for k, v in ref.items()}, path, metadata={"preset": "no-such-preset"})
+    assert recorded_preset(path) is None

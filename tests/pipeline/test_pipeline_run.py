@@ -13,6 +13,7 @@ from PIL import Image
 
 from conftest import DATA
 from mapstream.cli.main import main
+from mapstream.geometry import unit_quaternion_encoding
 from run_helpers import photos, run_cli
 
 
@@ -110,6 +111,27 @@ def test_interrupted_run_keeps_finished_frames_and_resumes(tmp_path, monkeypatch
     info = json.loads((out / "run.json").read_text())
     assert info["resumed_from"] == 7 and info["new_frames"] == 3
     assert np.isfinite(npz["T_world_cam"]).all()
+    # The frames before the stop (the network's own encoding) and after it (re-encoded by the
+    # alignment) store their quaternions one way, as an uninterrupted run stores them.
+    whole = tmp_path / "whole"
+    assert run_cli(str(frames), "--out", str(whole)) == 0
+    for pose_enc in (npz["pose_enc"], np.load(whole / "predictions.npz")["pose_enc"]):
+        q = pose_enc[:, 3:7]
+        np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-6)
+        assert (q[:, 3] >= 0).all()
+    np.testing.assert_allclose(npz["pose_enc"][:7], np.load(whole / "predictions.npz")["pose_enc"][:7], atol=1e-6)
+
+
+def test_a_rerun_with_nothing_new_says_so(tmp_path, capsys):
+    """Every frame finished by the run before: no frame runs, so no speed is told."""
+    frames = photos(tmp_path)
+    out = tmp_path / "out"
+    assert run_cli(str(frames), "--out", str(out)) == 0
+    assert "10 frames (10 new) at " in capsys.readouterr().out
+    assert run_cli(str(frames), "--out", str(out)) == 0
+    said = capsys.readouterr().out
+    assert "10 frames, none new: an earlier run in this folder finished every frame; outputs written again with " in said
+    assert "FPS" not in said and "0 new" not in said
 
 
 def test_a_run_removes_the_temp_files_a_killed_write_left_in_its_folders_only(tmp_path):
@@ -238,7 +260,8 @@ def test_cache_and_camera_options_are_the_sessions(tmp_path):
         model = mapstream.fill_synthetic_(mapstream.build_model("tiny", camera_num_iterations=iterations)).eval()
         with model.session(num_scale_frames=2, keyframe_interval=1, **cache) as session:
             preds = session.run_frames(frames)
-        return torch.stack([p.pose_enc for p in preds]).numpy(), torch.stack([p.depth for p in preds]).numpy()
+        pose = unit_quaternion_encoding(torch.stack([p.pose_enc for p in preds]))  # as the run stores it
+        return pose.numpy(), torch.stack([p.depth for p in preds]).numpy()
 
     chosen = dict(cache_scale_frames=2, sliding_window=2, trajectory_capacity=2)
     pose, depth = session_outputs(chosen, 1)
@@ -518,13 +541,15 @@ def test_a_windowed_run_is_the_reference_windowed_inference(tmp_path):
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny", kv_cache_scale_frames=2)).eval()
     frames = mapstream.load_images(sorted(src.glob("*.png")), image_size=140)
     offline = model.inference_windowed(frames, window_size=4, overlap_size=3, num_scale_frames=2, keyframe_interval=1)
-    np.testing.assert_allclose(got["later"]["pose_enc"], offline["pose_enc"][0].numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["later"]["pose_enc"], unit_quaternion_encoding(offline["pose_enc"][0]).numpy(),
+                               rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["later"]["depth"], offline["depth"][0, ..., 0].numpy(), rtol=1e-4, atol=1e-5)
 
     def session_poses(**options):
         with WindowedSession(model, window_size=4, num_scale_frames=2, window_join="anchor", **options) as session:
             preds = session.run_frames(frames)
-            return session.overlap, torch.stack([p.pose_enc for p in preds]), torch.stack([p.depth for p in preds])
+            pose = unit_quaternion_encoding(torch.stack([p.pose_enc for p in preds]))  # as the run stores it
+            return session.overlap, pose, torch.stack([p.depth for p in preds])
 
     overlap, pose, depth = session_poses(overlap_keyframes=3, shared_from="earlier")
     assert overlap == 3
@@ -540,7 +565,8 @@ def test_a_windowed_run_is_the_reference_windowed_inference(tmp_path):
     assert json.loads((shared / "run.json").read_text())["config"]["window_join"] == "shared"
     joined = mapstream.windowed_inference(model, frames, model.stream_config.with_settings(
         window_size=4, overlap=3, num_scale_frames=2, keyframe_interval=1, window_join="shared"))
-    np.testing.assert_allclose(np.load(shared / "predictions.npz")["pose_enc"], joined["pose_enc"][0].numpy(),
+    np.testing.assert_allclose(np.load(shared / "predictions.npz")["pose_enc"],
+                               unit_quaternion_encoding(joined["pose_enc"][0]).numpy(),
                                rtol=1e-4, atol=1e-5)
     assert not np.allclose(np.load(shared / "predictions.npz")["pose_enc"], got["later"]["pose_enc"], atol=1e-4)
 

@@ -64,6 +64,23 @@ def test_summary_png_of_an_untrained_run_carries_the_caption(tmp_path: Path) -> 
     assert caption_red(captioned, top) > 0.01 and caption_red(plain, top) == 0.0
 
 
+def test_the_depth_previews_of_an_untrained_or_small_run_carry_the_caption(tmp_path: Path) -> None:
+    """As summary.png: the previews are pictures shared on their own. The 16-bit maps are data
+    and stay as they are."""
+    recon = plane_run(n=2)
+    folders = {model: record(tmp_path / name, "run.json", {"config": {"model": model}})
+               for name, model in (("tiny", TINY), ("small", SMALL_MODEL), ("trained", TRAINED))}
+    for folder in folders.values():
+        export_all(recon, folder, formats=["depth"])
+    stem = recon.file_stems()[0]
+    previews = {m: np.asarray(Image.open(f / "depth_preview" / f"{stem}.png").convert("RGB")) for m, f in folders.items()}
+    top = slice(0, 3)
+    assert caption_red(previews[TINY], top) > 0.9 and caption_red(previews[SMALL_MODEL], top) > 0.9
+    assert caption_red(previews[TRAINED], top) == 0.0
+    depth = {m: np.asarray(Image.open(f / "depth" / f"{stem}.png")) for m, f in folders.items()}
+    assert np.array_equal(depth[TINY], depth[TRAINED])
+
+
 def test_the_flythrough_of_an_untrained_run_carries_the_caption(tmp_path: Path) -> None:
     recon = plane_run(n=3)
     options = RenderOptions(mode="static", height=96, inset=False, background="white")

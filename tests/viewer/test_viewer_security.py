@@ -3,6 +3,7 @@ foreign page is refused at the handshake (on a real loopback server), and a path
 the page outside the run's folder (or a folder named with --export-dir) writes nothing."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -14,7 +15,8 @@ from viewer_fakes import RenderingClient
 from viewer_synthetic import make_recon
 
 from mapstream.cli.main import main as cli_main
-from mapstream.viewer.export_folders import ExportFolders, OutsideExportFolders
+from mapstream.pipeline.own_files import run_own_files
+from mapstream.viewer.export_folders import ExportFolders, OutsideExportFolders, RunOwnFile
 from mapstream.viewer.origin_guard import OriginPolicy, check_origin_url
 
 viser = pytest.importorskip("viser")
@@ -50,7 +52,9 @@ def test_a_foreign_page_cannot_open_the_websocket(free_port: int, caplog: pytest
         assert app.server is not None and not app.server.get_clients()  # no refused page became a client
     refusals = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
     assert len([r for r in refusals if "http://evil.example " in r + " "]) == 1  # once per origin
-    assert all("--allow-origin" in r for r in refusals)
+    null = [r for r in refusals if "origin null" in r]  # no flag lets a file's page in: none is advised
+    assert len(null) == 1 and "--allow-origin" not in null[0] and "open the viewer at its own address" in null[0]
+    assert all(f"--allow-origin {r.split('page of ')[1].split(',')[0]}" in r for r in refusals if r not in null)
 
 
 def test_allowed_origins_and_the_listen_host_are_let_in(free_port: int) -> None:
@@ -149,6 +153,23 @@ def snapshot(*roots: Path) -> dict[str, bytes | str]:
     return files
 
 
+def assert_every_field_refuses(app: ViewerApp, typed: list[str], says: str) -> None:
+    """Each path of ``typed``, in each of the page's path fields, is refused with ``says`` in
+    the status line, and nothing is written."""
+    handles = app.handles
+    assert handles is not None
+    for path in typed:
+        for field, act, what in (
+            (handles.glb_path, app.export_glb, "export GLB"),
+            (handles.png_path, app.screenshot, "screenshot"),
+            (handles.video_path, app.record_video, "record video"),
+        ):
+            field.value = path
+            assert act() is None, (what, path)
+            assert f"{what}: `" in handles.status.content and says in handles.status.content
+            assert "nothing was written" in handles.status.content
+
+
 def test_export_folders_place_only_inside(folders: tuple[Path, Path, Path]) -> None:
     run, outside, extra = folders
     places = ExportFolders([run, extra])
@@ -172,16 +193,7 @@ def test_the_page_cannot_write_outside_the_run_folder(
         assert handles is not None and app.server is not None
         client = RenderingClient(np.zeros((4, 6, 4), np.uint8))
         monkeypatch.setattr(app.server, "get_clients", lambda: {0: client})
-        for typed in [*escapes(run, outside), str(extra / "x.glb")]:
-            for field, act, what in (
-                (handles.glb_path, app.export_glb, "export GLB"),
-                (handles.png_path, app.screenshot, "screenshot"),
-                (handles.video_path, app.record_video, "record video"),
-            ):
-                field.value = typed
-                assert act() is None, (what, typed)
-                assert f"{what}: `" in handles.status.content and "outside the folders" in handles.status.content
-                assert "nothing was written" in handles.status.content
+        assert_every_field_refuses(app, [*escapes(run, outside), str(extra / "x.glb")], "outside the folders")
         assert client.calls == []  # not even a render was asked for
         assert snapshot(run, outside, extra) == before
         assert not (Path.home() / "mapstream-viewer-test-never-written.glb").exists()
@@ -194,6 +206,55 @@ def test_the_page_cannot_write_outside_the_run_folder(
         handles.video_path.value, handles.video_originals.value = "clip.mp4", True
         assert app.record_video() is None and "clip_original.mp4` is outside" in handles.status.content
     assert (outside / "victim.glb").read_text() == "the user's file"
+
+
+def a_run_with_its_input(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """(run folder, a further export folder holding photos, the paths typed) for a run folder
+    whose run.json names an input folder of photos inside the run folder, and a glob of the
+    further folder's photos as another run's input would: the run's outputs and inputs."""
+    run, extra = tmp_path / "run", tmp_path / "extra"
+    (run / "photos").mkdir(parents=True)
+    (run / "images").mkdir()
+    extra.mkdir()
+    for name in ("predictions.npz", "scene.glb", "points.ply", "summary.png", "run.json", "trajectory_tum.txt"):
+        (run / name).write_bytes(b"output " + name.encode())
+    (run / "images" / "000000.png").write_bytes(b"a preprocessed frame")
+    (run / "photos" / "000000.png").write_bytes(b"a photo")
+    (run / "run.json").write_text(json.dumps({"config": {"input": str(run / "photos")}}))
+    typed = ["predictions.npz", "scene.glb", "points.ply", "summary.png", "run.json", "trajectory_tum.txt",
+             "images/000000.png", "images/new.png", "depth/000000.png", ".frames/x", "photos/000000.png",
+             str(run / "photos" / "000000.png")]
+    return run, extra, typed
+
+
+def test_export_folders_refuse_the_runs_own_files(tmp_path: Path) -> None:
+    run, extra, typed = a_run_with_its_input(tmp_path)
+    places = ExportFolders([run, extra], run_own_files(run).owns)
+    for path in typed:
+        with pytest.raises(RunOwnFile, match="one of the run's own inputs or outputs.*type a new file name"):
+            places.place(path)
+    assert places.place("view.glb") == run / "view.glb"
+    assert places.place("photos/new.glb") == run / "photos" / "new.glb"  # not a file the run read
+    (run / "photos_link").symlink_to(run / "photos")
+    with pytest.raises(RunOwnFile):
+        places.place("photos_link/000000.png")  # links followed
+
+
+def test_the_page_never_writes_over_the_runs_inputs_and_outputs(
+    tmp_path: Path, free_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, extra, typed = a_run_with_its_input(tmp_path)
+    before = snapshot(run, extra)
+    with ViewerApp(make_recon(), port=free_port, output_dir=run, export_dirs=[extra]) as app:
+        handles = app.handles
+        assert handles is not None and app.server is not None
+        client = RenderingClient(np.zeros((4, 6, 4), np.uint8))
+        monkeypatch.setattr(app.server, "get_clients", lambda: {0: client})
+        assert_every_field_refuses(app, typed, "the run's own inputs or outputs")
+        assert client.calls == []
+        assert snapshot(run, extra) == before
+        handles.glb_path.value = "view.glb"
+        assert app.export_glb() == run / "view.glb" and (run / "view.glb").stat().st_size > 0
 
 
 def test_a_folder_named_with_export_dirs_is_written(
