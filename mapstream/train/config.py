@@ -1,8 +1,11 @@
 """The training run's configuration: one frozen dataclass, readable from a YAML file.
 
-`TrainConfig` holds everything a run depends on; `load_config(path, **overrides)` reads a YAML
-file whose keys are its fields (`loss:` a mapping of `LossWeights` fields) and applies keyword
-overrides on top. The checkpoints store the configuration, so a resumed run can say what
+`TrainConfig` holds everything a run depends on. Its fields are declared in option groups
+(`DataOptions`, `ModelOptions`, `OptimOptions`, `ScheduleOptions`, `DistributedOptions`,
+`LogOptions`) that it inherits, so a run reads `config.lr` while `mapstream train --help`
+shows each group in its own panel; the loss weights are `config.loss` (`LossWeights`).
+`load_config(path, **overrides)` reads a YAML file whose keys are its fields (`loss:` a mapping
+of `LossWeights` fields) and applies keyword overrides on top. The checkpoints store the configuration, so a resumed run can say what
 changed.
 """
 from __future__ import annotations
@@ -19,27 +22,16 @@ from .forward import ATTENTION_KINDS
 from .losses import LossWeights
 from .render import SCENE_OBJECTS, check_object_range, check_path_kinds, check_share
 
-__all__ = ["TrainConfig", "FINETUNE_MODES", "check_train_config", "config_dict", "from_dict", "load_config"]
+__all__ = ["TrainConfig", "DataOptions", "DistributedOptions", "LogOptions", "ModelOptions",
+           "OptimOptions", "ScheduleOptions", "FINETUNE_MODES", "check_train_config", "config_dict", "from_dict", "load_config"]
 
 FINETUNE_MODES = ("full", "heads", "lora")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """A training or fine-tuning run (docs/TRAINING.md, "Training: the command and its options")."""
+class DataOptions:
+    """The training clips: a posed folder or procedural rooms, their size and how many a step takes."""
 
-    model: str = "tiny"
-    """A preset name (trained from scratch: random weights drawn from --seed) or a checkpoint to fine-tune (a .pt/.safetensors file, a folder, a Hugging Face repo id)."""
-    preset: str = "auto"
-    """Architecture of the checkpoint given by --model ("auto": the preset its keys and shapes fit); unused for a preset name."""
-    checkpoint_file: Optional[str] = None
-    """File inside the folder or repo given by --model (default: load_model's)."""
-    matching_init: bool = False
-    """From scratch (--model a preset): draw the patch embedding's position table as 2-D sines and cosines and tie the global blocks' keys to their queries, so that tokens attend to like content in other frames from the first step (with --loss-flow, what lets a small network learn to match frames; docs/TRAINING.md)."""
-    deepen: Optional[str] = None
-    """A deeper preset of the same width (e.g. small-deep) to grow the checkpoint given by --model into before training: its blocks spread over the deeper stacks, the added blocks starting as the identity, so training starts from the checkpoint's function (mapstream.train.deepen)."""
-    enable_point: bool = False
-    """Build and train the world-point head; a checkpoint without one gets a new head drawn from --seed."""
     data: Optional[Path] = None
     """A posed folder (TUM, COLMAP text, transforms.json, benchmark layout) or a folder of them; default: procedural clips rendered on the training device."""
     frames: int = 8
@@ -72,32 +64,24 @@ class TrainConfig:
     """Clips per step on each process (the global batch is this times the number of processes)."""
     num_scale_frames: int = 2
     """The first frames of each clip, which see each other as streaming's scale frames do; the later ones see only earlier frames."""
-    steps: int = 1000
-    """Optimizer steps of the whole run (a resumed run continues up to this count)."""
-    lr: float = 1e-4
-    """Peak learning rate of AdamW, reached at the end of the warm-up."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW's moment decay rates."""
-    weight_decay: float = 0.05
-    """AdamW's decoupled weight decay (not applied to biases, norms, tokens and LayerScale factors)."""
-    warmup_steps: int = 100
-    """Steps of linear warm-up from 0 to --lr; cosine decay to --min-lr-ratio times --lr follows until --steps."""
-    min_lr_ratio: float = 0.01
-    """The learning rate at the last step, as a fraction of --lr."""
-    grad_clip: float = 1.0
-    """Largest global gradient norm (larger gradients are scaled down to it); 0 turns clipping off."""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """bf16: the forward in bfloat16 autocast (CUDA only; losses, optimizer and weights stay fp32)."""
-    autocast_dense_heads: bool = True
-    """With --precision bf16, run the depth (and point) head in bf16 too (the camera head stays fp32): half the memory traffic of the full-resolution DPT; inference runs the heads in fp32 either way."""
-    dense_every: int = 1
-    """Run and supervise the depth (and point) head every this many steps, in phase with the logged steps; the steps between train the trunk and the camera head alone, at about half the cost of a full step (the full-resolution dense heads are most of a small network's step). With --log-every a multiple of it, every logged step carries the depth loss."""
-    checkpoint_layers: bool = False
-    """Recompute each trunk layer's activations in the backward pass instead of keeping them: less memory, about a third more time."""
-    attention: Literal["auto", "sdpa", "flex"] = "auto"
-    """Global attention of the training forward: flex (compiled FlexAttention, which skips the blocks the block-causal mask hides), sdpa (a dense mask), or auto (flex on CUDA, sdpa elsewhere)."""
-    ema_decay: Optional[float] = None
-    """Keep an exponential moving average of the trained weights with this decay (e.g. 0.999); the exported weights are the average's."""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The model trained: from scratch or a checkpoint, and which of its weights train."""
+
+    model: str = "tiny"
+    """A preset name (trained from scratch: random weights drawn from --seed) or a checkpoint to fine-tune (a .pt/.safetensors file, a folder, a Hugging Face repo id)."""
+    preset: str = "auto"
+    """Architecture of the checkpoint given by --model ("auto": the preset its keys and shapes fit); unused for a preset name."""
+    checkpoint_file: Optional[str] = None
+    """File inside the folder or repo given by --model (default: load_model's)."""
+    matching_init: bool = False
+    """From scratch (--model a preset): draw the patch embedding's position table as 2-D sines and cosines and tie the global blocks' keys to their queries, so that tokens attend to like content in other frames from the first step (with --loss-flow, what lets a small network learn to match frames; docs/TRAINING.md)."""
+    deepen: Optional[str] = None
+    """A deeper preset of the same width (e.g. small-deep) to grow the checkpoint given by --model into before training: its blocks spread over the deeper stacks, the added blocks starting as the identity, so training starts from the checkpoint's function (mapstream.train.deepen)."""
+    enable_point: bool = False
+    """Build and train the world-point head; a checkpoint without one gets a new head drawn from --seed."""
     finetune: Literal["full", "heads", "lora"] = "full"
     """full: train every weight (less what --freeze-patch-embed / --freeze-frame-blocks freeze); heads: only the camera, depth and point heads; lora: only low-rank adapters on the trunk's attention projections."""
     freeze_patch_embed: bool = False
@@ -108,10 +92,76 @@ class TrainConfig:
     """Rank of each LoRA adapter (--finetune lora)."""
     lora_alpha: float = 16.0
     """LoRA's scale numerator: an adapter adds (alpha / rank) B A to its projection's weight."""
-    loss: LossWeights = field(default_factory=LossWeights)
-    """Weights of the loss terms and their hyper-parameters (docs/TRAINING.md, "Losses")."""
+    seed: int = 0
+    """Seed of the initial weights, LoRA adapters, and of a folder's clip order."""
+
+
+@dataclass(frozen=True)
+class OptimOptions:
+    """The optimizer (AdamW) and how each step computes."""
+
+    lr: float = 1e-4
+    """Peak learning rate of AdamW, reached at the end of the warm-up."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's moment decay rates."""
+    weight_decay: float = 0.05
+    """AdamW's decoupled weight decay (not applied to biases, norms, tokens and LayerScale factors)."""
+    grad_clip: float = 1.0
+    """Largest global gradient norm (larger gradients are scaled down to it); 0 turns clipping off."""
+    ema_decay: Optional[float] = None
+    """Keep an exponential moving average of the trained weights with this decay (e.g. 0.999); the exported weights are the average's."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """bf16: the forward in bfloat16 autocast (CUDA only; losses, optimizer and weights stay fp32)."""
+    autocast_dense_heads: bool = True
+    """With --precision bf16, run the depth (and point) head in bf16 too (the camera head stays fp32): half the memory traffic of the full-resolution DPT; inference runs the heads in fp32 either way."""
+    dense_every: int = 1
+    """Run and supervise the depth (and point) head every this many steps, in phase with the logged steps; the steps between train the trunk and the camera head alone, at about half the cost of a full step (the full-resolution dense heads are most of a small network's step). With --log-every a multiple of it, every logged step carries the depth loss."""
+    checkpoint_layers: bool = False
+    """Recompute each trunk layer's activations in the backward pass instead of keeping them: less memory, about a third more time."""
+    attention: Literal["auto", "sdpa", "flex"] = "auto"
+    """Global attention of the training forward: flex (compiled FlexAttention, which skips the blocks the block-causal mask hides), sdpa (a dense mask), or auto (flex on CUDA, sdpa elsewhere)."""
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """How long the run is, the learning rate's schedule, and its checkpoints."""
+
+    steps: int = 1000
+    """Optimizer steps of the whole run (a resumed run continues up to this count)."""
+    warmup_steps: int = 100
+    """Steps of linear warm-up from 0 to --lr; cosine decay to --min-lr-ratio times --lr follows until --steps."""
+    min_lr_ratio: float = 0.01
+    """The learning rate at the last step, as a fraction of --lr."""
     out: Path = Path("runs/train")
     """Output folder: checkpoints, logs, TensorBoard events and the final model.safetensors. A run there is resumed."""
+    checkpoint_every: int = 500
+    """Write a checkpoint every this many steps (and at the end, and on Ctrl-C)."""
+    keep_checkpoints: int = 2
+    """How many of the latest checkpoints stay in the output folder."""
+    resume: bool = True
+    """Continue from the latest checkpoint in --out; --no-resume starts over, deleting the old checkpoints and logs there."""
+    time_limit_minutes: Optional[float] = None
+    """Stop with a checkpoint at the first log step after this many minutes (a job with a time limit); running again continues the schedule."""
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """Where the run computes: one device, or several GPUs under torchrun."""
+
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto; under torchrun each process takes the GPU of its LOCAL_RANK."""
+    distributed: Literal["ddp", "fsdp"] = "ddp"
+    """Under torchrun: ddp (each process holds the whole model) or fsdp (each holds a 1/N shard of the weights, gradients and optimizer state; FSDP2); one process ignores it."""
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """What the run logs, and the held-out clips it scores."""
+
+    log_every: int = 10
+    """Log the loss parts, learning rate, gradient norm and step time every this many steps."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to OUT/tensorboard (needs the train extra: pip install mapstream[train])."""
     val_every: int = 0
     """Score held-out procedural clips (the "val" split, rendered once) every this many steps, a multiple of --log-every: losses, camera rotation and direction errors in degrees, depth abs_rel, as val_* in the metrics; 0: never."""
     val_clips: int = 8
@@ -122,24 +172,15 @@ class TrainConfig:
     """Scale frames of the held-out clips; 0: --num-scale-frames."""
     val_frame_step: int = 1
     """Frame step of the held-out clips (as --frame-step): score a run on fast motion at the motion it trains on."""
-    checkpoint_every: int = 500
-    """Write a checkpoint every this many steps (and at the end, and on Ctrl-C)."""
-    keep_checkpoints: int = 2
-    """How many of the latest checkpoints stay in the output folder."""
-    log_every: int = 10
-    """Log the loss parts, learning rate, gradient norm and step time every this many steps."""
-    tensorboard: bool = True
-    """Write TensorBoard scalars to OUT/tensorboard (needs the train extra: pip install mapstream[train])."""
-    resume: bool = True
-    """Continue from the latest checkpoint in --out; --no-resume starts over, deleting the old checkpoints and logs there."""
-    time_limit_minutes: Optional[float] = None
-    """Stop with a checkpoint at the first log step after this many minutes (a job with a time limit); running again continues the schedule."""
-    seed: int = 0
-    """Seed of the initial weights, LoRA adapters, and of a folder's clip order."""
-    device: str = "auto"
-    """cpu, cuda, cuda:N or auto; under torchrun each process takes the GPU of its LOCAL_RANK."""
-    distributed: Literal["ddp", "fsdp"] = "ddp"
-    """Under torchrun: ddp (each process holds the whole model) or fsdp (each holds a 1/N shard of the weights, gradients and optimizer state; FSDP2); one process ignores it."""
+
+
+@dataclass(frozen=True)
+class TrainConfig(LogOptions, DistributedOptions, ScheduleOptions, OptimOptions, ModelOptions, DataOptions):
+    """A training or fine-tuning run (docs/TRAINING.md, "Training: the command and its options"):
+    the fields of the option groups above, and the loss weights."""
+
+    loss: LossWeights = field(default_factory=LossWeights)
+    """Weights of the loss terms and their hyper-parameters (docs/TRAINING.md, "Losses")."""
 
     def __post_init__(self) -> None:
         check_train_config(self)
