@@ -11,6 +11,8 @@ changed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -254,46 +256,115 @@ def config_dict(config: TrainConfig) -> dict[str, Any]:
     return plain(dataclasses.asdict(config))
 
 
-def from_dict(values: dict[str, Any], *, source: str = "the configuration") -> TrainConfig:
-    """A TrainConfig from plain values (`config_dict`'s form); unknown keys are an error."""
+_VALUES = "the configuration"
+"""`from_dict`'s source when the values come from no file."""
+
+
+def from_dict(values: dict[str, Any], *, source: str = _VALUES) -> TrainConfig:
+    """A TrainConfig from plain values (`config_dict`'s form); an unknown key, a value of the
+    wrong type or one a run cannot use is a ValueError naming ``source`` (a file's path, where
+    the values come from one) and the key."""
     names = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - set(names))
+    unknown = sorted(set(values) - set(names), key=str)
     if unknown:
-        raise ValueError(f"{source}: unknown keys {unknown}; the keys are TrainConfig's fields: {sorted(names)}")
+        raise ValueError(f"{source}: {_unknown_keys(unknown, names)}; the keys are the options of "
+                         "`mapstream train --help`, spelled with underscores (image_hw for --image-hw)")
+    hints = typing.get_type_hints(TrainConfig)
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key == "loss":
-            if isinstance(value, LossWeights):
-                kwargs[key] = value
-                continue
-            loss_names = {f.name for f in dataclasses.fields(LossWeights)}
-            if not isinstance(value, dict) or set(value) - loss_names:
-                raise ValueError(f"{source}: loss must map LossWeights fields ({sorted(loss_names)}) to numbers")
-            kwargs[key] = LossWeights(**value)
-        elif key in ("data", "out") and value is not None:
+            kwargs[key] = value if isinstance(value, LossWeights) else _loss_weights(value, source)
+            continue
+        value = _typed(value, hints[key], f"{source}: {key}")
+        if key in ("data", "out") and value is not None:
             kwargs[key] = Path(value)
-        elif key in ("image_hw", "betas", "path_kinds", "scene_objects", "more_frames") \
-                and isinstance(value, (list, tuple)):
-            kwargs[key] = tuple(value)
-        elif key == "more_image_hw" and isinstance(value, (list, tuple)):
+        elif key == "more_image_hw":
             kwargs[key] = tuple(tuple(hw) for hw in value)
+        elif isinstance(value, list):
+            kwargs[key] = tuple(value)
         else:
             kwargs[key] = value
-    return TrainConfig(**kwargs)
+    try:
+        return TrainConfig(**kwargs)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}" if source != _VALUES else str(err)) from err
+
+
+def _loss_weights(value: Any, source: str) -> LossWeights:
+    names = [f.name for f in dataclasses.fields(LossWeights)]
+    if not isinstance(value, dict):
+        raise ValueError(f"{source}: loss: must be a mapping of loss weights (e.g. `loss: {{camera: 1.0}}`), "
+                         f"got {value!r}; its keys: {', '.join(names)}")
+    unknown = sorted(set(value) - set(names), key=str)
+    if unknown:
+        raise ValueError(f"{source}: under loss: {_unknown_keys(unknown, names)}; its keys are the loss "
+                         "options of `mapstream train --help` without --loss- (camera for --loss-camera)")
+    hints = typing.get_type_hints(LossWeights)
+    return LossWeights(**{k: _typed(v, hints[k], f"{source}: loss: {k}") for k, v in value.items()})
+
+
+_KINDS = {float: ((int, float), "a number"), int: ((int,), "an integer"), bool: ((bool,), "true or false"),
+          str: ((str,), "a string"), Path: ((str, Path), "a path"), tuple: ((list, tuple), "a list")}
+
+
+def _typed(value: Any, hint: Any, what: str) -> Any:
+    """``value`` if it has the kind of type ``hint`` (a float also from a string such as YAML's
+    `1e-4`, which YAML reads as a string); else a ValueError: WHAT must be KIND, got VALUE."""
+    options = [a for a in typing.get_args(hint) if a is not type(None)] \
+        if typing.get_origin(hint) is typing.Union else [hint]
+    if value is None and len(options) < len(typing.get_args(hint)):
+        return None
+    base = options[0]
+    base = str if typing.get_origin(base) is Literal else typing.get_origin(base) or base
+    if base is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if base in _KINDS:
+        kinds, kind = _KINDS[base]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and base is not bool):
+            raise ValueError(f"{what} must be {kind}, got {value!r}")
+    return value
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
-    """The configuration of YAML file `path` (keys: TrainConfig's fields), `overrides` applied on top."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        import yaml
+    """The configuration of YAML file `path` (keys: TrainConfig's fields), `overrides` applied on top.
 
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"--config {path}: no such file")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: a training configuration is a mapping of TrainConfig's fields")
-        values.update(loaded)
+    A file that is missing, not YAML, or not a mapping raises FileNotFoundError or ValueError
+    in one line naming it (and the line of a syntax error)."""
+    values: dict[str, Any] = {} if path is None else _read_yaml(Path(path))
     values.update(overrides)
-    return from_dict(values, source=str(path) if path is not None else "the configuration")
+    return from_dict(values, source=str(path) if path is not None else _VALUES)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.is_file():
+        what = "a folder, not a file" if path.is_dir() else "no such file"
+        raise FileNotFoundError(f"--config {path}: {what}; give a YAML file of training options "
+                                "(recipes/ holds examples)")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{path}{where}: not valid YAML ({problem}); fix the file "
+                         "(a training configuration is lines of `option: value`)") from err
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a UTF-8 text file; give a YAML file of training options") from err
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a training configuration is a mapping of training options (lines such as "
+                         f"`frames: 8`), not a {type(loaded).__name__}")
+    return loaded
+
+
+def _unknown_keys(keys: list[str], known) -> str:
+    """'unknown key 'frams' (did you mean 'frames'?)', for each of ``keys``."""
+    told = []
+    for key in keys:
+        close = difflib.get_close_matches(str(key), list(known), n=1)
+        told.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown key{'s' if len(keys) > 1 else ''} {', '.join(told)}"
