@@ -78,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["train"]:
         from .train import parse_train
 
-        parsed = parse_train(args[1:])  # a --config file's values are the flags' defaults
+        try:
+            parsed = parse_train(args[1:])  # a --config file's values are the flags' defaults
+        except (ValueError, OSError) as err:  # the --config file: missing, not YAML, an unknown key
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     else:
         parsed = tyro.cli(_commands(), args=args, prog="mapstream")
     command = _bars_only_on_a_terminal(parsed, args)

@@ -1,83 +1,107 @@
-"""`mapstream train`: train a model from scratch or fine-tune a checkpoint (mapstream.train)."""
+"""`mapstream train`: train a model from scratch or fine-tune a checkpoint (mapstream.train).
+
+The flags are `TrainConfig`'s option groups, each shown in its own panel of `--help`; the loss
+weights are `LossWeights`' fields spelled `--loss-NAME`.
+"""
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import re
+import textwrap
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Annotated, Any, ClassVar, Optional
 
 import tyro
 
-from ..train.config import TrainConfig
+from ..train.config import (
+    DataOptions, DistributedOptions, LogOptions, ModelOptions, OptimOptions, ScheduleOptions, TrainConfig,
+)
 from ..train.losses import LossWeights
 from ._flags import as_flags
 
+LOSS_PREFIX = "loss_"
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls`` in its source, on one line, with
+    reST's markup (``code``, :func:`name`) reduced to its text."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for declared, after in zip(body, body[1:]):
+        if isinstance(declared, ast.AnnAssign) and isinstance(after, ast.Expr) \
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            text = re.sub(r":\w+:`([^`]*)`", r"\1", after.value.value).replace("``", "")
+            docs[declared.target.id] = " ".join(text.split())
+    return docs
+
+
+def _loss_flags() -> type:
+    """A dataclass of `LossWeights`' fields as flags `--loss-NAME`: each field's type, default
+    and docstring, so that the loss weights are declared once, in mapstream.train.losses."""
+    types, docs = typing.get_type_hints(LossWeights), _field_docs(LossWeights)
+    return dataclasses.make_dataclass("LossFlags", [
+        (LOSS_PREFIX + f.name, types[f.name], field(default=f.default, metadata={"help": docs.get(f.name)}))
+        for f in dataclasses.fields(LossWeights)
+    ], frozen=True)
+
+
+LossFlags = _loss_flags()
+
+
+def _group(cls: type, title: str) -> Any:
+    """A field of `Train` holding option group ``cls``: its flags unprefixed, in a panel of
+    `--help` titled "TITLE options"."""
+    return Annotated[cls, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name=title)]
+
 
 @dataclass(frozen=True)
-class Train(TrainConfig):
+class Train:
     """Train a model on procedural clips or posed folders, or fine-tune a checkpoint; several GPUs through torchrun.
 
     A YAML file (--config) sets any of the options below (its keys are their names with
-    underscores; `loss:` a mapping); a flag given with a value other than its default overrides
-    the file. The run writes checkpoints, logs and OUT/model.safetensors, and resumes from the
-    latest checkpoint in --out.
+    underscores; `loss:` a mapping of the loss options' names without `loss_`); a flag given on
+    the command line overrides the file. The run writes checkpoints, logs and
+    OUT/model.safetensors, and resumes from the latest checkpoint in --out.
     """
 
     ON_INTERRUPT: ClassVar[str] = "the latest checkpoint is in the output folder; the same command resumes from it"
 
-    loss: tyro.conf.Suppress[LossWeights] = field(default_factory=LossWeights)
-    # The loss weights as flat flags (--loss-camera), as every other command spells its groups.
-    loss_camera: float = LossWeights.camera
-    """Weight of the camera loss in the total (docs/TRAINING.md, "Losses")."""
-    loss_depth: float = LossWeights.depth
-    """Weight of the depth loss in the total."""
-    loss_points: float = LossWeights.points
-    """Weight of the world-point loss in the total (with a point head)."""
-    loss_camera_gamma: float = LossWeights.camera_gamma
-    """Decay over the camera head's iterations (the last weighs 1, the one before gamma, ...)."""
-    loss_camera_delta: float = LossWeights.camera_delta
-    """Width of the camera loss's quadratic (Huber) zone; 0 gives L1."""
-    loss_camera_translation: float = LossWeights.camera_translation
-    """Weight of the translation part of the camera loss."""
-    loss_camera_rotation: float = LossWeights.camera_rotation
-    """Weight of the rotation part of the camera loss."""
-    loss_camera_fov: float = LossWeights.camera_fov
-    """Weight of the field-of-view part of the camera loss."""
-    loss_camera_direction: float = LossWeights.camera_direction
-    """Weight of the translation-direction part of the camera loss (1 - cos between predicted and true translation: a small motion's direction asked for as firmly as a large one's)."""
-    loss_camera_pairs: float = LossWeights.camera_pairs
-    """Weight of the pairwise direction part of the camera loss (1 - cos between predicted and true direction of every later frame's centre seen from each frame: what pose AUC scores besides rotation)."""
-    loss_depth_alpha: float = LossWeights.depth_alpha
-    """Weight of the depth confidence's -alpha log(conf) regulariser."""
-    loss_depth_gradient: float = LossWeights.depth_gradient
-    """Weight of the depth gradient term."""
-    loss_points_alpha: float = LossWeights.points_alpha
-    """Weight of the point confidence's -alpha log(conf) regulariser."""
-    loss_points_gradient: float = LossWeights.points_gradient
-    """Weight of the point-map gradient term."""
-    loss_placed: float = LossWeights.placed
-    """Weight of the placed-points loss (each pixel's predicted depth placed by its predicted camera, against its true world point: ties the path's scale to the depth's, what a fused cloud needs); 0: off."""
-    loss_flow: float = LossWeights.flow
-    """Weight of the patch-flow loss (each patch's displacement to the first and the previous frame, read by a training-only head; helps a model from scratch learn to match frames); 0: no flow head."""
-    loss_flow_delta: float = LossWeights.flow_delta
-    """Width of the patch-flow loss's quadratic (Huber) zone, in patches."""
-    loss_gradient_scales: int = LossWeights.gradient_scales
-    """Image scales of the gradient terms."""
     config: Optional[Path] = None
-    """YAML file of training options (keys: the option names with underscores)."""
+    """YAML file of training options (keys: the option names with underscores; recipes/ holds examples)."""
     quiet: bool = False
     """No progress bar."""
+    data: _group(DataOptions, "data") = field(default_factory=DataOptions)
+    model: _group(ModelOptions, "model and fine-tuning") = field(default_factory=ModelOptions)
+    optim: _group(OptimOptions, "optimisation") = field(default_factory=OptimOptions)
+    loss: _group(LossFlags, "loss") = field(default_factory=LossFlags)
+    """The loss terms' weights and hyper-parameters (docs/TRAINING.md, "Losses"); a --config file's `loss:` maps them by their names without `loss_`."""
+    schedule: _group(ScheduleOptions, "schedule and checkpoints") = field(default_factory=ScheduleOptions)
+    distributed: _group(DistributedOptions, "device and distributed") = field(default_factory=DistributedOptions)
+    log: _group(LogOptions, "logging and validation") = field(default_factory=LogOptions)
 
-    def __post_init__(self) -> None:
-        pass  # checked once the file and the flags are merged, in train_config()
+    @classmethod
+    def of(cls, run: TrainConfig, /, **others: Any) -> "Train":
+        """The flags whose values are ``run``'s (what a --config file makes the defaults);
+        ``others``: `config`, `quiet`."""
+        loss = LossFlags(**{LOSS_PREFIX + f.name: getattr(run.loss, f.name) for f in dataclasses.fields(LossWeights)})
+        return cls(data=_fill(DataOptions, run), model=_fill(ModelOptions, run), optim=_fill(OptimOptions, run),
+                   loss=loss, schedule=_fill(ScheduleOptions, run), distributed=_fill(DistributedOptions, run),
+                   log=_fill(LogOptions, run), **others)
 
     def train_config(self) -> TrainConfig:
         """The run's configuration: the flags' values (whose defaults are the --config file's,
         see `parse_train`)."""
         from ..train.config import from_dict
 
-        values: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)}
-        values["loss"] = LossWeights(**{g.name: getattr(self, "loss_" + g.name) for g in dataclasses.fields(LossWeights)})
+        values: dict[str, Any] = {}
+        for group in (self.data, self.model, self.optim, self.schedule, self.distributed, self.log):
+            values.update(dataclasses.asdict(group))
+        values["loss"] = LossWeights(**{f.name.removeprefix(LOSS_PREFIX): getattr(self.loss, f.name)
+                                        for f in dataclasses.fields(self.loss)})
         return from_dict(values)
 
     def main(self) -> int:
@@ -105,20 +129,20 @@ class Train(TrainConfig):
         return 0
 
 
+def _fill(group: type, config: TrainConfig) -> Any:
+    """Option group ``group`` holding ``config``'s values."""
+    return group(**{f.name: getattr(config, f.name) for f in dataclasses.fields(group)})
+
+
 def parse_train(args: list[str]) -> Train:
     """`mapstream train ARGS`: a --config file's values become the defaults of the flags, so
     that every flag given on the command line overrides the file, whatever its value."""
-    import tyro
-
     default = None
     path = _config_path(args)
     if path is not None:
         from ..train.config import load_config
 
-        base = load_config(path)
-        default = Train(**{f.name: getattr(base, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "loss"},
-                        **{"loss_" + f.name: getattr(base.loss, f.name) for f in dataclasses.fields(LossWeights)},
-                        config=path)
+        default = Train.of(load_config(path), config=path)
     return tyro.cli(Train, args=args, prog="mapstream train", default=default)
 
 

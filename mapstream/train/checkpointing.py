@@ -1,7 +1,9 @@
 """Training checkpoints (everything a run needs to continue exactly) and the final weights.
 
 A checkpoint is `OUT/checkpoints/step-NNNNNNNN.pt`, written under a temporary name and renamed
-into place, so an interrupted write never leaves a half file under a checkpoint's name. It
+into place, so an interrupted write never leaves a half file under a checkpoint's name; the
+temp files of a run killed mid-write (kill -9 runs no cleanup) are never listed as checkpoints
+and `remove_interrupted_writes` deletes them when the next run starts. It
 holds plain tensors and numbers only (loaded with `weights_only=True`): the model's and the
 EMA's tensors, the optimizer's and the scheduler's state, the step, the RNG states and the
 configuration. The final weights are `OUT/model.safetensors` under the official keys (LoRA
@@ -17,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..io.atomic import atomic_path
+from ..io.atomic import atomic_path, remove_stale_temp_files
 
 __all__ = [
     "checkpoint_path", "list_checkpoints", "latest_checkpoint", "save_checkpoint", "load_checkpoint",
-    "prune_checkpoints", "rng_state", "set_rng_state", "export_weights",
+    "prune_checkpoints", "remove_interrupted_writes", "rng_state", "set_rng_state", "export_weights",
 ]
 
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
@@ -61,6 +63,14 @@ def prune_checkpoints(out: Path, keep: int) -> None:
     found = list_checkpoints(out)
     for _, path in found[: max(0, len(found) - keep)]:
         path.unlink(missing_ok=True)
+
+
+def remove_interrupted_writes(out: Path, run_files: frozenset[str]) -> list[Path]:
+    """Delete the temp files that writes of checkpoints and of ``run_files`` (names in `out`)
+    left when their process was killed; other files stay. Call it before the run writes."""
+    out = Path(out)
+    removed = remove_stale_temp_files(out / "checkpoints", recursive=False, targets=lambda n: bool(_NAME.match(n)))
+    return removed + remove_stale_temp_files(out, recursive=False, targets=run_files.__contains__)
 
 
 def rng_state() -> dict[str, Any]:

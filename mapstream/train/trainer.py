@@ -32,8 +32,8 @@ from ..checkpoint import IMAGE_SIZE_KEY, TRAINED_VIEWS_KEY, recorded_trained_vie
 from ..io.atomic import atomic_write_text, prepare_dir
 from ..progress import progress_bar
 from .checkpointing import (
-    checkpoint_path, export_weights, latest_checkpoint, load_checkpoint, prune_checkpoints, rng_state,
-    save_checkpoint, set_rng_state,
+    checkpoint_path, export_weights, latest_checkpoint, load_checkpoint, prune_checkpoints,
+    remove_interrupted_writes, rng_state, save_checkpoint, set_rng_state,
 )
 from .config import TrainConfig, config_dict
 from .deepen import deepen_state_dict
@@ -51,6 +51,8 @@ __all__ = ["TrainSummary", "train", "build_training_model", "lr_factor", "traine
 
 log = logging.getLogger(__name__)
 WEIGHTS_NAME = "model.safetensors"
+RUN_FILES = frozenset({WEIGHTS_NAME, "config.json", "val_references.json", "metrics.jsonl"})
+"""The files a run writes atomically into its output folder (besides its checkpoints)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +311,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device, pro
     lead = rank == 0
     if lead:
         prepare_dir(out)
+        remove_interrupted_writes(out, RUN_FILES)  # a run killed mid-write (kill -9) left its temp files
         start_logs(out, config.resume)
     model, preset = build_training_model(config)
     if config.finetune == "lora":
