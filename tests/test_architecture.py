@@ -1,6 +1,6 @@
 """The package's structure as its imports draw it: no circle, and the network never imports
 what is built on it (sessions, windowed inference, the fast path, the reference's protocol,
-the tool)."""
+the tool). Only the sessions' own modules use their private members."""
 from __future__ import annotations
 
 import ast
@@ -102,3 +102,35 @@ def test_nothing_imports_upward_from_its_floor(floor):
         for module, targets in graph.items() if _floor(module, floor)
     }
     assert {m: t for m, t in upward.items() if t} == {}
+
+
+def _private_members(path: Path, classes: tuple[str, ...]) -> set[str]:
+    """The private methods and attributes (`self._x`) of `classes` in the module at `path`."""
+    private = set()
+    for cls in (n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name in classes):
+        for node in ast.walk(cls):
+            if isinstance(node, ast.FunctionDef):
+                private.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                private.add(node.attr)
+    return {name for name in private if name.startswith("_") and not name.startswith("__")}
+
+
+def test_only_the_sessions_use_their_private_members():
+    """Other modules (the multi-stream step among them) drive a `Session` or a `WindowedSession`
+    through its public API: no `x._member` of theirs, no private name imported from them."""
+    owners = {PACKAGE / "session.py", *(PACKAGE / "windowed").glob("*.py")}
+    private = _private_members(PACKAGE / "session.py", ("Session",))
+    private |= _private_members(PACKAGE / "windowed" / "online.py", ("WindowedSession",))
+    assert {"_scale", "_check_frame", "_session"} <= private  # what the scan looks for
+    found = []
+    for path in sorted(set(PACKAGE.rglob("*.py")) - owners):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            ):
+                found.append(f"{_module_name(path)}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith(("session", "windowed")):
+                found += [f"{_module_name(path)}:{node.lineno} imports {a.name}" for a in node.names
+                          if a.name.startswith("_")]
+    assert found == []
