@@ -30,7 +30,7 @@ from mapstream.render.edl import eye_dome_lighting
 from mapstream.render.path import PathMode, PathStyle, SegmentedPath, camera_path, segmented_camera_path
 from mapstream.render.raster import pinhole, sample_segments, splat
 from mapstream.render.video import VideoWriter, check_video_path, even_size
-from mapstream.viewer.scene import DEFAULT_MAX_POINTS, SceneFraming, build_point_pool, scene_framing, select_points
+from mapstream.render.scene import DEFAULT_MAX_POINTS, SceneFraming, build_point_pool, scene_framing, select_points
 
 logger = logging.getLogger(__name__)
 
