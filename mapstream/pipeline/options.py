@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import StreamConfig
-from ..export import ALL_FORMATS
-from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO
+from ..config import DEFAULT_CAMERA_ITERATIONS, StreamConfig
+from ..export import ALL_FORMATS, DEFAULT_CONF_THRESHOLD
+from ..hub import DEFAULT_FILENAME, DEFAULT_REPO
 
 __all__ = ["RunOptions"]
 
@@ -17,7 +17,7 @@ class RunOptions:
     input: str | None
     out: Path
     model: str = DEFAULT_REPO
-    checkpoint_file: str = DEFAULT_CHECKPOINT
+    checkpoint_file: str = DEFAULT_FILENAME
     mode: str = "auto"  # "auto", "streaming" or "windowed" (`mapstream.pipeline.stream_plan`)
     image_size: int | None = None  # frame width; None: the model's own (`mapstream.checkpoint.model_image_size`)
     preprocess: str = "crop"
@@ -26,10 +26,10 @@ class RunOptions:
     stride: int = 1
     first_k: int | None = None
     stream: StreamConfig = field(default_factory=StreamConfig)  # the stream's settings (scale, cache, windows...)
-    camera_iterations: int = 4  # the camera head's refinement passes
+    camera_iterations: int = DEFAULT_CAMERA_ITERATIONS  # the camera head's refinement passes
     device: str = "auto"
     formats: tuple[str, ...] = ALL_FORMATS
-    conf_threshold: float = 1.5
+    conf_threshold: float = DEFAULT_CONF_THRESHOLD
     conf_percentile: float | None = None  # also keep only pixels above this percentile of confidence
     max_points: int | None = 2_000_000  # point cloud: a seeded subsample of at most this many (None: all)
     voxel_size: float | None = None

@@ -25,6 +25,7 @@ from PIL import Image, ImageDraw, ImageFont
 from mapstream.device import resolve_device
 from mapstream.export import Reconstruction
 from mapstream.export.glb import FRUSTUM_EDGES, frustum_corners
+from mapstream.export.points import DEFAULT_CONF_THRESHOLD
 from mapstream.progress import progress_bar
 from mapstream.render.edl import eye_dome_lighting
 from mapstream.render.path import PathMode, PathStyle, SegmentedPath, camera_path, segmented_camera_path
@@ -57,7 +58,7 @@ class RenderOptions:
     """Video frames per second (one video frame per reconstruction frame)."""
     fov: float = 60.0
     """Vertical field of view of the virtual camera, degrees."""
-    conf_threshold: float = 1.5
+    conf_threshold: float = DEFAULT_CONF_THRESHOLD
     """Points with confidence strictly above this are drawn (confidence is > 1)."""
     hide_sky: bool = True
     """Leave out sky points when the run has a sky mask."""
