@@ -19,6 +19,8 @@ import torch
 import mapstream
 from mapstream.bench import BenchConfig, build_bench_model, run_benchmark, write_result
 
+PROTOCOL = BenchConfig()  # the defaults of the flags it shares with `mapstream bench`
+
 OUTPUTS = ("pose_enc", "depth", "depth_conf")
 
 
@@ -36,9 +38,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fast", type=_fast_option, default=True, choices=[True, "pieces", "whole"],
                     help="true (the session's choice), pieces or whole")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--preset", default="lingbot-map")
-    ap.add_argument("--size", default="504x378", help="WxH")
-    ap.add_argument("--scale-frames", type=int, default=8)
+    ap.add_argument("--preset", default=PROTOCOL.preset)
+    ap.add_argument("--size", default=f"{PROTOCOL.width}x{PROTOCOL.height}", help="WxH")
+    ap.add_argument("--scale-frames", type=int, default=PROTOCOL.scale_frames)
     ap.add_argument("--out", default=None, help="also write the result here (JSON)")
     args = ap.parse_args(argv)
     width, height = (int(v) for v in args.size.split("x"))

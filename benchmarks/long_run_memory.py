@@ -23,6 +23,8 @@ import mapstream
 from mapstream.bench import BenchConfig, build_bench_model, write_result
 from mapstream.progress import progress_bar
 
+PROTOCOL = BenchConfig()  # the defaults of the flags it shares with `mapstream bench`
+
 # Distinct random frames cycled through: enough that no two neighbours repeat, few enough
 # to keep on the device.
 POOL_FRAMES = 32
@@ -42,11 +44,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--frames", type=int, default=2000)
     ap.add_argument("--every", type=int, default=100, help="frames between marks")
-    ap.add_argument("--size", default="504x378", help="WxH")
+    ap.add_argument("--size", default=f"{PROTOCOL.width}x{PROTOCOL.height}", help="WxH")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--preset", default="lingbot-map")
-    ap.add_argument("--scale-frames", type=int, default=8)
-    ap.add_argument("--window", type=int, default=64, help="frames in the sliding window")
+    ap.add_argument("--preset", default=PROTOCOL.preset)
+    ap.add_argument("--scale-frames", type=int, default=PROTOCOL.scale_frames)
+    ap.add_argument("--window", type=int, default=PROTOCOL.window, help="frames in the sliding window")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--fast", action="store_true", help="single-frame steps through CUDA graphs")
     ap.add_argument("--compile", action="store_true", help="torch.compile the graph pieces' blocks")

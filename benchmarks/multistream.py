@@ -21,6 +21,8 @@ import torch
 import mapstream
 from mapstream.bench import BenchConfig, build_bench_model, write_result
 
+PROTOCOL = BenchConfig()  # the defaults of the flags it shares with `mapstream bench`
+
 # Steps after the scale phase left out of the median: the first ones build graphs and caches.
 WARMUP_STEPS = 4
 
@@ -76,9 +78,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--frames", type=int, default=40, help="frames per stream")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--preset", default="lingbot-map")
-    ap.add_argument("--size", default="504x378", help="WxH")
-    ap.add_argument("--scale-frames", type=int, default=8, help="frames of each stream's scale phase")
+    ap.add_argument("--preset", default=PROTOCOL.preset)
+    ap.add_argument("--size", default=f"{PROTOCOL.width}x{PROTOCOL.height}", help="WxH")
+    ap.add_argument("--scale-frames", type=int, default=PROTOCOL.scale_frames, help="frames of each stream's scale phase")
     ap.add_argument("--graphed", action="store_true",
                     help="also time step_together over fast-path sessions (the batched graphed step)")
     ap.add_argument("--out", default=None, help="also write the result here (JSON)")

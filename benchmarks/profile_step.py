@@ -20,6 +20,8 @@ from torch.profiler import ProfilerActivity, profile
 import mapstream
 from mapstream.bench import BenchConfig, build_bench_model, write_result
 
+PROTOCOL = BenchConfig()  # the defaults of the flags it shares with `mapstream bench`
+
 # Kernel-name fragments -> a coarse kind; the first match wins (names differ across libraries).
 KINDS = (
     ("attention", ("flash", "fmha", "attention", "prefill", "_fwd")),
@@ -63,9 +65,9 @@ def _fast_option(args) -> bool | str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--preset", default="lingbot-map")
-    ap.add_argument("--size", default="504x378", help="WxH")
-    ap.add_argument("--scale-frames", type=int, default=8)
+    ap.add_argument("--preset", default=PROTOCOL.preset)
+    ap.add_argument("--size", default=f"{PROTOCOL.width}x{PROTOCOL.height}", help="WxH")
+    ap.add_argument("--scale-frames", type=int, default=PROTOCOL.scale_frames)
     ap.add_argument("--frames", type=int, default=90)
     ap.add_argument("--backend", default="sdpa")
     ap.add_argument("--fast", action="store_true", help="single-frame steps through CUDA graphs")

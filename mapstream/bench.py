@@ -20,11 +20,14 @@ from typing import Iterator
 import torch
 
 from .attention.fused import plain_pytorch
+from .config import DEFAULT_CAMERA_ITERATIONS, StreamConfig
 from .gpu_power import PowerLog, open_reader
 
 __all__ = ["BenchConfig", "run_benchmark", "reference_samples", "compare_samples"]
 
 log = logging.getLogger(__name__)
+
+_STREAM = StreamConfig()  # the protocol streams with the default scale phase and window
 
 
 @dataclass
@@ -32,10 +35,10 @@ class BenchConfig:
     preset: str = "lingbot-map"
     width: int = 504
     height: int = 378
-    scale_frames: int = 8
+    scale_frames: int = _STREAM.num_scale_frames
     stream_frames: int = 192
-    window: int = 64
-    camera_iterations: int = 4
+    window: int = _STREAM.sliding_window
+    camera_iterations: int = DEFAULT_CAMERA_ITERATIONS
     precision: str = "bf16"
     heads_precision: str = "fp32"
     """fp32 (the protocol's default, as the reference) or the aggregator's precision

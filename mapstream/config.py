@@ -18,6 +18,8 @@ from .cache.spec import CacheSpec
 from .validation import check_count
 
 __all__ = [
+    "DEFAULT_CAMERA_ITERATIONS",
+    "DEFAULT_IMAGE_SIZE",
     "ModelConfig",
     "StreamConfig",
     "PRESETS",
@@ -33,6 +35,15 @@ def _check_counts(config: Any, least: dict[str, int]) -> None:
         check_count(name, getattr(config, name), bound)
 
 
+DEFAULT_IMAGE_SIZE = 518
+"""The official model's frame width in pixels: its ViT's positional-embedding grid
+(`ModelConfig.img_size`) and the width frames are preprocessed to for weights that record no
+other (`mapstream.checkpoint.model_image_size`)."""
+
+DEFAULT_CAMERA_ITERATIONS = 4
+"""The camera head's refinement passes (`ModelConfig.camera_num_iterations`): what the official
+checkpoints are used with, and the default of every command that builds a model."""
+
 # ModelConfig's integer fields with their least value.
 _MODEL_COUNTS = {
     "img_size": 1, "patch_size": 1, "embed_dim": 1, "vit_depth": 1, "vit_num_heads": 1, "vit_num_registers": 0,
@@ -47,7 +58,7 @@ class ModelConfig:
     """Architecture of a GCTStream network (what the state dict holds)."""
 
     # Input / patch embedding (DINOv2 ViT with registers).
-    img_size: int = 518
+    img_size: int = DEFAULT_IMAGE_SIZE
     """Only sets the ViT positional-embedding grid (img_size / patch_size squared)."""
     patch_size: int = 14
     embed_dim: int = 1024
@@ -79,7 +90,7 @@ class ModelConfig:
     enable_camera: bool = True
     camera_trunk_depth: int = 4
     camera_num_heads: int = 16
-    camera_num_iterations: int = 4
+    camera_num_iterations: int = DEFAULT_CAMERA_ITERATIONS
 
     # Dense heads.
     enable_depth: bool = True

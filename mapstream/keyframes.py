@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from .config import DEFAULT_IMAGE_SIZE
 from .geometry import pixel_grid, project_points, unproject_depth
 
 __all__ = ["KeyframePolicy", "FixedInterval", "FlowKeyframes", "mean_flow", "make_policy"]
@@ -19,7 +20,7 @@ __all__ = ["KeyframePolicy", "FixedInterval", "FlowKeyframes", "mean_flow", "mak
 AUTO_THRESHOLD = 20.0
 """`keyframe_interval="auto"` stores a frame once its predicted image motion against the last
 keyframe exceeds this many pixels of a frame `AUTO_WIDTH` wide."""
-AUTO_WIDTH = 518
+AUTO_WIDTH = DEFAULT_IMAGE_SIZE
 """The official model's frame width; frames run at another width have their motion rescaled."""
 
 

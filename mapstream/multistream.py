@@ -31,7 +31,7 @@ import torch
 
 from .fast import BatchedPiecewiseGraphs
 from .models.aggregator import kv_dtype
-from .session import FramePrediction, Session, _autocast
+from .session import FramePrediction, Session
 from .validation import keyframe_flag
 from .windowed import WindowedSession
 
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # model -> {(frame size, device, precision, backend): the group size last seen}, gone with the model.
 _last_sizes: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 # (id(model), the same key) -> the batched graphs kept for it. The sessions that use them hold
-# them (`Session._batched`), so they live as long as one of those sessions (and with them the
+# them (`Session.batched_graphs`), so they live as long as one of those sessions (and with them the
 # model, whose id stays valid), and no longer: the graphs hold the model.
 _graphs: "weakref.WeakValueDictionary[tuple, BatchedPiecewiseGraphs]" = weakref.WeakValueDictionary()
 
@@ -86,19 +86,18 @@ def step_together(
             raise ValueError(f"keyframes[{b}]: a WindowedSession stores frames at its fixed interval and takes no "
                              "keyframe flag (give None)")
     windowed = {b: s for b, s in enumerate(sessions) if isinstance(s, WindowedSession)}
-    stepped = [s._session if b in windowed else s for b, s in enumerate(sessions)]
+    stepped = [s.session if b in windowed else s for b, s in enumerate(sessions)]
     checked = []
     for b, (session, frame) in enumerate(zip(stepped, frames)):
-        session._check_open()
         try:
-            checked.append(session._check_frame(frame))
+            checked.append(session.check_frame(frame))
         except ValueError as err:
             raise ValueError(f"frame {b}: {err}") from err
 
-    opened = {b: s._open_window_if_due() for b, s in windowed.items()}
+    opened = {b: s.begin_step() for b, s in windowed.items()}
     results = _step_sessions(stepped, checked, keyframes, names)
     for b, session in windowed.items():
-        results[b] = opened[b] + session._stepped(frames[b], names[b], results[b])
+        results[b] = opened[b] + session.end_step(frames[b], results[b], name=names[b])
     return results
 
 
@@ -108,7 +107,7 @@ def _step_sessions(sessions: Sequence[Session], checked, keyframes, names) -> li
     groups: dict[tuple, list[int]] = {}
     for b, session in enumerate(sessions):
         if session.in_scale_phase:
-            results[b] = session._step_checked(checked[b], keyframes[b], names[b])
+            results[b] = session.step_checked(checked[b], keyframe=keyframes[b], name=names[b])
         else:
             key = (id(session.model), tuple(checked[b].shape[-2:]), session.device, session.precision,
                    session.config.backend)
@@ -116,7 +115,7 @@ def _step_sessions(sessions: Sequence[Session], checked, keyframes, names) -> li
     for members in groups.values():
         if len(members) == 1:
             b = members[0]
-            results[b] = sessions[b]._step_checked(checked[b], keyframes[b], names[b])
+            results[b] = sessions[b].step_checked(checked[b], keyframe=keyframes[b], name=names[b])
             continue
         batched = _step_batch([sessions[b] for b in members], [checked[b] for b in members],
                               [keyframes[b] for b in members], [names[b] for b in members])
@@ -128,21 +127,21 @@ def _step_sessions(sessions: Sequence[Session], checked, keyframes, names) -> li
 def _step_batch(sessions, frames, keyframes, names) -> list[list[FramePrediction]]:
     """One batched forward for sessions past their scale phase sharing model, size, precision."""
     lead = sessions[0]
-    plans = [s._plan(k, n) for s, k, n in zip(sessions, keyframes, names)]
+    plans = [s.plan_step(k, n) for s, k, n in zip(sessions, keyframes, names)]
     batch = torch.cat(frames).to(lead.device, non_blocking=True)  # [N, 1, 3, H, W]
     states, stores = [s.state for s in sessions], [p.store for p in plans]
     graphs = _batched_graphs(sessions, tuple(batch.shape[-2:]))
-    with _autocast(lead.device, lead.precision):
+    with lead.autocast():
         backend = lead.backend_for(kv_dtype(batch))
         if graphs is not None:
             out = graphs(batch, states, stores=stores, backend=backend)
         else:
             out = lead.model.forward_streams(
-                batch, states, stores=stores, num_frame_for_scale=[s._scale for s in sessions], backend=backend,
+                batch, states, stores=stores, num_frame_for_scale=[p.scale for p in plans], backend=backend,
                 validate=False,
             )
     return [
-        session._complete(plan, session._to_output({k: v[row : row + 1] for k, v in out.items()}))
+        session.complete_step(plan, {k: v[row : row + 1] for k, v in out.items()})
         for row, (session, plan) in enumerate(zip(sessions, plans))
     ]
 
@@ -165,7 +164,7 @@ def _batched_graphs(sessions: Sequence[Session], image_hw: tuple[int, int]) -> B
         log.debug("step_together: %d sessions run the eager batched forward: the group had %s sessions "
                   "last time (graphs are built once a group size repeats)", count, previous)
         return None
-    with _autocast(lead.device, lead.precision):
+    with lead.autocast():
         graphs = BatchedPiecewiseGraphs(lead.model, image_hw, streams=count, capture=lead.device.type == "cuda")
     _graphs[(id(lead.model), key)] = graphs  # replaces the graphs of another group size
     return _held(sessions, graphs)
@@ -174,5 +173,5 @@ def _batched_graphs(sessions: Sequence[Session], image_hw: tuple[int, int]) -> B
 def _held(sessions: Sequence[Session], graphs: BatchedPiecewiseGraphs) -> BatchedPiecewiseGraphs:
     """`graphs`, now held by each of `sessions` (what keeps them alive)."""
     for session in sessions:
-        session._batched = graphs
+        session.batched_graphs = graphs
     return graphs

@@ -10,8 +10,9 @@ The first `num_scale_frames` frames are buffered and processed together (the sca
 they attend to each other bidirectionally and become the sequence's anchors); every later
 frame is processed on arrival. `reset()` starts a new sequence (a scene cut); `close()`
 returns the cache pages to the pool. Several sessions can share one batched forward per
-frame: `mapstream.step_together` (mapstream/multistream.py), which drives the plan /
-forward / complete parts of a step separately.
+frame: `mapstream.step_together` (mapstream/multistream.py), which drives the parts of a
+step that `step` itself runs in turn: `check_frame`, then `step_checked` for a session on
+its own, or `plan_step`, a forward of its own and `complete_step`.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from .models.state import StreamState
 from .progress import progress_bar
 from .validation import ValueCheck, check_images, compute_dtype, keyframe_flag
 
-__all__ = ["Session", "FramePrediction", "SessionClosedError", "resolve_precision"]
+__all__ = ["Session", "FramePrediction", "SessionClosedError", "StepPlan", "resolve_precision"]
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,18 @@ _CACHE_SETTINGS = {
 
 
 @dataclass(frozen=True)
-class _StepPlan:
+class StepPlan:
+    """What a single-frame step after the scale phase does (`Session.plan_step`): the forward
+    that runs it takes `store` and `scale`, and `Session.complete_step` finishes it."""
+
     index: int
-    store: bool  # stored during the forward
-    decide_after: bool  # the policy decides after seeing the prediction (store_last)
+    """The frame's position in the sequence."""
+    store: bool
+    """The forward stores the frame in the caches."""
+    scale: int
+    """The sequence's scale frames (the forward's `num_frame_for_scale`)."""
+    decide_after: bool
+    """The policy decides after seeing the prediction (and stores the frame then)."""
     name: str | None
 
 
@@ -153,9 +162,9 @@ class Session:
         self.provisional = self.config.provisional
         self.fast = self._resolve_fast(self.config.fast)
         self._graphed: dict[tuple[int, int], GraphedStep] = {}  # frame size -> its graphed step
-        # The batched fast step of this session's `step_together` group, which its sessions
-        # hold (mapstream.multistream keeps only a weak reference).
-        self._batched = None
+        self.batched_graphs = None
+        """The batched fast step of this session's `step_together` group, which its sessions
+        hold (mapstream.multistream keeps only a weak reference)."""
         self._owns_state = state is None
         self.state = state if state is not None else model.new_state(self.config)
         self._closed = False
@@ -200,7 +209,7 @@ class Session:
         else:
             self.state.reset()
         self._clear()
-        self._batched = None
+        self.batched_graphs = None
         self._closed = True
 
     def __enter__(self) -> "Session":
@@ -212,6 +221,11 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise SessionClosedError("this session is closed; create a new one with model.session()")
+
+    def autocast(self):
+        """The autocast context of this session's precision on its device (none in fp32 or
+        off CUDA), which its forwards run in."""
+        return _autocast(self.device, self.precision)
 
     @property
     def in_scale_phase(self) -> bool:
@@ -244,7 +258,7 @@ class Session:
         graphs = self._graphed_step(frames)
         if graphs is None:
             ValueCheck(frames).wait()
-            return self._step_checked(frames, keyframe, name)
+            return self.step_checked(frames, keyframe=keyframe, name=name)
         # One copy to the device, which the started step and `_forward` both use.
         if frames.device != self.device:
             frames = frames.to(self.device, non_blocking=True)
@@ -253,7 +267,7 @@ class Session:
         # answer. A frame that fails the check is never attended to or stored.
         started = self._start_graphed(graphs, frames)
         started.values.wait()
-        return self._step_checked(frames, keyframe, name, started=started)
+        return self.step_checked(frames, keyframe=keyframe, name=name, started=started)
 
     def _start_graphed(self, graphs, frames: torch.Tensor):
         """`graphs.start` (a `GraphedStep`) of this frame, already on the session's device.
@@ -264,11 +278,19 @@ class Session:
         with _autocast(self.device, self.precision):
             return graphs.start(frames, self.state)
 
-    def _step_checked(
-        self, frames: torch.Tensor, keyframe: bool | None, name: str | None, *, started=None
+    def check_frame(self, frame: torch.Tensor) -> torch.Tensor:
+        """`frame` checked for the next step of this open session (shape, size, values) as
+        [1, 1, 3, H, W], for `step_checked` or `plan_step`; a clear error otherwise. Changes
+        nothing."""
+        self._check_open()
+        return self._check_frame(frame)
+
+    def step_checked(
+        self, frames: torch.Tensor, *, keyframe: bool | None = None, name: str | None = None, started=None
     ) -> list[FramePrediction]:
-        """`step` for a frame that already passed `_check_frame` ([1, 1, 3, H, W]); `started`:
-        its `GraphedStep.start`, if begun."""
+        """`step` for a frame that already passed `check_frame` ([1, 1, 3, H, W]) and a
+        keyframe flag that passed `validation.keyframe_flag`; `started`: its
+        `GraphedStep.start`, if begun."""
         if self.in_scale_phase:
             if keyframe is False and not self._told_scale_keyframes:
                 log.warning("keyframe=False for a frame of the scale phase: scale frames are always stored "
@@ -279,10 +301,11 @@ class Session:
             if len(self._buffer) >= self.num_scale_frames:
                 return self.flush()
             return self._provisional() if self.provisional else []
-        plan = self._plan(keyframe, name)
+        plan = self.plan_step(keyframe, name)
         graphs = started if started is not None else self._graphed_step(frames)
         with self.state.step(plan.store):  # through the outputs' copy and the frame's count
-            return self._complete(plan, self._forward(frames, store=plan.store, scale=self._scale, graphs=graphs))
+            out = self._forward(frames, store=plan.store, scale=plan.scale, graphs=graphs, to_output=False)
+            return self.complete_step(plan, out)
 
     def _check_frame(self, frame: torch.Tensor, *, values: bool = True) -> torch.Tensor:
         """A valid frame for this sequence as [1, 1, 3, H, W], or a clear error (values:
@@ -315,19 +338,25 @@ class Session:
                 f"frame of size {size} differs from the sequence's {expected}; call reset() before changing resolution"
             )
 
-    def _plan(self, keyframe: bool | None, name: str | None) -> "_StepPlan":
-        """What the next single-frame step after the scale phase stores (decided now, or after
-        seeing the prediction for policies that need it)."""
+    def plan_step(self, keyframe: bool | None = None, name: str | None = None) -> StepPlan:
+        """The next single-frame step after the scale phase: whether it stores the frame
+        (decided now, or after seeing the prediction for policies that need it). Its forward
+        runs on this session's state with the plan's `store` and `scale`; `complete_step`
+        finishes it."""
+        if self.in_scale_phase:
+            raise RuntimeError("plan_step is for steps after the scale phase; step_checked buffers scale frames")
         index = self._count
         decide_after = keyframe is None and self.policy.needs_prediction
         if decide_after:
             store = False
         else:
             store = self.policy.decide(index, self._scale) if keyframe is None else bool(keyframe)
-        return _StepPlan(index, store, decide_after, name)
+        return StepPlan(index, store, self._scale, decide_after, name)
 
-    def _complete(self, plan: "_StepPlan", out: dict[str, torch.Tensor]) -> list[FramePrediction]:
-        """Turn a planned step's model outputs into its prediction and update the policy."""
+    def complete_step(self, plan: StepPlan, out: dict[str, torch.Tensor]) -> list[FramePrediction]:
+        """Turn a planned step's model outputs (batch 1, one frame) into its prediction, on
+        the output device, and update the policy."""
+        out = self._to_output(out)
         self._count += 1
         pred = self._split(out, [plan.name], first=plan.index, store=plan.store, scale=False)[0]
         if plan.decide_after and self.policy.decide(plan.index, self._scale, pred):
@@ -445,11 +474,14 @@ class Session:
         result["images"] = images.to(self.output_device) if self.output_device is not None else images
         return result
 
-    def _forward(self, frames: torch.Tensor, *, store: bool, scale: int, graphs=None) -> dict[str, torch.Tensor]:
+    def _forward(
+        self, frames: torch.Tensor, *, store: bool, scale: int, graphs=None, to_output: bool = True
+    ) -> dict[str, torch.Tensor]:
         """The model on `frames`; graphs: the `GraphedStep` (or its started step) to run a
         single frame after the scale phase through, None for the plain forward. The caller
         says which: a scale phase of one frame is a single frame too, but it takes the scale
-        frames' tokens and attention, which the graphs do not hold."""
+        frames' tokens and attention, which the graphs do not hold. to_output: the outputs
+        moved to the output device (else the model's)."""
         frames = frames.to(self.device, non_blocking=True)
         with _autocast(self.device, self.precision):
             backend = self.backend_for(kv_dtype(frames))
@@ -461,7 +493,7 @@ class Session:
                     frames, self.state, store=store, num_frame_for_scale=scale, backend=backend, validate=False
                 )
         out.pop("pose_enc_list", None)
-        return self._to_output(out)
+        return self._to_output(out) if to_output else out
 
     def backend_for(self, dtype: torch.dtype):
         """The aggregator's cache-attention backend of this session's setting for K/V of `dtype`

@@ -38,7 +38,7 @@ _LOG2E = 1.4426950408889634
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile sizes and launch parameters. The defaults and `default_config` are tuned for the
-    protocol's shape on Hopper; the switches that are off by default stay for A/B runs."""
+    protocol's shape on Hopper."""
 
     block_m: int = 64
     block_n: int = 128
@@ -47,26 +47,8 @@ class KernelConfig:
     maxnreg: int = 0
     """Registers a thread may use at most (0: the compiler's choice). A cap lets more programs
     of a large block share a multiprocessor (8 warps at 128 registers: two programs)."""
-    exp_bf16x2: bool = False
-    """Packed bf16 exponentials (sm90 inline PTX). Off by default: ptxas issues one
-    MUFU.EX2.BF16 per half, so the special function unit does the same work."""
-    exp_poly: bool = False
-    """One exponential in four as a polynomial on the FMA units instead of the special
-    function unit (sm80+ inline PTX; relative error 7.5e-5, far below P's bf16 rounding).
-    Off by default: the kernel is not bound by that unit, so the extra FMA work only costs."""
-    pipeline_qk: bool = False
-    """Issue the next tile's scores before this tile's softmax."""
     tma: bool = False
     """Fetch K/V tiles with the tensor-memory accelerator (sm90)."""
-    warp_specialize: bool = False
-    """Let Triton split producer and consumer warps in the TMA loop."""
-    tree_max: bool = False
-    """Row maxima as a tree of halvings instead of one serial chain a row (`_row_max`).
-    Off by default: the serial chain is not what bounds the kernel."""
-    wide_sum: bool = False
-    """Row sums kept per column and summed once at the end (64 more registers a thread),
-    instead of a serial chain of adds a tile that stalls the exponentials issued among it.
-    Off by default: the chains are not what bounds the kernel, and the registers cost."""
     splits: int = 1
     """Split each row block's keys over this many programs (more programs in flight per
     multiprocessor to hide latency); a second kernel merges their partial results."""
@@ -109,85 +91,18 @@ def default_config(device: torch.device) -> KernelConfig:
     return KernelConfig()
 
 
-# 2^x for x <= 0, four at a time: three on the special function unit, the fourth on the FMA
-# pipes (round x to n + f with |f| <= 1/2 by the 1.5 * 2^23 trick, a degree-3 minimax
-# polynomial for 2^f, then n added to the exponent field). The special function unit
-# issues 16 exponentials a clock per multiprocessor, the softmax's scarcest resource;
-# FlashAttention-4 moves part of them the same way. Arguments below -126 give ~1e-38, not 0:
-# only unmasked tiles use it (masked keys must weigh exactly 0).
-# One line (statements end with ";"): torch.compile copies this global into generated
-# Python source, where a multi-line string literal does not survive.
-_EXP2_X4 = tl.constexpr(" ".join([
-    "{",
-    ".reg .f32 t, r, f, p;",
-    ".reg .b32 rb, pb, j;",
-    "ex2.approx.ftz.f32 $0, $4;",
-    "ex2.approx.ftz.f32 $1, $5;",
-    "ex2.approx.ftz.f32 $2, $6;",
-    "max.ftz.f32 t, $7, 0fC2FC0000;",
-    "add.rn.ftz.f32 r, t, 0f4B400000;",
-    "sub.rn.ftz.f32 f, r, 0f4B400000;",
-    "sub.rn.ftz.f32 f, t, f;",
-    "fma.rn.ftz.f32 p, f, 0f3D6204B4, 0f3E786F42;",
-    "fma.rn.ftz.f32 p, p, f, 0f3F317973;",
-    "fma.rn.ftz.f32 p, p, f, 0f3F7FFB48;",
-    "mov.b32 rb, r;",
-    "mov.b32 pb, p;",
-    "shl.b32 j, rb, 23;",
-    "add.s32 $3, pb, j;",
-    "}",
-]))
-
-
 @triton.jit
-def _exp2(x, EXP_BF16X2: tl.constexpr, EXP_POLY: tl.constexpr):
-    if EXP_POLY:
-        return tl.inline_asm_elementwise(_EXP2_X4, "=r,=r,=r,=r,r,r,r,r", [x], dtype=tl.float32, is_pure=True, pack=4)
-    elif EXP_BF16X2:
-        # Hopper's bf16 exponential. Meant to halve the special-function issue slots, but
-        # ptxas issues one MUFU.EX2.BF16 per half, so only the argument's rounding changes.
-        return tl.inline_asm_elementwise(
-            "ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x.to(tl.bfloat16)],
-            dtype=tl.bfloat16, is_pure=True, pack=2,
-        ).to(tl.float32)
-    else:
-        return tl.math.exp2(x)
-
-
-@triton.jit
-def _row_max(s, TREE: tl.constexpr):
-    """max over each row of s [M, N]. Triton reduces a thread's share of a row as one serial
-    chain of max instructions (32 deep for a 64x128 tile), whose latency the warp then waits
-    out; TREE halves the row four times instead (the halves pair columns c and c + N/2, which
-    the Hopper MMA layout keeps in one thread), leaving independent maxes and a short chain."""
-    if TREE:
-        rows: tl.constexpr = s.shape[0]
-        cols: tl.constexpr = s.shape[1]
-        s = tl.max(tl.reshape(s, (rows, 2, cols // 2)), 1)
-        s = tl.max(tl.reshape(s, (rows, 2, cols // 4)), 1)
-        s = tl.max(tl.reshape(s, (rows, 2, cols // 8)), 1)
-        s = tl.max(tl.reshape(s, (rows, 2, cols // 16)), 1)
-    return tl.max(s, 1)
-
-
-@triton.jit
-def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, EXP_BF16X2: tl.constexpr,
-                    EXP_POLY: tl.constexpr = False, TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False):
+def _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr):
     """Fold one tile of raw scores s [M, N] and its values v [N, D] into (m_i, l_i, acc).
-    Scores are kept in base-2 units: m_i is the running max of s * qk_scale. With WIDE_SUM,
-    l_i is [M, N]: per-column partial sums, summed once at the end (`_row_sums`), so no
-    per-tile chain of adds stalls the exponentials issued between them."""
+    Scores are kept in base-2 units: m_i is the running max of s * qk_scale."""
     if MASKED:
         s = tl.where(key_ok[None, :], s, float("-inf"))
     # fp32 whatever the caller's scalar is (torch.compile passes Python floats as fp64).
     qk_scale = tl.cast(qk_scale, tl.float32)
-    m_new = tl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)
-    p = _exp2(s * qk_scale - m_new[:, None], EXP_BF16X2, EXP_POLY and not MASKED)
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
-    if WIDE_SUM:
-        l_i = l_i * alpha[:, None] + p
-    else:
-        l_i = l_i * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
 
@@ -203,13 +118,6 @@ def _fixed_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr):
     l_i = l_i + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc)
     return m_i, l_i, acc
-
-
-@triton.jit
-def _row_sums(l_i, WIDE_SUM: tl.constexpr):
-    if WIDE_SUM:
-        l_i = tl.sum(l_i, 1)
-    return l_i
 
 
 @triton.jit
@@ -243,16 +151,12 @@ def _query_rows(n_q, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_N: tl.constexpr, WIDE_SUM: tl.constexpr):
+def _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """The query rows offs_m of `head` and an empty online-softmax state for them."""
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    if WIDE_SUM:
-        l_i = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     return q, m_i, l_i, acc
 
@@ -315,14 +219,13 @@ def _flash_fwd(
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EXP_BF16X2: tl.constexpr, PIPELINE_QK: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
-    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
+    SPLITS: tl.constexpr,
 ):
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
     offs_m, row_ok = _query_rows(n_q, BLOCK_M)
-    q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
+    q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM)
     q = q.to(K.dtype.element_ty)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
@@ -330,31 +233,17 @@ def _flash_fwd(
     v_tile = V + head.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
     all_keys = offs_n >= 0
-    if PIPELINE_QK:
-        # Scores of tile j+1 are issued before the softmax of tile j, so the tensor cores
-        # can work while the softmax runs (Hopper's matrix instructions are asynchronous).
-        if lo < full_end:
-            s = tl.dot(q, tl.trans(tl.load(k_tile + lo * stride_kn)))
-            for start in tl.range(lo + BLOCK_N, full_end, BLOCK_N):
-                s_next = tl.dot(q, tl.trans(tl.load(k_tile + start * stride_kn)))
-                v = tl.load(v_tile + (start - BLOCK_N) * stride_vn)
-                m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
-                s = s_next
-            v = tl.load(v_tile + (full_end - BLOCK_N) * stride_vn)
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
-    else:
-        for start in tl.range(lo, full_end, BLOCK_N):
-            k = tl.load(k_tile + start * stride_kn)
-            v = tl.load(v_tile + start * stride_vn)
-            s = tl.dot(q, tl.trans(k))
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
+    for start in tl.range(lo, full_end, BLOCK_N):
+        k = tl.load(k_tile + start * stride_kn)
+        v = tl.load(v_tile + start * stride_vn)
+        s = tl.dot(q, tl.trans(k))
+        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
     if full_end < hi:
         key_ok = full_end + offs_n < hi
         k = tl.load(k_tile + full_end * stride_kn, mask=key_ok[:, None], other=0.0)
         v = tl.load(v_tile + full_end * stride_vn, mask=key_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM)
-    l_i = _row_sums(l_i, WIDE_SUM)
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True)
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
@@ -367,32 +256,30 @@ def _flash_fwd_tma(
     stride_qh, stride_qn, stride_on, stride_oh,
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EXP_BF16X2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLITS: tl.constexpr, EXP_POLY: tl.constexpr = False,
-    TREE_MAX: tl.constexpr = False, WIDE_SUM: tl.constexpr = False,
+    SPLITS: tl.constexpr,
 ):
     """The same computation with K/V tiles fetched by Hopper's tensor-memory accelerator."""
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
     offs_m, row_ok = _query_rows(n_q, BLOCK_M)
-    q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, WIDE_SUM)
+    q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM)
     q = q.to(k_desc.dtype)
     offs_n = tl.arange(0, BLOCK_N)
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
     all_keys = offs_n >= 0
-    for start in tl.range(lo, full_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start in tl.range(lo, full_end, BLOCK_N):
         k = k_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, EXP_BF16X2, EXP_POLY, TREE_MAX, WIDE_SUM)
+        m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
     if full_end < hi:
         # Rows past the descriptor's end read as zeros; keys in [hi, end) are masked.
         key_ok = full_end + offs_n < hi
         k = k_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         v = v_desc.load([head, full_end, 0]).reshape(BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, EXP_BF16X2, False, TREE_MAX, WIDE_SUM)
-    l_i = _row_sums(l_i, WIDE_SUM)
+        m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True)
     if SPLITS == 1:
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
     else:
@@ -440,7 +327,7 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
         if FIXED:
             m_i, l_i, acc = _fixed_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
         else:
-            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False, False)
+            m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
     if full_end < k_hi:
         key_ok = full_end + offs_n < k_hi
         k, v = _kv_tile(K, V, head, full_end, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
@@ -449,7 +336,7 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
         if FIXED:
             m_i, l_i, acc = _fixed_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True)
         else:
-            m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True, False)
+            m_i, l_i, acc = _online_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True)
     return m_i, l_i, acc
 
 
@@ -460,7 +347,7 @@ def _attend_rows(Q, K, V, head, offs_m, row_ok, k_lo, k_hi, qk_scale, key_norm,
                  FIXED: tl.constexpr):
     """(m_i, l_i, acc) of query rows offs_m of `head` over keys [k_lo, k_hi): with FIXED, each
     row's reference point fixed from key_norm (`_bound_reference`), else the running max."""
-    q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_N, False)
+    q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM)
     if FIXED:
         m_i = _bound_reference(q, key_norm, qk_scale)
     if TMA:
@@ -615,8 +502,6 @@ def flash_attention(
         raise ValueError(f"key_norm must be a positive finite float (got {key_norm})")
     if repairs is not None and (repairs.shape != (1,) or repairs.dtype != torch.int32 or repairs.device != q.device):
         raise ValueError("repairs must be an int32 tensor of shape [1] on q's device")
-    if (config.exp_poly or config.exp_bf16x2) and q.device.type != "cuda":
-        raise ValueError("exp_poly and exp_bf16x2 are inline PTX: they need a CUDA device")
     check_qkv(q, k, v)
     if k.dtype == torch.float16:
         key_norm = repairs = None
@@ -632,10 +517,8 @@ def flash_attention(
     if launch is not None and config.tma:
         raise ValueError("launch wraps the pointer kernels only: use a config with tma=False")
     wrap = launch or (lambda kernel: kernel)
-    if config.balance and (splits > 1 or config.pipeline_qk or config.exp_poly or config.exp_bf16x2
-                           or config.tree_max or config.wide_sum):
-        raise ValueError("KernelConfig.balance runs the plain loop: it does not combine with splits, "
-                         "pipeline_qk, exp_poly, exp_bf16x2, tree_max or wide_sum")
+    if config.balance and splits > 1:
+        raise ValueError("KernelConfig.balance runs the plain loop: it does not combine with splits")
     balanced = balanced_grid(n_q, heads, q.device, config) if config.balance else None
     if balanced is not None:
         return _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, balanced, config, wrap, key_norm, repairs)
@@ -648,8 +531,7 @@ def flash_attention(
     scalars = (n_q, lo, hi, _LOG2E / math.sqrt(dim))
     meta = dict(
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        EXP_BF16X2=config.exp_bf16x2, EXP_POLY=config.exp_poly, SPLITS=splits,
-        TREE_MAX=config.tree_max, WIDE_SUM=config.wide_sum, **_launch_options(config),
+        SPLITS=splits, **_launch_options(config),
     )
     if config.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -659,13 +541,13 @@ def flash_attention(
         v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
         _flash_fwd_tma[grid](
             q, k_desc, v_desc, out, range_arg, partial_acc, partial_ml, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            *scalars, WARP_SPECIALIZE=config.warp_specialize, **meta,
+            *scalars, **meta,
         )
     else:
         wrap(_flash_fwd)[grid](
             q, k, v, out, range_arg, partial_acc, partial_ml,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-            *scalars, PIPELINE_QK=config.pipeline_qk, **meta,
+            *scalars, **meta,
         )
     if splits > 1:
         wrap(_merge_splits)[grid[:2]](

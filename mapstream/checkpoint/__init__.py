@@ -25,10 +25,10 @@ The package: `files` reads checkpoint files, `report` matches their keys against
 """
 from __future__ import annotations
 
+from ..config import DEFAULT_IMAGE_SIZE
 from ..hub import DEFAULT_FILENAME
 from .convert import convert_checkpoint, convert_main, default_converted_path
 from .files import (
-    DEFAULT_IMAGE_SIZE,
     IMAGE_SIZE_KEY,
     TRAINED_VIEWS_KEY,
     checkpoint_filter_fn,

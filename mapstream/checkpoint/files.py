@@ -23,8 +23,6 @@ log = logging.getLogger(__name__)
 
 IMAGE_SIZE_KEY = "image_size"
 """A safetensors file's metadata entry: the frame width (pixels) its weights were trained at."""
-DEFAULT_IMAGE_SIZE = 518
-"""The official weights' frame width, taken for any checkpoint that records none."""
 TRAINED_VIEWS_KEY = "trained_views"
 """A safetensors file's metadata entry: the most frames one clip of its weights' training held
 (mapstream's training forward keeps every frame of a clip in view: past this many, a stream's

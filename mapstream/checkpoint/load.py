@@ -12,9 +12,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..compat import GCTStream
-from ..config import get_preset, preset_names, split_overrides
+from ..config import DEFAULT_IMAGE_SIZE, get_preset, preset_names, split_overrides
 from .files import (
-    DEFAULT_IMAGE_SIZE,
     IMAGE_SIZE_KEY,
     TRAINED_VIEWS_KEY,
     is_safetensors,

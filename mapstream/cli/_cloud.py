@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import tyro
 
-from ..export import CloudOptions
+from ..export import DEFAULT_CONF_THRESHOLD, CloudOptions
 
 __all__ = ["CloudFlags", "PointCloudFlags"]
 
@@ -15,7 +15,7 @@ __all__ = ["CloudFlags", "PointCloudFlags"]
 class PointCloudFlags:
     """How depth becomes the written point cloud."""
 
-    conf_threshold: float = 1.5
+    conf_threshold: float = DEFAULT_CONF_THRESHOLD
     """Point cloud: keep pixels whose depth confidence is above this (confidence is > 1)."""
     conf_percentile: Optional[float] = None
     """Point cloud: also keep only pixels whose confidence reaches this percentile (0-100) of the run's."""

@@ -8,6 +8,8 @@ from typing import Literal
 
 from ..bench import BenchConfig, build_bench_model, compare_samples, reference_samples, run_benchmark, write_result
 
+_PROTOCOL = BenchConfig()  # the flags' defaults are the protocol's
+
 
 _VARIANT_ORDER = (
     "eager", "fast", "compiled", "pieces", "whole", "bf16-heads", "pieces-bf16-heads", "whole-bf16-heads",
@@ -33,15 +35,15 @@ class Bench:
     """Frame sizes WxH to measure."""
     backends: tuple[str, ...] = ("sdpa", "flashinfer", "triton")
     """Attention backends to measure (unavailable ones are reported and skipped)."""
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp32"] = _PROTOCOL.precision
     """The trunk's precision (the heads stay fp32 except in the bf16-heads variants)."""
-    stream_frames: int = 192
+    stream_frames: int = _PROTOCOL.stream_frames
     """Frames streamed one at a time after the scale frames."""
-    scale_frames: int = 8
+    scale_frames: int = _PROTOCOL.scale_frames
     """Frames of the scale phase (processed together first)."""
-    window: int = 64
+    window: int = _PROTOCOL.window
     """The cache's sliding window in stored frames."""
-    camera_iterations: int = 4
+    camera_iterations: int = _PROTOCOL.camera_iterations
     """Refinement passes of the camera head (the protocol's 4; 1 is faster)."""
     images: str | None = None
     """Folder of photos to stream instead of random frames."""

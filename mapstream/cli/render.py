@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
+from ..export import DEFAULT_CONF_THRESHOLD
 from ..viewer.scene import DEFAULT_MAX_POINTS
 from ._flags import as_flags
 from ._frames import frame_slice, select_frames
@@ -34,7 +35,7 @@ class Render:
     """Only these frames, as START:STOP[:STEP] (e.g. 0:100, 50:, ::2; numbered from 0)."""
     every: int = 1
     """Draw every k-th reconstructed frame (and the last): a shorter video of a long run."""
-    conf_threshold: float = 1.5
+    conf_threshold: float = DEFAULT_CONF_THRESHOLD
     """Points with confidence above this are drawn (confidence is > 1)."""
     hide_sky: bool = True
     """Leave out sky points when the run has a sky mask."""

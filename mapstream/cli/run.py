@@ -8,10 +8,11 @@ from typing import Annotated, ClassVar, Literal, Optional
 
 import tyro
 
-from ..config import StreamConfig
+from ..config import DEFAULT_CAMERA_ITERATIONS, StreamConfig
 from ..export import ALL_FORMATS
 from ..globalmap.config import MapConfig
-from ..pipeline.run import RunOptions
+from ..hub import DEFAULT_FILENAME, DEFAULT_REPO
+from ..pipeline.options import RunOptions
 from ._cloud import CloudFlags, PointCloudFlags
 from ._fleet import FleetFlags
 from ._flags import as_flags
@@ -49,9 +50,9 @@ class Run:
     """Output folder (created; an interrupted run there is resumed)."""
     demo: bool = False
     """Run on a built-in synthetic sequence (works offline; rendered 294 wide, whatever --image-size says)."""
-    model: str = "robbyant/lingbot-map"
+    model: str = DEFAULT_REPO
     """Checkpoint path, folder, Hugging Face repo id (built as the preset its keys and shapes fit), "small" (mapstream's own shipped model) or "tiny" (untrained, for tests)."""
-    checkpoint_file: str = "lingbot-map-long.pt"
+    checkpoint_file: str = DEFAULT_FILENAME
     """File inside the repo/folder given by --model."""
     mode: Literal["auto", "streaming", "windowed"] = "auto"
     """streaming: one cache over the whole input; windowed: overlapping windows joined by Sim(3) (docs/WINDOWED.md); auto: windows as long as the model's training clips when its weights record them (mapstream's own: 48 frames for the small model) and the input may be longer (unless --keyframe-interval is given), else streaming (docs/RUN.md)."""
@@ -59,7 +60,7 @@ class Run:
     stream: Annotated[StreamFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=StreamFlags)
     """The stream's settings (mapstream.StreamConfig): scale frames, what the cache keeps, keyframes,
     precision, attention backend, CUDA graphs, windows."""
-    camera_iterations: int = 4
+    camera_iterations: int = DEFAULT_CAMERA_ITERATIONS
     """Refinement passes of the camera head (1 is faster and keeps a 4x smaller camera cache)."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (the first CUDA GPU when there is one, else the CPU)."""

@@ -7,6 +7,8 @@ from typing import Annotated, ClassVar, Literal
 
 import tyro
 
+from ..config import DEFAULT_CAMERA_ITERATIONS
+from ..hub import DEFAULT_FILENAME, DEFAULT_REPO
 from ..serve.config import ServeConfig
 from ._flags import as_flags
 from .run import StreamFlags
@@ -37,13 +39,13 @@ class Serve:
 
     server: Annotated[ServeFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=ServeFlags)
     """Where it listens, who may connect, the limits."""
-    model: str = "robbyant/lingbot-map"
+    model: str = DEFAULT_REPO
     """Checkpoint path, folder, Hugging Face repo id, "small" (mapstream's own shipped model) or "tiny" (untrained, for tests)."""
-    checkpoint_file: str = "lingbot-map-long.pt"
+    checkpoint_file: str = DEFAULT_FILENAME
     """File inside the repo/folder given by --model."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (the first CUDA GPU when there is one, else the CPU)."""
-    camera_iterations: int = 4
+    camera_iterations: int = DEFAULT_CAMERA_ITERATIONS
     """Refinement passes of the camera head."""
     compile: bool = False
     """Build the model with torch.compile'd per-frame static parts (slow start, faster frames on GPUs)."""

@@ -8,11 +8,14 @@ from typing import Annotated, ClassVar, Literal, Optional
 
 import tyro
 
+from ..config import StreamConfig
 from ..export import ALL_FORMATS
 from ._cloud import CloudFlags, PointCloudFlags
 from ._flags import as_flags
 from ._input import InputFlags
 from .run import print_run_summary
+
+_STREAM = StreamConfig()  # the defaults of the stream settings a client may choose
 
 
 @dataclass
@@ -37,15 +40,15 @@ class Stream:
     frames: Annotated[InputFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=InputFlags)
     mode: Literal["auto", "streaming", "windowed"] = "auto"
     """As mapstream run --mode, planned by the server for its model (windows of the server's sizes)."""
-    num_scale_frames: int = 8
+    num_scale_frames: int = _STREAM.num_scale_frames
     """Frames that open the sequence together and stay its anchors."""
-    cache_scale_frames: Optional[int] = None
+    cache_scale_frames: Optional[int] = _STREAM.cache_scale_frames
     """Stored frames the cache keeps for ever (None: --num-scale-frames)."""
-    keyframe_interval: Optional[int] = None
+    keyframe_interval: Optional[int] = _STREAM.keyframe_interval
     """Store every k-th frame (None: as mapstream run chooses, from the input's length)."""
-    sliding_window: int = 64
+    sliding_window: int = _STREAM.sliding_window
     """Most recent stored frames kept (at most the server's)."""
-    trajectory_capacity: Optional[int] = 1024
+    trajectory_capacity: Optional[int] = _STREAM.trajectory_capacity
     """Evicted frames whose special tokens stay visible (at most the server's)."""
     encoding: Literal["png", "raw"] = "png"
     """How frames travel: png (lossless, smaller) or raw pixels (no encoding work)."""
@@ -59,7 +62,6 @@ class Stream:
 
     def main(self) -> int:
         from ..client.run import remote_run
-        from ..config import StreamConfig
         from ..pipeline import RunOptions
 
         try:

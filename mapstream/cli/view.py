@@ -14,6 +14,7 @@ try:  # tyro only matters when parsing a command line
 except ImportError:
     RunDir = Path  # type: ignore[misc]
 
+from ..export import DEFAULT_CONF_THRESHOLD
 from ..viewer.scene import DEFAULT_MAX_POINTS
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class View:
     """Port to serve on (the next free one is taken if it is busy)."""
     host: str = "127.0.0.1"
     """Address of this machine to listen on; 0.0.0.0 makes the viewer reachable from other machines."""
-    conf_threshold: float = 1.5
+    conf_threshold: float = DEFAULT_CONF_THRESHOLD
     """Initial confidence threshold: points with confidence > this are shown (confidence is > 1)."""
     max_points: int = DEFAULT_MAX_POINTS
     """Most points held and shown; beyond, a seeded uniform subsample."""

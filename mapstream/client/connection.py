@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..export.points import DEFAULT_CONF_THRESHOLD
 from ..serve.protocol import PROTOCOL_VERSION, pack
 from .events import Event, Result, ServiceError, parse_answer
 
@@ -41,7 +42,7 @@ class Client:
 
     def open_session(self, *, settings: dict[str, Any] | None = None, preprocess: dict[str, Any] | None = None,
                      depth: bool = False, confidence: bool = False, points: bool = False, dtype: str = "float16",
-                     stride: int = 1, conf_threshold: float = 1.5, mode: str | None = None,
+                     stride: int = 1, conf_threshold: float = DEFAULT_CONF_THRESHOLD, mode: str | None = None,
                      frames: int | None = None) -> RemoteSession:
         """Connect and open a session (docs/SERVE.md, "Opening"). ``mode``: "auto", "streaming"
         or "windowed" (None: the server's); ``frames``: how many frames will be sent, when known

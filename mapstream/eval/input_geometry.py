@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mapstream.config import DEFAULT_IMAGE_SIZE
 from mapstream.io.images import resized_shape
 
 __all__ = ["InputGeometry", "read_input_geometry", "depth_in_model_frame"]
@@ -43,7 +44,7 @@ class InputGeometry:
     """
 
     mode: str
-    image_size: int = 518
+    image_size: int = DEFAULT_IMAGE_SIZE
     rotate: int = 0
     patch_size: int = _PATCH
 

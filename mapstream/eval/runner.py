@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -43,6 +42,7 @@ from mapstream.eval.input_geometry import InputGeometry, depth_in_model_frame, r
 from mapstream.eval.matching import MATCH_MODES, match_frames
 from mapstream.eval.pointcloud import pointcloud_metrics
 from mapstream.eval.predictions import PREDICTIONS_FILE, Predictions, read_predictions
+from mapstream.eval.report import EvalReport, SceneReport
 from mapstream.eval.table import AGGREGATED, format_table
 from mapstream.eval.trajectory import AUC_THRESHOLDS, PoseAUCResult, aggregate_auc, ate, pose_auc, rpe
 from mapstream.geometry import unproject_depth
@@ -56,51 +56,6 @@ log = logging.getLogger(__name__)
 POINTS_ALIGN: tuple[str, ...] = ("poses", "trajectory")
 
 _AUC_ALIGN = "none (invariant to a Sim(3) of either trajectory)"
-
-
-@dataclass
-class SceneReport:
-    """Results of one scene.
-
-    Attributes:
-        name: scene name.
-        pred_dir, gt_dir: where the prediction and the ground truth were read.
-        match: how frames were matched (``"name"``, ``"timestamp"`` or ``"index"``).
-        num_frames: matched frames.
-        metrics: ``{group: {metric: value, "align": ..., settings...}}`` (JSON-ready).
-        errors: ``{group: message}`` for groups that could not be computed.
-    """
-
-    name: str
-    pred_dir: str
-    gt_dir: str
-    match: str = ""
-    num_frames: int = 0
-    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-    auc: PoseAUCResult | None = field(default=None, repr=False)
-
-    def to_dict(self) -> dict:
-        return {
-            "pred_dir": self.pred_dir, "gt_dir": self.gt_dir, "match": self.match,
-            "num_frames": self.num_frames, "metrics": self.metrics, "errors": self.errors,
-        }
-
-
-@dataclass
-class EvalReport:
-    """All scenes plus the dataset-level aggregate (``{group: {metric: mean over scenes}}``)."""
-
-    scenes: list[SceneReport]
-    aggregate: dict[str, dict[str, Any]]
-    settings: dict[str, Any]
-
-    def to_dict(self) -> dict:
-        return {
-            "settings": self.settings,
-            "scenes": {s.name: s.to_dict() for s in self.scenes},
-            "aggregate": self.aggregate,
-        }
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mapstream.eval.depth import DEPTH_METRIC_NAMES
+from mapstream.eval.report import EvalReport
 from mapstream.eval.trajectory import AUC_THRESHOLDS
-
-if TYPE_CHECKING:
-    from mapstream.eval.runner import EvalReport
 
 __all__ = ["AGGREGATED", "format_table"]
 

@@ -32,6 +32,7 @@ from mapstream.export.glb import OPENCV_TO_GLTF, write_glb
 from mapstream.export.glb_style import GlbStyle
 from mapstream.export.nerfstudio import nerfstudio_transforms, write_nerfstudio
 from mapstream.export.points import (
+    DEFAULT_CONF_THRESHOLD,
     CloudOptions,
     PointSet,
     build_point_cloud,
@@ -54,6 +55,7 @@ from mapstream.io.atomic import (
 
 __all__ = [
     "ALL_FORMATS",
+    "DEFAULT_CONF_THRESHOLD",
     "NPZ_KEYS",
     "OPENCV_TO_GLTF",
     "CloudOptions",

@@ -32,7 +32,7 @@ from mapstream.export.frames import write_frame_images
 from mapstream.export.glb import write_glb
 from mapstream.export.glb_style import GlbStyle
 from mapstream.export.nerfstudio import write_nerfstudio
-from mapstream.export.points import CloudOptions, PointSet, build_point_cloud, subsample, write_ply
+from mapstream.export.points import DEFAULT_CONF_THRESHOLD, CloudOptions, PointSet, build_point_cloud, subsample, write_ply
 from mapstream.export.reconstruction import Reconstruction
 from mapstream.export.summary import write_summary_figure
 from mapstream.export.trajectory import write_tum
@@ -61,7 +61,7 @@ def export_all(
     out_dir: str | os.PathLike[str],
     *,
     formats: Iterable[str] = ALL_FORMATS,
-    conf_threshold: float | None = 1.5,
+    conf_threshold: float | None = DEFAULT_CONF_THRESHOLD,
     conf_percentile: float | None = None,
     mask_sky: bool = True,
     voxel_size: float | None = None,

@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["COLMAP_CLOUD_OPTIONS", "colmap_camera_params", "write_colmap"]
 
 COLMAP_CLOUD_OPTIONS = CloudOptions(max_points=100_000)
-"""Default subsample of ``points3D.txt``: confidence > 1.5, not sky, at most 100k points."""
+"""Default subsample of ``points3D.txt``: confidence above the point cloud's threshold, not
+sky, at most 100k points."""
 
 
 def colmap_camera_params(recon: Reconstruction) -> np.ndarray:

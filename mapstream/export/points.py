@@ -26,6 +26,7 @@ from mapstream.geometry import unproject_depth
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_CONF_THRESHOLD",
     "CloudOptions",
     "measured_pixels",
     "PointSet",
@@ -37,6 +38,11 @@ __all__ = [
     "write_ply",
 ]
 
+DEFAULT_CONF_THRESHOLD = 1.5
+"""The confidence a pixel must exceed to enter a point cloud, and to be shown by the viewers,
+the renderer and the service, unless told otherwise (model confidences are > 1; the
+reference viewer's default)."""
+
 
 @dataclass(frozen=True)
 class CloudOptions:
@@ -44,7 +50,7 @@ class CloudOptions:
 
     Attributes:
         conf_threshold: keep pixels with confidence STRICTLY above this absolute value
-            (model confidences are > 1; the reference viewer's default is 1.5). None: no cut.
+            (default `DEFAULT_CONF_THRESHOLD`). None: no cut.
         conf_percentile: additionally keep only pixels with confidence >= this percentile
             (0-100) of the valid pixels' confidences over the whole sequence. None: no cut.
         mask_sky: drop sky pixels when the reconstruction has a sky mask.
@@ -57,7 +63,7 @@ class CloudOptions:
             padding of ``pad`` preprocessing (its white-background filter).
     """
 
-    conf_threshold: float | None = 1.5
+    conf_threshold: float | None = DEFAULT_CONF_THRESHOLD
     conf_percentile: float | None = None
     mask_sky: bool = True
     voxel_size: float | None = None
@@ -70,7 +76,7 @@ class CloudOptions:
         # The one check of these settings: `mapstream run` and `mapstream export` build a
         # CloudOptions before any frame is read to have them checked.
         if self.conf_threshold is not None and math.isnan(self.conf_threshold):
-            raise ValueError("conf_threshold is NaN; give a number (1.5 by default)")
+            raise ValueError(f"conf_threshold is NaN; give a number ({DEFAULT_CONF_THRESHOLD} by default)")
         if self.conf_percentile is not None and not 0 <= self.conf_percentile <= 100:
             raise ValueError(f"conf_percentile must be in [0, 100] (or unset), got {self.conf_percentile}")
         if self.voxel_size is not None and not 0 < self.voxel_size < math.inf:

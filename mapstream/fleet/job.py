@@ -19,39 +19,14 @@ from typing import Any
 from ..export import write_run_json
 from ..pipeline import RunOptions
 from ..pipeline.run_folder import RUN_RECORD
-from ..progress import progress_bar
 from .inputs import JOB_RECORD, JobInput, expand_inputs
+from .options import JobOptions
+from .tracker import Tracker
 from .worker import BeforeInput, InputResult
 
 __all__ = ["JobOptions", "JobSummary", "Tracker", "input_options", "run_many"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """How a job runs. ``ray``: on Ray (a local instance unless ``ray_address`` names a
-    running cluster, which also implies Ray); ``workers``: Ray actors (default: one per GPU of
-    the cluster, else one), or ignored without Ray; ``cpus_per_worker``: CPU cores an actor
-    takes and its torch threads; ``retries``: further attempts at a failed input."""
-
-    ray: bool = False
-    ray_address: str | None = None
-    workers: int | None = None
-    cpus_per_worker: int = 1
-    retries: int = 2
-
-    def __post_init__(self) -> None:
-        if self.workers is not None and self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if self.cpus_per_worker < 1:
-            raise ValueError(f"cpus_per_worker must be >= 1, got {self.cpus_per_worker}")
-        if self.retries < 0:
-            raise ValueError(f"retries must be >= 0, got {self.retries}")
-
-    @property
-    def uses_ray(self) -> bool:
-        return self.ray or self.ray_address is not None
 
 
 @dataclass(frozen=True)
@@ -110,47 +85,6 @@ def finished_before(opts: RunOptions) -> InputResult | None:
         return None
     frames = info.get("frames")
     return InputResult("", str(opts.input), str(opts.out), "finished_before", frames if isinstance(frames, int) else 0)
-
-
-class Tracker:
-    """The job's bookkeeping, which executors report to: attempts, retries, results and the
-    one progress bar (inputs done, frames, frames per second)."""
-
-    def __init__(self, todo: Sequence[tuple[JobInput, RunOptions]], retries: int, total: int, initial: int,
-                 progress: bool | None) -> None:
-        self.todo = list(todo)
-        self.retries = retries
-        self.results: dict[str, InputResult] = {}
-        self._started = time.perf_counter()
-        self._frames = 0
-        self._bar = progress_bar(total=total, desc="inputs", unit="input", initial=initial, progress=progress)
-
-    def succeeded(self, result: InputResult) -> None:
-        self.results[result.name] = result
-        self._frames += result.new_frames
-        log.info("%s: %d frames in %.1f s (attempt %d)", result.name, result.frames, result.seconds, result.attempts)
-        self._advance()
-
-    def failed(self, item: JobInput, attempt: int, error: str) -> bool:
-        """Record a failed attempt; returns whether the input is tried again."""
-        if attempt <= self.retries:
-            log.warning("%s failed (attempt %d of %d), trying again: %s", item.name, attempt, self.retries + 1, error)
-            return True
-        log.error("%s failed after %d attempts: %s", item.name, attempt, error)
-        self.results[item.name] = InputResult(item.name, item.input, str(item.out), "failed", attempts=attempt,
-                                              error=error)
-        self._advance()
-        return False
-
-    def _advance(self) -> None:
-        elapsed = time.perf_counter() - self._started
-        failed = sum(r.status == "failed" for r in self.results.values())
-        self._bar.set_postfix_str(f"{self._frames} frames, {self._frames / max(elapsed, 1e-9):.2f} FPS, "
-                                  f"{failed} failed")
-        self._bar.update(1)
-
-    def close(self) -> None:
-        self._bar.close()
 
 
 def run_many(inputs: Sequence[str], options: RunOptions, ray_address: str | None = None, workers: int | None = None,

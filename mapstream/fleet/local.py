@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from .tracker import Tracker
 from .worker import BeforeInput, ModelHolder, run_input
-
-if TYPE_CHECKING:  # the job imports this module when it runs one
-    from .job import Tracker
 
 __all__ = ["run_here"]
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .options import JobOptions
+from .tracker import Tracker
 from .worker import BeforeInput, ModelHolder, run_input
-
-if TYPE_CHECKING:  # the job imports this module when it runs on Ray
-    from .job import JobOptions, Tracker
 
 __all__ = ["run_on_ray"]
 

@@ -18,7 +18,7 @@ from ..attention import AttentionBackend
 from ..attention.choice import camera_backend
 from ..cache import CacheSpec, PoolRegistry, StreamCacheManager, TokenLayout, attend_streams, open_steps
 from ..cache import reference_cache, shared_pools
-from ..config import StreamConfig
+from ..config import DEFAULT_CAMERA_ITERATIONS, StreamConfig
 from ..layers import Block, Mlp
 
 __all__ = ["CameraCausalHead", "activate_pose"]
@@ -38,7 +38,7 @@ class CameraCausalHead(nn.Module):
         *,
         trunk_depth: int = 4,
         num_heads: int = 16,
-        num_iterations: int = 4,
+        num_iterations: int = DEFAULT_CAMERA_ITERATIONS,
     ) -> None:
         super().__init__()
         self.num_iterations = num_iterations

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from mapstream.config import DEFAULT_IMAGE_SIZE
+
 logger = logging.getLogger(__name__)
 
 Mode = Literal["crop", "pad"]
@@ -135,7 +137,7 @@ def open_image(path: str | os.PathLike) -> Image.Image:
 def _too_large(path: Path, exc: Exception) -> ValueError:
     return ValueError(
         f"image {path} is too large to open: {exc}. Downscale it first (the model reads frames "
-        "about 518 pixels wide), e.g. with an image editor or PIL's Image.reduce"
+        f"about {DEFAULT_IMAGE_SIZE} pixels wide), e.g. with an image editor or PIL's Image.reduce"
     )
 
 
@@ -180,7 +182,7 @@ def _wide_gray_to_8bit(image: Image.Image) -> Image.Image:
 
 
 def resized_shape(
-    width: int, height: int, mode: Mode = "crop", image_size: int = 518, patch_size: int = 14
+    width: int, height: int, mode: Mode = "crop", image_size: int = DEFAULT_IMAGE_SIZE, patch_size: int = 14
 ) -> tuple[int, int]:
     """``(new_width, new_height)`` the image is resized to before cropping/padding."""
     if mode == "pad" and width < height:
@@ -193,7 +195,7 @@ def resized_shape(
 
 
 def preprocessed_height(
-    width: int, height: int, mode: Mode = "crop", image_size: int = 518, patch_size: int = 14
+    width: int, height: int, mode: Mode = "crop", image_size: int = DEFAULT_IMAGE_SIZE, patch_size: int = 14
 ) -> int:
     """Height of :func:`preprocess_image`'s output for a ``width x height`` image (after EXIF
     orientation); its width is always ``image_size``."""
@@ -243,12 +245,12 @@ def check_preprocess_args(mode: str, image_size: int, patch_size: int) -> None:
     if patch_size < 1 or image_size < patch_size or image_size % patch_size:
         raise ValueError(
             f"image_size ({image_size}) must be a positive multiple of patch_size ({patch_size}), "
-            "e.g. 518 for patch 14"
+            f"e.g. {DEFAULT_IMAGE_SIZE} for patch 14"
         )
 
 
 def preprocess_image(
-    image: Image.Image, mode: Mode = "crop", image_size: int = 518, patch_size: int = 14
+    image: Image.Image, mode: Mode = "crop", image_size: int = DEFAULT_IMAGE_SIZE, patch_size: int = 14
 ) -> torch.Tensor:
     """One decoded image -> model input ``[3, H, W]`` float32 in [0, 1].
 
@@ -299,7 +301,7 @@ def pad_to_common_shape(images: Sequence[torch.Tensor]) -> torch.Tensor:
 def load_images(
     paths: Sequence[ImageInput],
     mode: Mode = "crop",
-    image_size: int = 518,
+    image_size: int = DEFAULT_IMAGE_SIZE,
     patch_size: int = 14,
     num_workers: int | None = None,
 ) -> torch.Tensor:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from mapstream.config import DEFAULT_IMAGE_SIZE
 from mapstream.io.images import (
     Mode,
     check_preprocess_args,
@@ -90,7 +91,7 @@ class FrameSource:
         description: str,
         expected_length: int | None = None,
         mode: Mode = "crop",
-        image_size: int = 518,
+        image_size: int = DEFAULT_IMAGE_SIZE,
         patch_size: int = 14,
         pad_height: int | None = None,
         rotate: int = 0,

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from PIL import Image
 
+from mapstream.config import DEFAULT_IMAGE_SIZE
 from mapstream.io.images import Mode, check_selection, preprocess_image
 
 logger = logging.getLogger(__name__)
@@ -245,7 +246,7 @@ def iter_video_tensors(
     stride: int = 1,
     first_k: int | None = None,
     mode: Mode = "crop",
-    image_size: int = 518,
+    image_size: int = DEFAULT_IMAGE_SIZE,
     patch_size: int = 14,
     autorotate: bool = True,
 ) -> Iterator[torch.Tensor]:

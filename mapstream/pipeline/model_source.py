@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..export.run_info import UNTRAINED_MODEL
+from ..hub import DEFAULT_FILENAME as DEFAULT_CHECKPOINT, DEFAULT_REPO
 from ..weights import SMALL_MODEL, SMALL_WARNING, small_weights
 
 __all__ = ["DEFAULT_REPO", "DEFAULT_CHECKPOINT", "cached_official_checkpoint", "known_fallback", "resolve_model"]
@@ -24,8 +25,6 @@ log = logging.getLogger(__name__)
 
 HUB_PROBE_SECONDS = 3.0
 """How long a run waits for a connection to the hub before it reads only the hub cache."""
-DEFAULT_REPO = "robbyant/lingbot-map"
-DEFAULT_CHECKPOINT = "lingbot-map-long.pt"
 TINY_WARNING = (
     "USING THE TINY PRESET WITH UNTRAINED (SYNTHETIC) WEIGHTS: the outputs exercise every stage "
     "but are not a reconstruction. Pass --model with the official checkpoint (or put "

@@ -22,14 +22,15 @@ import torch
 from ..checkpoint import DEFAULT_IMAGE_SIZE, model_image_size, model_trained_views
 from ..config import StreamConfig
 from ..device import resolve_device
-from ..export import ALL_FORMATS, CloudOptions, check_formats, export_all, runtime_versions
+from ..export import CloudOptions, check_formats, export_all, runtime_versions
 from ..export.reconstruction import Reconstruction
 from ..globalmap import GlobalMap, MapConfig
 from ..session import FramePrediction, Session, resolve_precision
 from ..windowed import WindowedSession
 from .frame_store import FrameStore
 from .loop_closure import MapRun, corrected_reconstruction, known_poses_of
-from .model_source import DEFAULT_CHECKPOINT, DEFAULT_REPO, resolve_model
+from .model_source import resolve_model
+from .options import RunOptions
 from .run_folder import RunFolder
 from .run_input import check_input_apart_from_outputs, frame_width, input_files, input_key, open_input
 from .run_stream import Streamed, stream_frames
@@ -48,41 +49,6 @@ _RECORDED_LATER = {
 # used (None for a run that streamed): shared frames came from the earlier window, and windows
 # were joined on their last shared stored frame.
 _WINDOWED_RECORDED_LATER = {"shared_from": "earlier", "window_join": "anchor"}
-
-
-@dataclass
-class RunOptions:
-    input: str | None
-    out: Path
-    model: str = DEFAULT_REPO
-    checkpoint_file: str = DEFAULT_CHECKPOINT
-    mode: str = "auto"  # "auto", "streaming" or "windowed" (`mapstream.pipeline.stream_plan`)
-    image_size: int | None = None  # frame width; None: the model's own (`mapstream.checkpoint.model_image_size`)
-    preprocess: str = "crop"
-    rotate: int = 0  # degrees clockwise, applied to every frame before preprocessing
-    fps: float | None = 10.0
-    stride: int = 1
-    first_k: int | None = None
-    stream: StreamConfig = field(default_factory=StreamConfig)  # the stream's settings (scale, cache, windows...)
-    camera_iterations: int = 4  # the camera head's refinement passes
-    device: str = "auto"
-    formats: tuple[str, ...] = ALL_FORMATS
-    conf_threshold: float = 1.5
-    conf_percentile: float | None = None  # also keep only pixels above this percentile of confidence
-    max_points: int | None = 2_000_000  # point cloud: a seeded subsample of at most this many (None: all)
-    voxel_size: float | None = None
-    drop_black_background: bool = False  # point cloud: leave out near-black pixels
-    drop_white_background: bool = False  # point cloud: leave out near-white pixels
-    resume: bool = True
-    demo: bool = False
-    demo_frames: int = 24
-    sky_mask: bool = False
-    sky_model: str | None = None
-    compile: bool = False  # build the model with torch.compile'd static parts
-    low_precision_heads: bool = False  # heads in the stream's precision too (default: fp32, as the reference)
-    loop_closure: bool = False  # a global map beside the stream: loops closed, every output corrected (docs/MAP.md)
-    map: MapConfig = field(default_factory=MapConfig)  # the global map's settings (read with loop_closure)
-    known_poses: Path | None = None  # TUM trajectory of poses known for some frames: priors in the map
 
 
 @dataclass

@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .options import RunOptions
 from .outputs import FRAME_FOLDERS, RUN_FILES
 
 if TYPE_CHECKING:
     from ..io.sources import FrameSource
-    from .run import RunOptions
 
 __all__ = ["DEMO_HW", "check_input_apart_from_outputs", "frame_width", "input_files", "input_key", "open_input"]
 

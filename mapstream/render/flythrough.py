@@ -26,12 +26,13 @@ from mapstream.device import resolve_device
 from mapstream.export import Reconstruction
 from mapstream.export.captions import draw_caption
 from mapstream.export.glb import FRUSTUM_EDGES, frustum_corners
+from mapstream.export.points import DEFAULT_CONF_THRESHOLD
 from mapstream.progress import progress_bar
 from mapstream.render.edl import eye_dome_lighting
 from mapstream.render.path import PathMode, PathStyle, SegmentedPath, camera_path, segmented_camera_path
 from mapstream.render.raster import pinhole, sample_segments, splat
 from mapstream.render.video import VideoWriter, check_video_path, even_size
-from mapstream.viewer.scene import DEFAULT_MAX_POINTS, SceneFraming, build_point_pool, scene_framing, select_points
+from mapstream.render.scene import DEFAULT_MAX_POINTS, SceneFraming, build_point_pool, scene_framing, select_points
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class RenderOptions:
     """Video frames per second (one video frame per reconstruction frame)."""
     fov: float = 60.0
     """Vertical field of view of the virtual camera, degrees."""
-    conf_threshold: float = 1.5
+    conf_threshold: float = DEFAULT_CONF_THRESHOLD
     """Points with confidence strictly above this are drawn (confidence is > 1)."""
     hide_sky: bool = True
     """Leave out sky points when the run has a sky mask."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..checkpoint import DEFAULT_IMAGE_SIZE
 from ..config import StreamConfig
+from ..export.points import DEFAULT_CONF_THRESHOLD
 from ..io.images import check_preprocess_args
 from ..pipeline.stream_plan import MODES, StreamPlan, plan_stream
 from .protocol import PROTOCOL_VERSION, ProtocolError
@@ -42,7 +43,7 @@ class OutputOptions:
     points: bool = False
     dtype: str = "float16"
     stride: int = 1
-    conf_threshold: float = 1.5
+    conf_threshold: float = DEFAULT_CONF_THRESHOLD
 
     @property
     def any_array(self) -> bool:

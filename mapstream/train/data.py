@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset, get_worker_info
 
+from mapstream.config import DEFAULT_IMAGE_SIZE
 from mapstream.eval.datasets import GroundTruthSequence, read_sequence
 from mapstream.eval.depth_io import DEPTH_SUFFIXES
 from mapstream.eval.input_geometry import InputGeometry, depth_in_model_frame
@@ -458,7 +459,7 @@ class FolderClips(_Steps):
 
     def __init__(
         self, folders: str | Path | Sequence[str | Path], batch_size: int = 1, num_frames: int = 8,
-        image_size: int = 518, *, stride: int = 1, clip_step: int | None = None, shuffle: bool = True,
+        image_size: int = DEFAULT_IMAGE_SIZE, *, stride: int = 1, clip_step: int | None = None, shuffle: bool = True,
         seed: int = 0, rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
         start_step: int = 0, epochs: int | None = None, max_dt: float = 0.02, camera: str = "default",
     ) -> None:

@@ -1,6 +1,6 @@
 """The viser viewer of a :class:`Reconstruction`: :class:`ViewerApp`.
 
-    app = ViewerApp(recon, ViewerOptions(conf_threshold=1.5), port=8080).start()
+    app = ViewerApp(recon, ViewerOptions(conf_threshold=2.0), port=8080).start()
     print(app.url)          # open in a browser
     app.wait()              # until Ctrl-C (or app.stop() from another thread)
     app.stop()              # frees the port

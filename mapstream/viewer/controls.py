@@ -13,6 +13,7 @@ from typing import Any, get_args
 import numpy as np
 
 from mapstream.export.glb_style import SPHERE_RADIUS_FRACTION, GlbStyle
+from mapstream.export.points import DEFAULT_CONF_THRESHOLD
 from mapstream.viewer.scene import DEFAULT_MAX_POINTS, FrameMode
 
 __all__ = [
@@ -65,7 +66,7 @@ as thick as the page draws it, the frustum edges half that (a frustum is 4 % of 
 class ViewerOptions:
     """Initial values of the viewer's controls and its fixed limits."""
 
-    conf_threshold: float = 1.5
+    conf_threshold: float = DEFAULT_CONF_THRESHOLD
     """Show points whose confidence is strictly greater than this (confidence is > 1)."""
     max_points: int = DEFAULT_MAX_POINTS
     """Most points ever held and shown (seeded uniform subsample beyond)."""

@@ -1,6 +1,6 @@
 """`LiveView`: a browser view that grows while a stream is reconstructed (`mapstream run --view`).
 
-    with LiveView(LiveOptions(conf_threshold=1.5), port=8080) as view:
+    with LiveView(LiveOptions(conf_threshold=2.0), port=8080) as view:
         print(view.url)
         for pred in session.step(frame):
             view.add(pred, frame)        # returns at once; a worker thread draws
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mapstream.export.points import measured_pixels
+from mapstream.export.points import DEFAULT_CONF_THRESHOLD, measured_pixels
 from mapstream.viewer.scene import downscale_image, rotation_to_wxyz
 from mapstream.viewer.server import Served, check_port, move_cameras, start_server
 
@@ -45,7 +45,7 @@ TRAJECTORY_CHUNK = 256
 class LiveOptions:
     """What the live view shows and how much it keeps."""
 
-    conf_threshold: float = 1.5
+    conf_threshold: float = DEFAULT_CONF_THRESHOLD
     """Points of pixels whose depth confidence is strictly above this (confidence is > 1)."""
     points_per_frame: int = 20_000
     """Most points a frame adds (seeded uniform subsample of its kept pixels)."""
@@ -60,7 +60,7 @@ class LiveOptions:
 
     def __post_init__(self) -> None:
         if math.isnan(self.conf_threshold):
-            raise ValueError("conf_threshold is NaN; give a number (1.5 by default)")
+            raise ValueError(f"conf_threshold is NaN; give a number ({DEFAULT_CONF_THRESHOLD} by default)")
         for name in ("points_per_frame", "max_frames", "queue_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

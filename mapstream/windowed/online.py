@@ -154,23 +154,30 @@ class WindowedSession:
         """Scale frames of each window."""
         return self._session.num_scale_frames
 
+    @property
+    def session(self) -> Session:
+        """The session that runs the windows, one after another (reset at each window's
+        start): between `begin_step` and `end_step` it steps the frame."""
+        return self._session
+
     # ------------------------------------------------------------------ stepping
     @torch.no_grad()
     def step(self, frame: torch.Tensor, *, name: str | None = None) -> list[FramePrediction]:
         """Feed one frame; returns the predictions (in the first window's frame) it completed."""
-        out = self._open_window_if_due()
-        return out + self._stepped(frame, name, self._session.step(frame, name=name))
+        out = self.begin_step()
+        return out + self.end_step(frame, self._session.step(frame, name=name), name=name)
 
-    # `step` in two halves around the window's own session step, so that `mapstream.step_together`
-    # can batch that step with other streams' frames.
-    def _open_window_if_due(self) -> list[FramePrediction]:
+    # `step` in two halves around the step of `session`, so that `mapstream.step_together` can
+    # batch that step with other streams' frames.
+    def begin_step(self) -> list[FramePrediction]:
         """Before a frame: a full window gives way to the next, whose shared frames are fed
         again (their own forwards); returns what their predictions release."""
         return self._start_next_window() if self._in_window == self.span else []
 
-    def _stepped(self, frame: torch.Tensor, name: str | None, preds: list[FramePrediction]) -> list[FramePrediction]:
-        """After the window's session stepped ``frame`` (giving ``preds``): the predictions it
-        completed, aligned, and the frame kept for the next window's start."""
+    def end_step(self, frame: torch.Tensor, preds: list[FramePrediction], *, name: str | None = None
+                 ) -> list[FramePrediction]:
+        """After `session` stepped ``frame`` (giving ``preds``): the predictions it completed,
+        aligned, and the frame kept for the next window's start."""
         self._in_window += 1
         out = self._route(preds)
         self._recent.append((frame, name))

@@ -38,14 +38,10 @@ def main() -> None:
     q = qkv[0, :, 0].transpose(0, 1)  # [H, Nq, D] as a block produces it
     configs = {
         "plain": KernelConfig(block_m=16, block_n=32, num_warps=4),
-        "pipelined": KernelConfig(block_m=16, block_n=32, pipeline_qk=True),
         "tma": KernelConfig(block_m=16, block_n=32, tma=True),
         # Key shares merged by a second kernel; (40, 41) and (0, 32) leave shares empty.
         "split3": KernelConfig(block_m=16, block_n=32, splits=3),
         "tma_split4": KernelConfig(block_m=16, block_n=32, tma=True, splits=4),
-        # Reductions without serial chains: tree maxima over halved rows, per-column sums.
-        "tree_wide": KernelConfig(block_m=16, block_n=32, tree_max=True, wide_sum=True),
-        "tma_tree_wide_split3": KernelConfig(block_m=16, block_n=32, tma=True, tree_max=True, wide_sum=True, splits=3),
         # Spare resident slots take the row blocks' key tails (4 row blocks x heads here):
         # one spare walks all four tails, three take two each, eight one each; with no
         # spare slot the plain grid runs. Tails may be empty (short ranges).

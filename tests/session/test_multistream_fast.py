@@ -70,7 +70,7 @@ def test_fast_sessions_stepped_together_match_the_eager_batch_and_their_solo_ste
     assert len(batched_calls) == n - 3
     assert len({id(graphs) for graphs, _ in batched_calls}) == 1  # built once, kept
     assert {streams for _, streams in batched_calls} == {count}
-    assert all(s._batched is batched_calls[0][0] for s in fast)  # the group's sessions hold its graphs
+    assert all(s.batched_graphs is batched_calls[0][0] for s in fast)  # the group's sessions hold its graphs
     for s in fast + eager + alone:
         s.close()
     del batched_calls[:]
