@@ -216,6 +216,17 @@ def _yaw(angle: float) -> np.ndarray:
     return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
 
 
+def _colour(rng: np.random.Generator) -> tuple[float, float, float]:
+    return tuple(float(c) for c in rng.uniform(0.2, 1.0, 3))
+
+
+def _room(rng: np.random.Generator, half_size: tuple[float, float, float], *, half_turn: bool = False) -> Box:
+    """The room box (seen from inside, floor at z = 0) with a texture drawn from `rng`."""
+    texture = Texture(_colour(rng), _colour(rng), checker=0.5, noise=0.3, seed=int(rng.integers(1 << 20)),
+                      half_turn=half_turn)
+    return Box(center=np.array([0.0, 0.0, half_size[2]]), half_size=np.array(half_size), texture=texture, inside=True)
+
+
 def make_scene(seed: int = 0, *, room_half_size: tuple[float, float, float] = (3.0, 2.6, 1.5)) -> Scene:
     """A random furnished room (deterministic given ``seed``).
 
@@ -224,18 +235,11 @@ def make_scene(seed: int = 0, *, room_half_size: tuple[float, float, float] = (3
     vertical axis through the room centre, clear of :func:`~mapstream.synthetic.sequence.camera_path`.
     """
     rng = np.random.default_rng(seed)
-    hx, hy, hz = room_half_size
 
     def colour() -> tuple[float, float, float]:
-        return tuple(float(c) for c in rng.uniform(0.2, 1.0, 3))
+        return _colour(rng)
 
-    room = Box(
-        center=np.array([0.0, 0.0, hz]),
-        half_size=np.array(room_half_size),
-        texture=Texture(colour(), colour(), checker=0.5, noise=0.3, seed=int(rng.integers(1 << 20))),
-        inside=True,
-    )
-    prims: list[Box | Sphere] = [room]
+    prims: list[Box | Sphere] = [_room(rng, room_half_size)]
     for k in range(3):
         angle = 2 * np.pi * (k / 3) + rng.uniform(-0.4, 0.4)
         r = rng.uniform(0.2, 0.9)
@@ -272,18 +276,11 @@ def make_twin_scene(seed: int = 0, *, room_half_size: tuple[float, float, float]
     and the two lights are a half-turned pair.
     Deterministic given ``seed``."""
     rng = np.random.default_rng(seed + 7_000_003)
-    hx, hy, hz = room_half_size
 
     def colour() -> tuple[float, float, float]:
-        return tuple(float(c) for c in rng.uniform(0.2, 1.0, 3))
+        return _colour(rng)
 
-    room = Box(
-        center=np.array([0.0, 0.0, hz]),
-        half_size=np.array(room_half_size),
-        texture=Texture(colour(), colour(), checker=0.5, noise=0.3, seed=int(rng.integers(1 << 20)), half_turn=True),
-        inside=True,
-    )
-    prims: list[Box | Sphere] = [room]
+    prims: list[Box | Sphere] = [_room(rng, room_half_size, half_turn=True)]
     for k in range(3):
         angle = np.pi * (k / 3) + rng.uniform(-0.3, 0.3)
         r = rng.uniform(0.4, 0.9)
