@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mapstream
-from conftest import golden_case, golden_images
+from conftest import golden_case, golden_images, trim_process_memory
 from golden_helpers import assert_intermediate_close, assert_outputs_close, cache_config_of, forward_sequence
 
 pytestmark = pytest.mark.slow
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def full_model():
     golden_case("full_stream_plain")  # skips the module when the golden data is absent
+    trim_process_memory()  # in the whole suite, what earlier tests freed is not resident beside it
     torch.manual_seed(0)
     # trajectory_capacity=None: the reference keeps every evicted frame's special tokens, and so
     # does this model's cache, which then grows with the stream instead of reserving room for
@@ -28,6 +29,8 @@ def full_model():
     mapstream.fill_synthetic_(model).requires_grad_(False)
     yield model.eval()
     model.free_kv_cache()
+    del model
+    trim_process_memory()
 
 
 @pytest.fixture(autouse=True)
