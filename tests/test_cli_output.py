@@ -136,4 +136,4 @@ def test_a_job_over_many_inputs_keeps_its_bar_below_the_log_on_a_terminal(tmp_pa
     bars = [line for line in text.splitlines() if line.startswith("inputs:")]
     assert bars and "2/2" in bars[-1]
     assert not re.search(r"input/s[^\n]*\](INFO|WARNING)", text), text
-    assert "INFO mapstream.fleet.job: a: 3 frames" in text
+    assert "INFO mapstream.fleet.tracker: a: 3 frames" in text

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..export import write_run_json
 from ..pipeline import RunOptions
+from ..pipeline.options import recorded_options
 from ..pipeline.run_folder import RUN_RECORD
 from .inputs import JOB_RECORD, JobInput, expand_inputs
 from .options import JobOptions
@@ -79,9 +80,7 @@ def finished_before(opts: RunOptions) -> InputResult | None:
         return None
     if not isinstance(info, dict) or "state" in info or not isinstance(info.get("config"), dict):
         return None
-    options = {**asdict(opts), **asdict(opts.stream)}
-    options.pop("stream")
-    if info["config"].get("options") != {k: str(v) for k, v in options.items()}:
+    if info["config"].get("options") != recorded_options(opts):
         return None
     frames = info.get("frames")
     return InputResult("", str(opts.input), str(opts.out), "finished_before", frames if isinstance(frames, int) else 0)

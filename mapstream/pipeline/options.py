@@ -2,7 +2,7 @@
 settings and the exports. `mapstream run` fills it from its flags; `run` checks it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import DEFAULT_CAMERA_ITERATIONS, StreamConfig
@@ -10,7 +10,7 @@ from ..export import ALL_FORMATS, DEFAULT_CONF_THRESHOLD
 from ..globalmap.config import MapConfig
 from ..hub import DEFAULT_FILENAME, DEFAULT_REPO
 
-__all__ = ["RunOptions"]
+__all__ = ["RunOptions", "recorded_options"]
 
 
 @dataclass
@@ -46,3 +46,14 @@ class RunOptions:
     loop_closure: bool = False  # a global map beside the stream: loops closed, every output corrected (docs/MAP.md)
     map: MapConfig = field(default_factory=MapConfig)  # the global map's settings (read with loop_closure)
     known_poses: Path | None = None  # TUM trajectory of poses known for some frames: priors in the map
+
+
+def recorded_options(opts: RunOptions) -> dict[str, str]:
+    """A run's options as run.json records them (each as text; the stream's settings among
+    them, the global map's only when loop closure is on): what a rerun compares to know the
+    same run finished before."""
+    options = {**asdict(opts), **asdict(opts.stream)}
+    options.pop("stream")
+    if not opts.loop_closure:
+        options["map"] = None
+    return {k: str(v) for k, v in options.items()}

@@ -13,7 +13,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from ..windowed import WindowedSession
 from .frame_store import FrameStore
 from .loop_closure import MapRun, corrected_reconstruction, known_poses_of
 from .model_source import resolve_model
-from .options import RunOptions
+from .options import RunOptions, recorded_options
 from .run_folder import RunFolder
 from .run_input import check_input_apart_from_outputs, frame_width, input_files, input_key, open_input
 from .run_stream import Streamed, stream_frames
@@ -325,10 +325,7 @@ def _export(opts: RunOptions, job: _Job, progress: bool | None,
             job.priors = gmap.apply_known_poses(known_poses_of(recon, opts.known_poses))
         recon = corrected_reconstruction(recon, gmap)
     try:
-        options = {**asdict(opts), **asdict(opts.stream)}
-        options.pop("stream")
-        options["map"] = asdict(opts.map) if opts.loop_closure else None
-        settings = {**job.config, "options": {k: str(v) for k, v in options.items()}}  # run.json's "config"
+        settings = {**job.config, "options": recorded_options(opts)}  # run.json's "config"
         job.folder.begin_export(settings, opts.formats, recon.file_stems())
         if opts.sky_mask:
             recon = _with_sky_masks(recon, job.folder.path, opts.sky_model, job.warnings, progress)
