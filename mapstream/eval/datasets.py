@@ -216,7 +216,7 @@ def _tum_list(path: Path) -> tuple[np.ndarray, list[str]]:
     return np.asarray(stamps), files
 
 
-def _nearest(query: np.ndarray, stamps: np.ndarray, max_dt: float) -> np.ndarray:
+def nearest_timestamps(query: np.ndarray, stamps: np.ndarray, max_dt: float) -> np.ndarray:
     """Index of the nearest ``stamps`` entry for each query, -1 when farther than ``max_dt``."""
     if len(stamps) == 0:
         return np.full(len(query), -1)
@@ -247,8 +247,8 @@ def read_tum_sequence(root: str | Path, *, max_dt: float = 0.02, camera: str = "
     rgb_ts, rgb_files = _tum_list(root / "rgb.txt")
     gt = _numeric_rows(root / "groundtruth.txt", 8)
     depth_ts, depth_files = _tum_list(root / "depth.txt") if (root / "depth.txt").is_file() else (np.zeros(0), [])
-    pose_idx = _nearest(rgb_ts, gt[:, 0], max_dt)
-    depth_idx = _nearest(rgb_ts, depth_ts, max_dt)
+    pose_idx = nearest_timestamps(rgb_ts, gt[:, 0], max_dt)
+    depth_idx = nearest_timestamps(rgb_ts, depth_ts, max_dt)
     keep = np.flatnonzero(pose_idx >= 0)
     if len(keep) == 0:
         raise ValueError(f"{root}: no RGB frame has a ground-truth pose within {max_dt} s")

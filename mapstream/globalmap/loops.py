@@ -85,9 +85,6 @@ class LoopVerifier:
         self.config = config
         self._pools = PoolRegistry()
 
-    def close(self) -> None:
-        self._pools = PoolRegistry()
-
     @torch.no_grad()
     def _clip(self, keyframes: list[MapKeyframe]) -> list:
         from ..session import Session

@@ -133,17 +133,13 @@ def read_known_poses(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def known_poses_of(recon: Reconstruction, path: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """The frames of `recon` with a known pose in `path`, matched by timestamp (nearest, within
     half the median interval between frames): frame index -> (known pose, the stream's)."""
+    from ..eval.datasets import nearest_timestamps
+
     stamps, poses = read_known_poses(path)
     times = np.asarray(recon.timestamps, dtype=np.float64)
     spacing = float(np.median(np.diff(times))) if len(times) > 1 else 1.0
-    order = np.argsort(stamps)
-    stamps, poses = stamps[order], poses[order]
-    known = {}
-    for i, t in enumerate(times):
-        at = int(np.clip(np.searchsorted(stamps, t), 1, len(stamps) - 1)) if len(stamps) > 1 else 0
-        nearest = min((at - 1, at) if len(stamps) > 1 else (0,), key=lambda j: abs(stamps[j] - t))
-        if abs(stamps[nearest] - t) <= spacing / 2:
-            known[i] = (poses[nearest], np.asarray(recon.T_world_cam[i], dtype=np.float64))
+    known = {i: (poses[j], np.asarray(recon.T_world_cam[i], dtype=np.float64))
+             for i, j in enumerate(nearest_timestamps(times, stamps, spacing / 2)) if j >= 0}
     if not known:
         raise ValueError(
             f"--known-poses {path}: none of its {len(stamps)} timestamps ({stamps[0]:.3f}..{stamps[-1]:.3f} s) is "
