@@ -4,8 +4,10 @@ The stream thread hands each finished frame over (`submit`: a queue put; frames 
 not become keyframes are reduced to their pose first). The map thread registers keyframes
 and searches and verifies loops. When it falls more than `backlog` keyframes behind, it
 registers keyframes without searching for loops until it has caught up: the stream's rate is
-kept, loop checks are what give way. `finish` waits for the queue to drain, then solves the
-whole graph; a failure on the map thread is raised there (and the thread stops taking work).
+kept, loop checks are what give way while it runs. `finish` waits for the queue to drain,
+searches the keyframes that were added without a search (the stream has ended: nothing waits
+for the map any more), then solves the whole graph; a failure on the map thread is raised
+there (and the thread stops taking work).
 """
 from __future__ import annotations
 
@@ -106,10 +108,12 @@ class BackgroundMap:
         self._thread.join()
         if self._error is not None:
             raise RuntimeError(f"the global map stopped: {self._error}") from self._error
-        self.map.finish()
         if self.skipped_searches:
-            log.warning("the global map fell behind the stream: %d keyframes were added without a loop search",
-                        self.skipped_searches)
+            log.info("the global map fell behind the stream: searching the %d keyframes it added without a loop "
+                     "search", self.skipped_searches)
+            with torch.no_grad():
+                self.map.search_skipped()
+        self.map.finish()
         return self.map
 
     def close(self) -> None:

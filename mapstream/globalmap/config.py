@@ -24,6 +24,12 @@ class MapConfig:
     """A loop candidate is at least this many frames older than the keyframe it would close on."""
     candidates: int = 3
     """Places looked up (faiss, cosine) for each keyframe, best first; each is verified in turn until one is accepted."""
+    nearby_candidates: int = 2
+    """Keyframes verified besides the place matches: those the graph's present estimate puts nearest the current one (0: none)."""
+    nearby_radius: float = 1.0
+    """A nearby keyframe's camera centre is within this many of the current keyframe's median depths of the current one's."""
+    nearby_angle_deg: float = 60.0
+    """A nearby keyframe looks within this angle of the current keyframe's viewing direction."""
     min_similarity: float = 0.8
     """Cosine similarity of place descriptors below which a candidate is not verified."""
     clip_neighbours: int = 1
@@ -68,12 +74,13 @@ class MapConfig:
                 raise ValueError(f"MapConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.capacity < 16:
             raise ValueError(f"MapConfig.capacity must be >= 16 keyframes, got {self.capacity}")
-        if self.clip_neighbours < 0 or self.loop_cooldown < 0:
-            raise ValueError("MapConfig.clip_neighbours and loop_cooldown must be >= 0")
+        for name in ("clip_neighbours", "loop_cooldown", "nearby_candidates"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"MapConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("min_similarity", "min_inlier_ratio", "min_overlap"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"MapConfig.{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("inlier_tolerance", "max_rotation_deg", "max_shift", "max_scale_change", "join_factor"):
+        for name in ("nearby_radius", "nearby_angle_deg", "inlier_tolerance", "max_rotation_deg", "max_shift", "max_scale_change", "join_factor"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"MapConfig.{name} must be > 0, got {getattr(self, name)}")
         if len(self.prior_sigma) != 2 or not all(v > 0 for v in self.prior_sigma):

@@ -2,7 +2,8 @@
 with GTSAM (iSAM2 as keyframes arrive, Levenberg-Marquardt over the whole graph at the end).
 
 A node `X_i` maps keyframe i's camera coordinates, in the scale the stream predicted it in,
-to the map's world frame; it starts at the stream's pose (scale 1). A between factor says
+to the map's world frame; its first value is the caller's (the map's: the estimate of the
+node before it moved by the stream's relative pose). A between factor says
 `X_i^-1 X_j = Z_ij`; its sigmas are (rotation rad, translation, log scale), with the
 translation in i's camera units. Loop edges are the uncertain ones: the batch solve runs
 GTSAM's graduated non-convexity (GNC, truncated least squares) over them, with odometry and
@@ -208,14 +209,6 @@ class PoseGraph:
     def estimate(self, key: int) -> Sim3:
         return self._estimate[key]
 
-    def initial(self, key: int) -> Sim3:
-        return self._initial[key]
-
-    def correction(self, key: int) -> Sim3:
-        """The Sim(3) in world that moves what keyframe `key` produced from the stream's
-        frame to the map's estimate: X_est X_initial^-1."""
-        return self._estimate[key].compose(self._initial[key].inverse())
-
     def residual(self, edge: Edge) -> np.ndarray:
         """(rotation rad, translation, |log scale|) of an edge's error at the current estimate."""
         xi = self._estimate[edge.i]
@@ -283,7 +276,7 @@ class PoseGraph:
             for nxt in order[order.index(a) + 1 : order.index(b) + 1]:
                 step = odometry.get((key, nxt))
                 rel = rel.compose(step.relative if step is not None
-                                  else self._initial[key].inverse().compose(self._initial[nxt]))
+                                  else self._estimate[key].inverse().compose(self._estimate[nxt]))
                 var = var + (step.sigmas**2 if step is not None else 0.0)
                 key = nxt
             edges.append(Edge(a, b, rel, np.sqrt(var), "odometry"))

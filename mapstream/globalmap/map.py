@@ -77,6 +77,8 @@ class GlobalMap:
         self._confidences: deque[float] = deque(maxlen=512)
         self._cooldown = 0
         self._since_check = 0
+        self._unsearched: deque[int] = deque()  # keyframes added with search=False
+        self.late_searches = 0  # of those, searched by `search_skipped`
         self.keyframe_seconds: deque[float] = deque(maxlen=1024)
         self.merged = 0
 
@@ -125,6 +127,8 @@ class GlobalMap:
         if self.places is None:
             self.places = PlaceIndex(len(descriptor))
         closed = self._search(kf) if search else None
+        if not search:
+            self._unsearched.append(kf.index)
         self.places.add(kf.index, descriptor)
         if len(self.keyframes) > cfg.capacity:
             self._thin()
@@ -161,8 +165,11 @@ class GlobalMap:
         if self._since_check < cfg.check_every:
             return None
         self._since_check = 0
-        found = self.places.search(kf.descriptor, cfg.candidates, older_than=kf.index - cfg.temporal_gap + 1)
-        for key, similarity in found:
+        older_than = kf.index - cfg.temporal_gap + 1
+        found = dict(self.places.search(kf.descriptor, cfg.candidates, older_than=older_than))
+        for key in self._nearby(kf, older_than):
+            found.setdefault(key, float(kf.descriptor @ self.keyframes[key].descriptor))
+        for key, similarity in sorted(found.items(), key=lambda item: -item[1]):
             if similarity < cfg.min_similarity or key not in self.keyframes:
                 continue
             check = self._verify(key, kf, similarity)
@@ -179,6 +186,26 @@ class GlobalMap:
                      "path)", key, kf.index, similarity, check.inlier_ratio, check.rotation_deg, check.shift)
             return check
         return None
+
+    def _nearby(self, kf: MapKeyframe, older_than: int) -> list[int]:
+        """Up to `nearby_candidates` keyframes older than `older_than` whose camera the graph's
+        present estimate puts nearest the current one's (within `nearby_radius` median depths,
+        looking within `nearby_angle_deg`): a revisited place the descriptors miss."""
+        cfg = self.config
+        if not cfg.nearby_candidates:
+            return []
+        here = self.graph.estimate(kf.index)
+        radius = cfg.nearby_radius * kf.median_depth * here.s
+        min_cos = np.cos(np.radians(cfg.nearby_angle_deg))
+        near = []
+        for key in self.graph.keys:
+            if key >= older_than:
+                break
+            there = self.graph.estimate(key)
+            distance = float(np.linalg.norm(there.t - here.t))
+            if distance <= radius and float(there.R[:, 2] @ here.R[:, 2]) >= min_cos:
+                near.append((distance, key))
+        return [key for _, key in sorted(near)[: cfg.nearby_candidates]]
 
     def _verify(self, key: int, kf: MapKeyframe, similarity: float) -> LoopCheck:
         keys = self.graph.keys
@@ -203,6 +230,19 @@ class GlobalMap:
             del self.keyframes[key]
         self.merged += len(drop)
         log.debug("map thinned: %d keyframes merged away, %d kept", len(drop), len(self.keyframes))
+
+    def search_skipped(self) -> list[LoopCheck]:
+        """Look for loops at the keyframes that were added with `search=False` (a map that fell
+        behind its stream catches up once the stream has ended). Returns the loops closed."""
+        closed = []
+        while self._unsearched:
+            key = self._unsearched.popleft()
+            if key in self.keyframes:
+                self.late_searches += 1
+                check = self._search(self.keyframes[key])
+                if check is not None:
+                    closed.append(check)
+        return closed
 
     # ------------------------------------------------------------------ output
     def finish(self) -> None:
@@ -249,6 +289,11 @@ class GlobalMap:
         return {"known_poses": len(frames), "keyframes_anchored": len(anchored), "scale_to_known": to_known.s,
                 "rms_to_known": rms}
 
+    def _keyframe_correction(self, key: int) -> Sim3:
+        """X_estimate X_stream^-1: the world Sim(3) that moves what keyframe `key` produced
+        from the stream's frame to the map's."""
+        return self.graph.estimate(key).compose(self.keyframes[key].pose.inverse())
+
     def correction(self, index: int) -> Sim3:
         """The world Sim(3) that moves frame `index`'s pose and points from the stream's frame
         to the map's: interpolated between the keyframes around it."""
@@ -257,11 +302,11 @@ class GlobalMap:
             return Sim3.identity()
         at = int(np.searchsorted(keys, index, side="right")) - 1
         if at < 0:
-            return self.graph.correction(keys[0])
+            return self._keyframe_correction(keys[0])
         if at >= len(keys) - 1 or keys[at] == index:
-            return self.graph.correction(keys[at])
+            return self._keyframe_correction(keys[at])
         a, b = keys[at], keys[at + 1]
-        ca, cb = to_gtsam(self.graph.correction(a)), to_gtsam(self.graph.correction(b))
+        ca, cb = to_gtsam(self._keyframe_correction(a)), to_gtsam(self._keyframe_correction(b))
         alpha = (index - a) / (b - a)
         step = type(ca).Logmap(ca.between(cb)) * alpha
         return from_gtsam(ca.compose(type(ca).Expmap(step)))
@@ -286,6 +331,7 @@ class GlobalMap:
             "bytes": int(sum(kf.nbytes for kf in self.keyframes.values())),
             "loops": len(self.loops),
             "checks": self.checks,
+            "searched_late": self.late_searches,
             "rejected": len(self.rejected),
             "seconds_per_keyframe": {"median": float(np.median(seconds)), "max": float(seconds.max())},
         }

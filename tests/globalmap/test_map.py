@@ -59,6 +59,30 @@ def test_a_frame_between_keyframes_moves_with_both(tiny):
     assert shift[6] == pytest.approx((shift[4] + shift[8]) / 2, abs=1e-3)
 
 
+def test_keyframes_that_arrive_after_a_loop_move_with_it(tiny):
+    """A loop pulls keyframe 8 by 0.4 m; keyframes 12 and 16, added afterwards, are placed by
+    odometry from the corrected 8: their frames and points carry the same correction (the
+    correction is the estimate against the stream's own pose, whatever value a node began from)."""
+    gmap = GlobalMap(tiny, MapConfig(keyframe_every=4, min_similarity=1.0))
+    poses = walk(17)
+    for i in range(9):
+        gmap.add(prediction(i, poses[i]), _frame(i))
+    relative = Sim3(np.eye(3), poses[8][:3, 3] - poses[0][:3, 3] + np.array([0, 0.4, 0]), 1.0)
+    gmap.graph.add_edge(Edge(0, 8, relative, np.array([1e-4, 1e-4, 1e-4]), "loop"))
+    gmap.graph.update()
+    for i in range(9, 17):
+        gmap.add(prediction(i, poses[i]), _frame(i))
+    for moment in ("streaming", "finished"):
+        for i in (8, 10, 12, 16):
+            corrected, _ = gmap.correct_pose(i, poses[i])
+            assert corrected[1, 3] == pytest.approx(0.4, abs=1e-3), (moment, i)
+            assert corrected[0, 3] == pytest.approx(poses[i][0, 3], abs=1e-3), (moment, i)
+        for key in (12, 16):
+            np.testing.assert_allclose(gmap.correct_pose(key, poses[key])[0][:, 3], gmap.graph.estimate(key).t,
+                                       atol=1e-9)
+        gmap.finish()
+
+
 def test_frames_must_reach_the_map_in_order_and_keyframes_with_their_image(tiny):
     gmap = GlobalMap(tiny, MapConfig(keyframe_every=2))
     gmap.add(prediction(0, np.eye(4)), _frame(0))
