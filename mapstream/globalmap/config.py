@@ -34,10 +34,10 @@ class MapConfig:
     """Cosine similarity of place descriptors below which a candidate is not verified."""
     clip_neighbours: int = 1
     """Keyframes on each side of the candidate (and before the current one) in the verification clip."""
-    min_inlier_ratio: float = 0.6
+    min_inlier_ratio: float = 0.5
     """Share of a clip frame's pixels (confidence-weighted) that must agree with the map after alignment (candidate and current frame each)."""
-    min_overlap: float = 0.3
-    """Share of the current frame's pixels (confidence-weighted) the clip must place on surfaces the candidate sees."""
+    min_overlap: float = 0.6
+    """Share of the current frame's pixels (confidence-weighted) the clip must place on surfaces the candidate sees, and of the candidate's on the current frame's."""
     inlier_tolerance: float = 0.1
     """A pixel agrees when its aligned 3D point is within this fraction of its depth of the map's."""
     max_rotation_deg: float = 45.0

@@ -16,8 +16,11 @@ A candidate is rejected when
   clip and the map do not describe the same geometry;
 * the overlap is below `min_overlap`: the confidence-weighted share of the current frame's
   pixels that, placed by the clip, fall inside the candidate's image at the candidate's
-  predicted depth (within `inlier_tolerance`). The network only places two frames together
-  where they see the same surfaces; views of different places fail here;
+  predicted depth (within `inlier_tolerance`), and the same the other way round (the lower
+  of the two). The network only places two frames together where they see the same
+  surfaces; views of different places fail here, and so do clips the network could not
+  register (their relative pose is the loop edge: with a low overlap it is off by tens of
+  degrees);
 * the correction it asks of the current keyframe, against the graph's present estimate, is
   larger than drift can explain: a rotation over `max_rotation_deg`, a shift over
   `max_shift` of the path travelled since the candidate, or a scale change over
@@ -54,7 +57,7 @@ class LoopCheck:
     accepted: bool = False
     reason: str = ""
     inlier_ratio: float = 0.0  # the lower of the two frames'
-    overlap: float = 0.0  # share of the current frame seen by the candidate, in the clip
+    overlap: float = 0.0  # share of either frame the other sees, in the clip (the lower)
     rotation_deg: float = float("nan")  # the correction asked of the current keyframe
     shift: float = float("nan")  # its translation, as a fraction of the path since the candidate
     log_scale: float = float("nan")
@@ -136,8 +139,8 @@ class LoopVerifier:
         return sim, float(weight[inliers].sum() / weight.sum())
 
     def _overlap(self, query, candidate) -> float:
-        """Confidence-weighted share of the query frame's sampled pixels that the clip places
-        inside the candidate's image, at the candidate's own predicted depth there."""
+        """Confidence-weighted share of the `query` frame's sampled pixels that the clip places
+        inside the `candidate` frame's image, at the candidate's own predicted depth there."""
         stride, tol = self.config.depth_stride, self.config.inlier_tolerance
         depth_q = sample(query.depth.float().numpy(), stride)
         conf_q = np.maximum(sample(query.depth_conf.float().numpy(), stride) - 1, 0)
@@ -180,7 +183,7 @@ class LoopVerifier:
         cand_sim, cand_ratio = self._side([candidate], [cand_pred])
         query_sim, query_ratio = self._side([query], [query_pred])
         result.inlier_ratio = min(cand_ratio, query_ratio)
-        result.overlap = self._overlap(query_pred, cand_pred)
+        result.overlap = min(self._overlap(query_pred, cand_pred), self._overlap(cand_pred, query_pred))
         if result.inlier_ratio < cfg.min_inlier_ratio:
             result.reason = f"inlier ratio {result.inlier_ratio:.2f} < {cfg.min_inlier_ratio}"
             return result

@@ -528,3 +528,25 @@ def test_the_probe_knows_which_patch_of_the_first_frame_each_patch_shows():
     # centres 7 + 14c - 20 = -13, 1, 15, ...: the first leaves the frame, the next falls in column 0
     assert columns[1, 0].tolist()[1:] == [0, 1, 2, 3, 4, 5, 6] and not inside[1].view(4, 8)[:, 0].any()
 
+
+
+def test_loop_closure_replay_builds_each_settings_map_on_the_same_stored_stream(tmp_path):
+    pytest.importorskip("gtsam")
+    pytest.importorskip("faiss")
+    replay = _load("loop_closure_replay")
+    assert replay.parse_setting("strict=min_overlap=0.7,candidates=2") == ("strict", {"min_overlap": 0.7, "candidates": 2})
+    assert replay.parse_setting("default=") == ("default", {})
+    out = tmp_path / "replay.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "loop_closure_replay.py"), "--seeds", "3", "--frames", "16", "--workers", "1",
+         "--setting", "open=temporal_gap=4,keyframe_every=2,min_similarity=0.0",
+         "--setting", "shut=temporal_gap=4,keyframe_every=2,min_similarity=1.0", "--out", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["setting"] for r in rows] == ["open", "shut"]
+    # The same stream under both: the same error without the map.
+    assert rows[0]["without"] == rows[1]["without"]
+    assert rows[0]["checks"] > 0 and rows[1]["checks"] == 0  # a similarity of 1.0 lets no candidate through
+    assert rows[1]["with"] == pytest.approx(rows[1]["without"], abs=1e-9)  # no loop: nothing moves

@@ -49,11 +49,17 @@ def test_plain_stream_and_intermediates(full_model):
     images = golden_images(ref)
     inter, _ = golden_case("full_intermediates")
     assert torch.equal(inter["images_u8"], ref["images_u8"])
-    recorded = {}
+    wanted = {name for name in inter if name.startswith("s1.")}
+    compared = set()
     calls = {"n": 0}
 
     def trace(name, tensor):
-        recorded[f"s{calls['n']}.{name}"] = tensor.detach().clone()
+        # Each intermediate is compared as the forward produces it and never kept: the
+        # traced call would otherwise hold a copy of every block's output at once.
+        key = f"s{calls['n']}.{name}"
+        if key in wanted:
+            assert_intermediate_close(key, tensor.detach(), inter[key])
+            compared.add(key)
 
     full_model.clean_kv_cache()
     x = images.unsqueeze(0)
@@ -61,13 +67,11 @@ def test_plain_stream_and_intermediates(full_model):
     for calls["n"], frames in enumerate([x[:, :2]] + [x[:, i : i + 1] for i in range(2, x.shape[1])]):
         outs.append(full_model(frames, num_frame_for_scale=2, trace=trace if calls["n"] == 1 else None))
     full_model.clean_kv_cache()
+    assert compared == wanted, f"intermediates never traced: {sorted(wanted - compared)[:5]}"
     out = {k: torch.cat([o[k] for o in outs], dim=1) for k in ("pose_enc", "depth", "depth_conf")}
     assert_outputs_close(out, ref)
     fi, _ = golden_case("full_stream_plain_fi")
     assert_outputs_close(out, fi)
-    for name, want in inter.items():
-        if name.startswith("s1."):
-            assert_intermediate_close(name, recorded[name], want)
 
 
 def test_keyframes_follow_flashinfer_semantics(full_model):
