@@ -80,7 +80,8 @@ class MapConfig:
         for name in ("min_similarity", "min_inlier_ratio", "min_overlap"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"MapConfig.{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("nearby_radius", "nearby_angle_deg", "inlier_tolerance", "max_rotation_deg", "max_shift", "max_scale_change", "join_factor"):
+        for name in ("nearby_radius", "nearby_angle_deg", "inlier_tolerance", "max_rotation_deg", "max_shift",
+                     "max_scale_change", "join_factor"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"MapConfig.{name} must be > 0, got {getattr(self, name)}")
         if len(self.prior_sigma) != 2 or not all(v > 0 for v in self.prior_sigma):

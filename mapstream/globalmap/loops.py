@@ -4,11 +4,11 @@ A candidate place (an older keyframe whose descriptor resembles the current one'
 the graph's estimate puts near it) is verified on a short fresh clip: the current keyframe
 with `clip_neighbours` keyframes before it, then the candidate with `clip_neighbours`
 keyframes on each side, all fed as the scale frames of a new session, so they attend to each
-other in both directions and share one frame and one scale. The candidate and the current keyframe are each aligned to the map by
-a confidence-weighted Sim(3) (Umeyama) between the clip's 3D points of the frame and the
-stream's points of the same pixels (the same image, so every pixel pairs with itself). The
-two alignments disagree exactly by the drift accumulated between the candidate and now; that
-disagreement is the loop edge.
+other in both directions and share one frame and one scale. The candidate and the current
+keyframe are each aligned to the map by a confidence-weighted Sim(3) (Umeyama) between the
+clip's 3D points of the frame and the stream's points of the same pixels (the same image, so
+every pixel pairs with itself). The two alignments disagree exactly by the drift accumulated
+between the candidate and now; that disagreement is the loop edge.
 
 A candidate is rejected when
 * either frame's inlier ratio (confidence-weighted share of pixels whose aligned point lies

@@ -228,6 +228,8 @@ class GlobalMap:
         self.places.remove(drop)
         for key in drop:
             del self.keyframes[key]
+        gone = set(drop)
+        self._unsearched = deque(key for key in self._unsearched if key not in gone)
         self.merged += len(drop)
         log.debug("map thinned: %d keyframes merged away, %d kept", len(drop), len(self.keyframes))
 
