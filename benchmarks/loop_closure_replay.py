@@ -11,7 +11,8 @@ away). For every sequence and setting it prints the Sim(3)-aligned ATE as a frac
 trajectory's extent without and with the map, the first lap's own ATE (what the map cannot
 correct: drift within the lap before any loop), the loops closed, those joining frames more
 than 1 m or 30 degrees apart by the ground truth (false loops), and the checks run; then the
-median ATE of each setting. The stream's window joins are not marked (as on a resumed run).
+median ATE of each setting; `--plots DIR` draws each sequence's trajectories from above. The
+stream's window joins are not marked (as on a resumed run).
 """
 from __future__ import annotations
 
@@ -54,6 +55,30 @@ def ate(est: np.ndarray, gt: np.ndarray, extent: float) -> float:
     return float(np.sqrt(((sim.apply_points(est[:, :3, 3]) - gt[:, :3, 3]) ** 2).sum(1).mean()) / extent)
 
 
+def plot_top_view(path: Path, gt: np.ndarray, trajectories: dict[str, np.ndarray], extent: float, title: str) -> None:
+    """Camera centres seen from above (the floor plane: the ground truth's x and y), each
+    trajectory Sim(3)-aligned to the truth, labelled with its ATE."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from mapstream.geometry.align import align_trajectories
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    ax.plot(gt[:, 0, 3], gt[:, 1, 3], color="black", linewidth=2, label="ground truth")
+    for name, est in trajectories.items():
+        centres = align_trajectories(est, gt, mode="sim3").apply_points(est[:, :3, 3])
+        ax.plot(centres[:, 0], centres[:, 1], linewidth=1, label=f"{name} (ATE {ate(est, gt, extent):.1%} of the extent)")
+    ax.set_aspect("equal")
+    ax.set_xlabel("x (m)")
+    ax.set_ylabel("y (m)")
+    ax.set_title(title)
+    ax.legend(loc="lower left", fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
 def replay(model, recon, settings: dict):
     from mapstream.globalmap import GlobalMap, MapConfig
     from mapstream.session import FramePrediction
@@ -84,6 +109,8 @@ def main() -> int:
                         help='NAME=KEY=VALUE,KEY=VALUE (MapConfig fields, JSON values); "default=" is MapConfig()')
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--plots", type=Path, default=None,
+                        help="write a top view of each sequence's trajectories (truth, stream, each setting) here")
     args = parser.parse_args()
     import mapstream
     from mapstream.eval.datasets import read_benchmark_scene
@@ -108,6 +135,7 @@ def main() -> int:
         est = np.asarray(recon.T_world_cam, dtype=np.float64)
         extent = float(np.linalg.norm(gt[:, :3, 3].max(0) - gt[:, :3, 3].min(0)))
         lap = int(len(est) / args.laps)
+        drawn = {"stream": est}
         for name, setting in settings.items():
             started = time.perf_counter()
             gmap = replay(model, recon, setting)
@@ -121,8 +149,11 @@ def main() -> int:
                    "first_lap": ate(est[:lap], gt[:lap], extent), "loops": len(gmap.loops), "false_loops": false,
                    "checks": gmap.checks, "seconds": time.perf_counter() - started}
             rows.append(row)
+            drawn[name] = corrected
             print(f"seed {seed} {name}: ATE {row['without']:.2%} -> {row['with']:.2%} (first lap {row['first_lap']:.2%}), "
                   f"{row['loops']} loops ({false} false), {row['checks']} checks, {row['seconds']:.0f} s", flush=True)
+        if args.plots:
+            plot_top_view(args.plots / f"seed_{seed}.png", gt, drawn, extent, f"seed {seed}")
     for name in settings:
         mine = [r for r in rows if r["setting"] == name]
         print(f"{name}: median ATE {statistics.median(r['without'] for r in mine):.2%} -> "

@@ -34,8 +34,8 @@ class MapConfig:
     """Cosine similarity of place descriptors below which a candidate is not verified."""
     clip_neighbours: int = 1
     """Keyframes on each side of the candidate (and before the current one) in the verification clip."""
-    min_inlier_ratio: float = 0.5
-    """Share of a clip frame's pixels (confidence-weighted) that must agree with the map after alignment (candidate and current frame each)."""
+    min_inlier_ratio: float = 0.4
+    """Share of a clip side's pixels (confidence-weighted) that must agree with the map after alignment (the candidate's side and the current keyframe's each)."""
     min_overlap: float = 0.6
     """Share of the current frame's pixels (confidence-weighted) the clip must place on surfaces the candidate sees, and of the candidate's on the current frame's."""
     inlier_tolerance: float = 0.1

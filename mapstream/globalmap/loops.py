@@ -4,14 +4,14 @@ A candidate place (an older keyframe whose descriptor resembles the current one'
 the graph's estimate puts near it) is verified on a short fresh clip: the current keyframe
 with `clip_neighbours` keyframes before it, then the candidate with `clip_neighbours`
 keyframes on each side, all fed as the scale frames of a new session, so they attend to each
-other in both directions and share one frame and one scale. The candidate and the current
-keyframe are each aligned to the map by a confidence-weighted Sim(3) (Umeyama) between the
-clip's 3D points of the frame and the stream's points of the same pixels (the same image, so
-every pixel pairs with itself). The two alignments disagree exactly by the drift accumulated
-between the candidate and now; that disagreement is the loop edge.
+other in both directions and share one frame and one scale. The candidate's side and the
+current keyframe's side are each aligned to the map by a confidence-weighted Sim(3) (Umeyama)
+between the clip's 3D points of their frames and the stream's points of the same pixels (the
+same images, so every pixel pairs with itself). The two alignments disagree exactly by the
+drift accumulated between the candidate's stretch and now; that disagreement is the loop edge.
 
 A candidate is rejected when
-* either frame's inlier ratio (confidence-weighted share of pixels whose aligned point lies
+* either side's inlier ratio (confidence-weighted share of pixels whose aligned point lies
   within `inlier_tolerance` of its depth from the map's) is below `min_inlier_ratio`: the
   clip and the map do not describe the same geometry;
 * the overlap is below `min_overlap`: the confidence-weighted share of the current frame's
@@ -56,7 +56,7 @@ class LoopCheck:
     similarity: float
     accepted: bool = False
     reason: str = ""
-    inlier_ratio: float = 0.0  # the lower of the two frames'
+    inlier_ratio: float = 0.0  # the lower of the two sides'
     overlap: float = 0.0  # share of either frame the other sees, in the clip (the lower)
     rotation_deg: float = float("nan")  # the correction asked of the current keyframe
     shift: float = float("nan")  # its translation, as a fraction of the path since the candidate
@@ -180,8 +180,11 @@ class LoopVerifier:
             return result
         at = len(query_side) + [kf.index for kf in candidate_side].index(candidate.index)
         cand_pred, query_pred = preds[at], preds[len(query_side) - 1]
-        cand_sim, cand_ratio = self._side([candidate], [cand_pred])
-        query_sim, query_ratio = self._side([query], [query_pred])
+        # Each side is aligned on all its frames' pixels: points spread over several views fix
+        # the rotation better than one view's (per loop edge against the ground truth, on the
+        # small model, where the clip's overlap is high: median 2.0 deg against 3.4).
+        cand_sim, cand_ratio = self._side(candidate_side, preds[len(query_side) :])
+        query_sim, query_ratio = self._side(query_side, preds[: len(query_side)])
         result.inlier_ratio = min(cand_ratio, query_ratio)
         result.overlap = min(self._overlap(query_pred, cand_pred), self._overlap(cand_pred, query_pred))
         if result.inlier_ratio < cfg.min_inlier_ratio:

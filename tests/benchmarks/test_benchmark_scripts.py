@@ -540,7 +540,8 @@ def test_loop_closure_replay_builds_each_settings_map_on_the_same_stored_stream(
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "loop_closure_replay.py"), "--seeds", "3", "--frames", "16", "--workers", "1",
          "--setting", "open=temporal_gap=4,keyframe_every=2,min_similarity=0.0",
-         "--setting", "shut=temporal_gap=4,keyframe_every=2,min_similarity=1.0", "--out", str(out)],
+         "--setting", "shut=temporal_gap=4,keyframe_every=2,min_similarity=1.0", "--out", str(out),
+         "--plots", str(tmp_path / "plots")],
         capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -550,3 +551,4 @@ def test_loop_closure_replay_builds_each_settings_map_on_the_same_stored_stream(
     assert rows[0]["without"] == rows[1]["without"]
     assert rows[0]["checks"] > 0 and rows[1]["checks"] == 0  # a similarity of 1.0 lets no candidate through
     assert rows[1]["with"] == pytest.approx(rows[1]["without"], abs=1e-9)  # no loop: nothing moves
+    assert (tmp_path / "plots" / "seed_3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
