@@ -56,22 +56,28 @@ def ate(est: np.ndarray, gt: np.ndarray, extent: float) -> float:
 
 
 def plot_top_view(path: Path, gt: np.ndarray, trajectories: dict[str, np.ndarray], extent: float, title: str) -> None:
-    """Camera centres seen from above (the floor plane: the ground truth's x and y), each
-    trajectory Sim(3)-aligned to the truth, labelled with its ATE."""
+    """Camera centres seen from above (the plane of the ground truth's path: its two principal
+    axes), each trajectory Sim(3)-aligned to the truth, labelled with its ATE."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from mapstream.geometry.align import align_trajectories
 
+    mean = gt[:, :3, 3].mean(0)
+    axes = np.linalg.svd(gt[:, :3, 3] - mean, full_matrices=False)[2][:2]  # the path's plane
+
+    def flat(points: np.ndarray) -> np.ndarray:
+        return (points - mean) @ axes.T
+
     fig, ax = plt.subplots(figsize=(6, 6))
-    ax.plot(gt[:, 0, 3], gt[:, 1, 3], color="black", linewidth=2, label="ground truth")
+    ax.plot(*flat(gt[:, :3, 3]).T, color="black", linewidth=2, label="ground truth")
     for name, est in trajectories.items():
         centres = align_trajectories(est, gt, mode="sim3").apply_points(est[:, :3, 3])
-        ax.plot(centres[:, 0], centres[:, 1], linewidth=1, label=f"{name} (ATE {ate(est, gt, extent):.1%} of the extent)")
+        ax.plot(*flat(centres).T, linewidth=1, label=f"{name} (ATE {ate(est, gt, extent):.1%} of the extent)")
     ax.set_aspect("equal")
-    ax.set_xlabel("x (m)")
-    ax.set_ylabel("y (m)")
+    ax.set_xlabel("m")
+    ax.set_ylabel("m")
     ax.set_title(title)
     ax.legend(loc="lower left", fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
