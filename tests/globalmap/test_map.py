@@ -41,15 +41,21 @@ def test_every_keyframe_becomes_a_node_joined_by_odometry(tiny):
         assert scale == pytest.approx(1.0, abs=1e-6)
 
 
-def test_a_frame_between_keyframes_moves_with_both(tiny):
+def _map_pulled_at_frame_8(tiny, frames: int) -> tuple[GlobalMap, np.ndarray]:
+    """A map of frames 0-8 of a walk of `frames` (keyframes every 4th) whose keyframe 8 a loop
+    pulls by 0.4 m along y from keyframe 0 (a tight, certain edge), and the walk's poses."""
     gmap = GlobalMap(tiny, MapConfig(keyframe_every=4, min_similarity=1.0))
-    poses = walk(9)
+    poses = walk(frames)
     for i in range(9):
         gmap.add(prediction(i, poses[i]), _frame(i))
-    # Pull keyframe 8 by 0.4 m along y from keyframe 0, as a loop would (a tight, certain edge).
     relative = Sim3(np.eye(3), poses[8][:3, 3] - poses[0][:3, 3] + np.array([0, 0.4, 0]), 1.0)
     gmap.graph.add_edge(Edge(0, 8, relative, np.array([1e-4, 1e-4, 1e-4]), "loop"))
     gmap.graph.update()
+    return gmap, poses
+
+
+def test_a_frame_between_keyframes_moves_with_both(tiny):
+    gmap, poses = _map_pulled_at_frame_8(tiny, 9)
     gmap.finish()
     shift = [gmap.correct_pose(i, poses[i])[0][1, 3] for i in range(9)]
     assert shift[0] == pytest.approx(0.0, abs=1e-4)
@@ -63,13 +69,7 @@ def test_keyframes_that_arrive_after_a_loop_move_with_it(tiny):
     """A loop pulls keyframe 8 by 0.4 m; keyframes 12 and 16, added afterwards, are placed by
     odometry from the corrected 8: their frames and points carry the same correction (the
     correction is the estimate against the stream's own pose, whatever value a node began from)."""
-    gmap = GlobalMap(tiny, MapConfig(keyframe_every=4, min_similarity=1.0))
-    poses = walk(17)
-    for i in range(9):
-        gmap.add(prediction(i, poses[i]), _frame(i))
-    relative = Sim3(np.eye(3), poses[8][:3, 3] - poses[0][:3, 3] + np.array([0, 0.4, 0]), 1.0)
-    gmap.graph.add_edge(Edge(0, 8, relative, np.array([1e-4, 1e-4, 1e-4]), "loop"))
-    gmap.graph.update()
+    gmap, poses = _map_pulled_at_frame_8(tiny, 17)
     for i in range(9, 17):
         gmap.add(prediction(i, poses[i]), _frame(i))
     for moment in ("streaming", "finished"):
