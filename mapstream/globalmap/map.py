@@ -81,6 +81,7 @@ class GlobalMap:
         self.late_searches = 0  # of those, searched by `search_skipped`
         self.keyframe_seconds: deque[float] = deque(maxlen=1024)
         self.merged = 0
+        self.window_joins = 0  # keyframes whose odometry edge crosses a window join
 
     # ------------------------------------------------------------------ input
     @torch.no_grad()
@@ -121,6 +122,7 @@ class GlobalMap:
             image=encode_image(frame, cfg.image_quality), image_hw=tuple(frame.shape[-2:]), descriptor=descriptor,
             path_length=self._path, joined=self._joined,
         )
+        self.window_joins += kf.joined
         self._joined = False
         previous = self.graph.keys[-1] if len(self.graph) else None
         self._register(kf, previous)
@@ -334,6 +336,7 @@ class GlobalMap:
             "loops": len(self.loops),
             "checks": self.checks,
             "searched_late": self.late_searches,
+            "window_joins": self.window_joins,
             "rejected": len(self.rejected),
             "seconds_per_keyframe": {"median": float(np.median(seconds)), "max": float(seconds.max())},
         }

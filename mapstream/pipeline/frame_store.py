@@ -27,15 +27,18 @@ log = logging.getLogger(__name__)
 
 FrameRecord = dict[str, Any]
 """One frame: image [H,W,3] u8, depth, depth_conf [H,W] f32, T_world_cam [3,4], K [3,3],
-pose_enc [9], keyframe bool, name str, index int, time f64 (seconds, NaN when unknown)."""
+pose_enc [9], keyframe bool, scale_frame bool (one of a window's scale frames), name str,
+index int, time f64 (seconds, NaN when unknown)."""
 
-_ARRAYS = ("image", "depth", "depth_conf", "T_world_cam", "K", "pose_enc", "keyframe", "index", "time")
+_ARRAYS = ("image", "depth", "depth_conf", "T_world_cam", "K", "pose_enc", "keyframe", "scale_frame", "index", "time")
+_ADDED_LATER = {"time": np.nan, "scale_frame": False}
+"""Columns that shards written before them lack, and what such a shard's frames read."""
 
 
 def _column(data, key: str) -> np.ndarray:
-    """A shard's column; shards written before frames had times read as NaN times."""
-    if key == "time" and key not in data:
-        return np.full(data["index"].shape[0], np.nan)
+    """A shard's column; one written before a column existed reads its `_ADDED_LATER` value."""
+    if key in _ADDED_LATER and key not in data:
+        return np.full(data["index"].shape[0], _ADDED_LATER[key])
     return data[key]
 
 
@@ -58,7 +61,7 @@ def _read_progress(path: Path) -> dict[str, Any] | None:
 _SHAPES = {  # each array's shape after the frame axis ("H", "W": the frame's size) and dtype kinds
     "image": (("H", "W", 3), "u"), "depth": (("H", "W"), "f"), "depth_conf": (("H", "W"), "f"),
     "T_world_cam": ((3, 4), "f"), "K": ((3, 3), "f"), "pose_enc": ((9,), "f"), "keyframe": ((), "b"),
-    "index": ((), "iu"), "time": ((), "f"),
+    "scale_frame": ((), "b"), "index": ((), "iu"), "time": ((), "f"),
 }
 _FINITE = ("T_world_cam", "K", "pose_enc")  # a camera with NaN in it cannot be exported
 
@@ -75,8 +78,8 @@ def _check_shard(shard: Path, frames: int, frame_hw: tuple[int, int] | None) -> 
     try:
         with np.load(shard) as data:
             for key, (tail, kinds) in _SHAPES.items():
-                if key == "time" and key not in data.files:
-                    continue  # written before frames had times
+                if key in _ADDED_LATER and key not in data.files:
+                    continue  # written before this column existed
                 if key not in data.files:
                     raise _Unreadable(f"it has no {key!r} array")
                 array = data[key]
@@ -250,6 +253,16 @@ class FrameStore:
             timestamps=_timestamps(arrays["time"]),
             fps=fps,
         )
+
+    def scale_frames(self) -> np.ndarray:
+        """Which finished frames were a window's scale frames (bool [finished]): where a
+        windowed stream joins two windows, which the global map weighs as such."""
+        self.flush()
+        parts = []
+        for path, _ in self._shards:
+            with np.load(path) as data:
+                parts.append(np.asarray(_column(data, "scale_frame"), dtype=bool))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
     @property
     def _assembled(self) -> Path:

@@ -54,11 +54,15 @@ class MapRun:
         self.background = BackgroundMap(model, config, on_loop=loops)
         self.started = time.perf_counter()
 
-    def resume(self, recon: Reconstruction) -> None:
-        """Hand over the frames an earlier run finished (in order)."""
+    def resume(self, recon: Reconstruction, scale_frames: np.ndarray | None = None) -> None:
+        """Hand over the frames an earlier run finished (in order); `scale_frames` (bool, one
+        a frame) marks those that were a window's scale frames, as the stream marked them."""
+        if scale_frames is not None and len(scale_frames) != len(recon):
+            raise ValueError(f"{len(scale_frames)} scale-frame marks for {len(recon)} frames")
         for i in range(len(recon)):
             pred = _Finished(i, torch.from_numpy(np.asarray(recon.T_world_cam[i])), torch.from_numpy(np.asarray(recon.K[i])),
-                             torch.from_numpy(np.asarray(recon.depth[i])), torch.from_numpy(np.asarray(recon.depth_conf[i])))
+                             torch.from_numpy(np.asarray(recon.depth[i])), torch.from_numpy(np.asarray(recon.depth_conf[i])),
+                             scale_frame=bool(scale_frames[i]) if scale_frames is not None else False)
             image = torch.from_numpy(np.asarray(recon.images[i])).permute(2, 0, 1).float() / 255
             self.background.submit(pred, image)
 

@@ -210,7 +210,7 @@ def _start_map(opts: RunOptions, job: "_Job", on_map) -> MapRun | None:
     mapping = MapRun(job.model, opts.map, on_map=on_map)
     if job.store.finished:
         try:
-            mapping.resume(job.store.assemble())
+            mapping.resume(job.store.assemble(), job.store.scale_frames())
         finally:
             job.store.discard_assembled()
     return mapping

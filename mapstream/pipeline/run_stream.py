@@ -139,6 +139,7 @@ def _frame_record(pred: FramePrediction, frame: torch.Tensor, when: float | None
         # (a resumed or windowed run's aligned frames) unit length.
         "pose_enc": unit_quaternion_encoding(pred.pose_enc.float()).cpu().numpy(),
         "keyframe": bool(pred.keyframe),
+        "scale_frame": bool(pred.scale_frame),
         "index": int(pred.index),
         "name": pred.name or f"frame_{pred.index:06d}",
         "time": float("nan") if when is None else float(when),
@@ -150,7 +151,8 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
     return FramePrediction(
         index=int(record["index"]), pose_enc=t["pose_enc"], T_world_cam=t["T_world_cam"],
         T_cam_world=invert_se3(t["T_world_cam"]),
-        K=t["K"], depth=t["depth"], depth_conf=t["depth_conf"], keyframe=bool(record["keyframe"]), scale_frame=False,
+        K=t["K"], depth=t["depth"], depth_conf=t["depth_conf"], keyframe=bool(record["keyframe"]),
+        scale_frame=bool(record["scale_frame"]),
     )
 
 

@@ -143,6 +143,36 @@ def test_the_background_map_equals_the_map_run_in_the_foreground(tiny):
         np.testing.assert_allclose(behind.keyframes[key].descriptor, front.keyframes[key].descriptor)
 
 
+def test_a_resumed_run_hands_the_map_the_window_joins_the_stream_marked(tiny, tmp_path):
+    """The frames an earlier run finished reach the map from the frame store with their
+    scale-frame marks, so the odometry edges across its window joins are weighed as joins."""
+    from mapstream.pipeline.frame_store import FrameStore
+    from mapstream.pipeline.loop_closure import MapRun
+
+    cfg = MapConfig(keyframe_every=4, min_similarity=1.0)
+    poses = walk(24)
+    marks = [i in (0, 1, 10, 11, 19) for i in range(24)]  # windows start at frames 0, 10 and 19
+    live = GlobalMap(tiny, cfg)
+    store = FrameStore(tmp_path, {"c": 1}, shard_frames=5)
+    for i in range(24):
+        pred = prediction(i, poses[i], scale_frame=marks[i])
+        live.add(pred, _frame(i))
+        store.add({"image": (_frame(i).permute(1, 2, 0) * 255 + 0.5).to(torch.uint8).numpy(),
+                   "depth": pred.depth.numpy(), "depth_conf": pred.depth_conf.numpy(),
+                   "T_world_cam": pred.T_world_cam.numpy(), "K": pred.K.numpy(), "pose_enc": pred.pose_enc.numpy(),
+                   "keyframe": True, "scale_frame": marks[i], "index": i, "name": f"{i}", "time": float(i)})
+    store.flush()
+    resumed = MapRun(tiny, cfg)
+    resumed.resume(store.assemble(), store.scale_frames())
+    gmap = resumed.finish()
+    joined = [k for k in gmap.graph.keys if gmap.keyframes[k].joined]
+    assert joined == [12, 20]  # the first keyframes after the joins at frames 10 and 19
+    assert joined == [k for k in live.graph.keys if live.keyframes[k].joined]
+    assert gmap.stats()["window_joins"] == live.stats()["window_joins"] == 2
+    with pytest.raises(ValueError, match="3 scale-frame marks for 24 frames"):
+        MapRun(tiny, cfg).resume(store.assemble(), np.zeros(3, dtype=bool))
+
+
 def test_a_failure_on_the_map_thread_is_raised_on_the_stream_thread(tiny):
     back = BackgroundMap(tiny, MapConfig(keyframe_every=1))
     back.submit(prediction(3, np.eye(4)), _frame(0))

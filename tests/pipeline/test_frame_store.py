@@ -10,12 +10,12 @@ import pytest
 from mapstream.pipeline.frame_store import FrameStore
 
 
-def record(index: int, time: float) -> dict:
+def record(index: int, time: float, scale_frame: bool = False) -> dict:
     return {
         "image": np.full((4, 6, 3), index, np.uint8), "depth": np.ones((4, 6), np.float32),
         "depth_conf": np.ones((4, 6), np.float32), "T_world_cam": np.eye(4, dtype=np.float32)[:3],
         "K": np.eye(3, dtype=np.float32), "pose_enc": np.zeros(9, np.float32), "keyframe": True,
-        "index": index, "name": f"f{index}", "time": time,
+        "scale_frame": scale_frame, "index": index, "name": f"f{index}", "time": time,
     }
 
 
@@ -33,19 +33,32 @@ def test_frames_own_times_become_the_timestamps_and_missing_ones_fall_back_to_th
 def test_a_store_written_before_frames_had_times_resumes(tmp_path):
     store = FrameStore(tmp_path, {"c": 1}, shard_frames=2)
     for i in range(2):
-        store.add(record(i, 0.5 * i))
+        store.add(record(i, 0.5 * i, scale_frame=True))
     store.flush()
     shard = next((tmp_path / ".frames").glob("shard_*.npz"))
     with np.load(shard) as data:
-        old = {key: data[key] for key in data.files if key != "time"}
+        old = {key: data[key] for key in data.files if key not in ("time", "scale_frame")}
     np.savez(shard, **old)  # as an earlier version wrote it
     resumed = FrameStore(tmp_path, {"c": 1})
     assert resumed.finished == 2
     assert np.isnan(resumed.last_records(1)[0]["time"])
-    resumed.add(record(2, 1.0))
+    resumed.add(record(2, 1.0, scale_frame=True))
     recon = resumed.assemble(fps=4)
     np.testing.assert_allclose(recon.timestamps, [0.0, 0.25, 0.5])  # not every frame has a time
     assert recon.names == ["f0", "f1", "f2"]
+    # Frames stored before the scale-frame marks read as unmarked.
+    np.testing.assert_array_equal(resumed.scale_frames(), [False, False, True])
+
+
+def test_the_window_join_marks_come_back_from_every_shard(tmp_path):
+    store = FrameStore(tmp_path, {"c": 1}, shard_frames=3)
+    marks = [True, True, False, False, False, True, True, False]
+    for i, mark in enumerate(marks):
+        store.add(record(i, float(i), scale_frame=mark))
+    store.flush()
+    assert len(list((tmp_path / ".frames").glob("shard_*.npz"))) == 3
+    np.testing.assert_array_equal(FrameStore(tmp_path, {"c": 1}).scale_frames(), marks)
+    assert [bool(r["scale_frame"]) for r in store.last_records(3)] == marks[-3:]
 
 
 def _three_shards(folder):
