@@ -74,6 +74,8 @@ class Run:
     """Build a global map beside the stream: loops found and closed in a pose graph, every output corrected (docs/MAP.md)."""
     known_poses: Optional[Path] = RunOptions.known_poses
     """With --loop-closure: a TUM trajectory of poses known for some frames (GPS, ARKit...), matched by timestamp: the map takes their frame and metric scale."""
+    intrinsics: Optional[str] = RunOptions.intrinsics
+    """The camera's known intrinsics, used in place of the network's for every output: fx,fy,cx,cy (pixels of the images as they are on disk, OpenCV's convention), a COLMAP cameras.txt or a transforms.json."""
     map: MapConfig = field(default_factory=MapConfig)
     """The global map's settings, read with --loop-closure (docs/MAP.md)."""
     cloud: CloudFlags = field(default_factory=PointCloudFlags)
@@ -116,6 +118,7 @@ class Run:
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads,
             loop_closure=self.loop_closure, map=self.map, known_poses=self.known_poses,
+            intrinsics=self.intrinsics,
         )
         if many:
             return self._run_many(opts)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from mapstream.config import DEFAULT_IMAGE_SIZE
-from mapstream.io.images import resized_shape
+from mapstream.io.images import preprocess_pixel_map, resized_shape
 
 __all__ = ["InputGeometry", "read_input_geometry", "depth_in_model_frame"]
 
@@ -88,10 +88,8 @@ def _placement(geometry: InputGeometry, image_wh: tuple[int, int], frame_hw: tup
         return new_w, new_h, (new_h - frame_h) // 2, (new_w - frame_w) // 2
     size = geometry.image_size
     new_w, new_h = resized_shape(width, height, geometry.mode, size, geometry.patch_size)
-    if geometry.mode == "pad":
-        own_h, top, left = size, -((size - new_h) // 2), -((size - new_w) // 2)
-    else:
-        own_h, top, left = min(size, new_h), max(0, (new_h - size) // 2), 0
+    shift = preprocess_pixel_map(width, height, geometry.mode, size, geometry.patch_size)[:2, 2]
+    own_h, top, left = size if geometry.mode == "pad" else min(size, new_h), -int(shift[1]), -int(shift[0])
     own_w = size
     if frame_w != own_w or (geometry.mode == "pad" and frame_h != own_h):
         raise ValueError(

@@ -249,6 +249,21 @@ def check_preprocess_args(mode: str, image_size: int, patch_size: int) -> None:
         )
 
 
+def preprocess_pixel_map(
+    width: int, height: int, mode: Mode = "crop", image_size: int = DEFAULT_IMAGE_SIZE, patch_size: int = 14
+) -> np.ndarray:
+    """[3, 3] map from a ``width x height`` image's continuous pixel coordinates (pixel centres
+    at +0.5) to those of :func:`preprocess_image`'s output: the resize's scale, then the crop's
+    or the padding's shift."""
+    new_w, new_h = resized_shape(width, height, mode, image_size, patch_size)
+    shift_x = shift_y = 0.0
+    if mode == "crop" and new_h > image_size:
+        shift_y = -float((new_h - image_size) // 2)
+    if mode == "pad":
+        shift_x, shift_y = float((image_size - new_w) // 2), float((image_size - new_h) // 2)
+    return np.array([[new_w / width, 0.0, shift_x], [0.0, new_h / height, shift_y], [0.0, 0.0, 1.0]])
+
+
 def preprocess_image(
     image: Image.Image, mode: Mode = "crop", image_size: int = DEFAULT_IMAGE_SIZE, patch_size: int = 14
 ) -> torch.Tensor:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -39,6 +40,7 @@ from mapstream.io.images import (
     oriented_size,
     pad_white,
     preprocess_image,
+    preprocess_pixel_map,
     preprocessed_height,
     resized_shape,
 )
@@ -112,6 +114,11 @@ class FrameSource:
         self.last_time: float | None = None
         """Seconds at which the frame yielded last was shown (video) or captured (live), or
         None when the input does not say (image files)."""
+        self.last_pixel_map: np.ndarray | None = None
+        """[3, 3]: the frame yielded last's pixel coordinates from those of its image as read
+        (before `rotate`), pixel centres at +0.5 (`mapstream.io.intrinsics.frame_intrinsics`)."""
+        self.last_picture_size: tuple[int, int] | None = None
+        """(width, height) of the frame yielded last's image as read, before `rotate`."""
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         first: tuple[int, int] | None = None  # a stream's frame size, kept when it changes
@@ -119,6 +126,8 @@ class FrameSource:
         told_upscale = False
         for name, image, *when in self._frames():
             self.last_time = when[0] if when else None
+            self.last_picture_size = image.size
+            turn = _turn_map(*image.size, self.rotate)
             if self.rotate:
                 image = image.transpose(_CLOCKWISE[self.rotate])
             scale = self._check_picture_size(name, image)
@@ -133,6 +142,8 @@ class FrameSource:
                 frame = preprocess_image(image, self.mode, self.image_size, self.patch_size)
             except ValueError as err:
                 raise ValueError(f"frame {name} of {self.description}: {err}") from err
+            pixel_map = preprocess_pixel_map(*image.size, self.mode, self.image_size, self.patch_size) @ turn
+            height = frame.shape[1]
             if self.pad_height is not None and frame.shape[1] < self.pad_height:
                 frame = pad_white(frame, self.pad_height, frame.shape[2])
             elif self.pad_height is None:
@@ -147,6 +158,8 @@ class FrameSource:
                             self.description, name, frame.shape[2], frame.shape[1], first[1], first[0],
                         )
                     frame = _to_height(frame, first[0])
+            pixel_map[1, 2] += (frame.shape[1] - height) // 2 if frame.shape[1] > height else -((height - frame.shape[1]) // 2)
+            self.last_pixel_map = pixel_map
             yield name, frame
 
     def _check_picture_size(self, name: str, image: Image.Image) -> float:
@@ -287,6 +300,17 @@ def glob_files(pattern: str) -> list[str]:
         logger.warning("%s: skipped %d link%s that lead nowhere (a loop of links, or a missing target): %s",
                        pattern, len(dangling), "" if len(dangling) == 1 else "s", shown)
     return [f for f in matches if os.path.isfile(f)]
+
+
+def _turn_map(width: int, height: int, rotate: int) -> np.ndarray:
+    """[3, 3] map of continuous pixel coordinates of a ``width x height`` image to those of the
+    image turned ``rotate`` degrees clockwise."""
+    return {
+        0: np.eye(3),
+        90: np.array([[0.0, -1.0, height], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
+        180: np.array([[-1.0, 0.0, width], [0.0, -1.0, height], [0.0, 0.0, 1.0]]),
+        270: np.array([[0.0, 1.0, 0.0], [-1.0, 0.0, width], [0.0, 0.0, 1.0]]),
+    }[rotate]
 
 
 def _to_height(frame: torch.Tensor, height: int) -> torch.Tensor:

@@ -46,6 +46,7 @@ class RunOptions:
     loop_closure: bool = False  # a global map beside the stream: loops closed, every output corrected (docs/MAP.md)
     map: MapConfig = field(default_factory=MapConfig)  # the global map's settings (read with loop_closure)
     known_poses: Path | None = None  # TUM trajectory of poses known for some frames: priors in the map
+    intrinsics: str | None = None  # the camera's known intrinsics: fx,fy,cx,cy, a cameras.txt or a transforms.json
 
 
 def recorded_options(opts: RunOptions) -> dict[str, str]:

@@ -25,6 +25,7 @@ from ..device import resolve_device
 from ..export import CloudOptions, check_formats, export_all, runtime_versions
 from ..export.reconstruction import Reconstruction
 from ..globalmap import GlobalMap, MapConfig
+from ..io.intrinsics import read_intrinsics
 from ..session import FramePrediction, Session, resolve_precision
 from ..windowed import WindowedSession
 from .frame_store import FrameStore
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 # Run settings that older run folders did not record, with the value those runs used.
 _RECORDED_LATER = {
     "rotate": 0, "overlap_keyframes": None, "cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024,
-    "camera_iterations": 4,
+    "camera_iterations": 4, "intrinsics": None,
 }
 # Windowed settings that older run folders did not record, with the value their windowed runs
 # used (None for a run that streamed): shared frames came from the earlier window, and windows
@@ -78,6 +79,8 @@ def check_options(opts: RunOptions) -> None:
         raise TypeError(f"RunOptions.map must be a MapConfig, got {type(opts.map).__name__}")
     if opts.known_poses is not None and not opts.loop_closure:
         raise ValueError("known poses are priors in the global map: add --loop-closure to use --known-poses")
+    if opts.intrinsics is not None:
+        read_intrinsics(opts.intrinsics)  # its own error for a value or file it cannot read
     if not isinstance(opts.stream, StreamConfig):
         raise TypeError(f"RunOptions.stream must be a StreamConfig, got {type(opts.stream).__name__}")
     if opts.camera_iterations < 1:
@@ -178,6 +181,7 @@ def run(
             streamed = stream_frames(
                 job.session, source, job.store, scale_frames=opts.stream.num_scale_frames, out=folder.path,
                 progress=progress, on_frame=_both(mapping.take, on_frame) if mapping else on_frame,
+                intrinsics=read_intrinsics(opts.intrinsics) if opts.intrinsics is not None else None,
             )
         except BaseException:
             if mapping is not None:
@@ -303,6 +307,7 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
             "cache_scale_frames": stream.anchor_frames, "sliding_window": stream.sliding_window,
             "trajectory_capacity": stream.trajectory_capacity,
             "camera_iterations": opened.camera_iterations,
+            "intrinsics": opts.intrinsics,
             "heads_precision": opened.heads_precision,
         }
         store = folder.frame_store(config, resume=opts.resume, recorded_later=_RECORDED_LATER,
@@ -358,6 +363,7 @@ def _record(opts: RunOptions, job: _Job, recon: Reconstruction, outputs: dict[st
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "warnings": job.warnings,
         "loop_closure": {**gmap.record(), "priors": job.priors} if gmap is not None else None,
+        "intrinsics": streamed.intrinsics,
     }
     outputs = {**outputs, "run_json": job.folder.finish(outputs, recon.file_stems(), info)}
     return RunSummary(len(recon), streamed.new_frames, fps, job.folder.path, outputs, job.model_desc, job.warnings)

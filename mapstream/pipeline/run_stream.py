@@ -7,6 +7,7 @@ every later frame is warped by it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from ..geometry import invert_se3, unit_quaternion_encoding
+from ..io.intrinsics import KnownIntrinsics, frame_intrinsics
 from ..progress import progress_bar
 from ..session import FramePrediction
 from ..windowed import pairwise_alignment
@@ -36,20 +38,24 @@ class Streamed:
     resumed_from: int  # frames an earlier run had finished
     new_frames: int  # frames this run finished
     in_callback: float  # seconds spent in the caller's `on_frame`: not the run's
+    intrinsics: dict | None = None  # known intrinsics: what they were on the frames, beside the network's (run.json)
 
 
 def stream_frames(
     session, source, store: FrameStore, *, scale_frames: int, out: Path, progress: bool | None,
-    on_frame: FrameCallback | None,
+    on_frame: FrameCallback | None, intrinsics: KnownIntrinsics | None = None,
 ) -> Streamed:
     """Feed ``source`` to ``session`` after the frames ``store`` has finished, storing each
-    new frame. Raises ValueError when the input is not the one whose frames were finished."""
+    new frame. With `intrinsics`, every new frame's K is the known camera's, carried onto the
+    frame as it was preprocessed (what the store, `on_frame` and every export receive). Raises
+    ValueError when the input is not the one whose frames were finished."""
     resume_at = store.finished
     overlap = _resume_overlap(resume_at, source.expected_length, scale_frames)
     offset = resume_at - overlap
     realign = _Realigner(store.last_records(overlap)) if overlap else None
     bar = progress_bar(source.expected_length, desc="mapstream", progress=progress, initial=resume_at)
-    sink = _FrameSink(store, offset, realign, on_frame, bar)
+    known = _KnownCamera(intrinsics) if intrinsics is not None else None
+    sink = _FrameSink(store, offset, realign, on_frame, bar, known)
     keep = 4 * max(scale_frames, getattr(session, "overlap", 0), 8)  # inputs awaiting a late prediction
     try:
         read = 0
@@ -63,7 +69,7 @@ def stream_frames(
                 )
             if index < offset:
                 continue
-            sink.frames[index] = frame, source.last_time
+            sink.frames[index] = frame, source.last_time, known.frame_K(source) if known is not None else None
             sink.emit(session.step(frame, name=name))
             for stale in [i for i in sink.frames if i < index - keep]:
                 sink.frames.pop(stale)
@@ -78,7 +84,7 @@ def stream_frames(
         bar.close()
         store.flush()
         session.close()
-    return Streamed(resume_at, sink.new, sink.in_callback)
+    return Streamed(resume_at, sink.new, sink.in_callback, known.record() if known is not None else None)
 
 
 def _resume_overlap(resume_at: int, expected: int | None, scale_frames: int) -> int:
@@ -103,10 +109,12 @@ class _FrameSink:
     frame, handed to the caller, counted."""
 
     def __init__(self, store: FrameStore, offset: int, realign: _Realigner | None, on_frame: FrameCallback | None,
-                 bar) -> None:
+                 bar, known: _KnownCamera | None = None) -> None:
         self.store, self.offset, self.realign, self.on_frame, self.bar = store, offset, realign, on_frame, bar
-        # Inputs awaiting their prediction (scale phase), with the time the source gave them.
-        self.frames: dict[int, tuple[torch.Tensor, float | None]] = {}
+        self.known = known
+        # Inputs awaiting their prediction (scale phase), with the time the source gave them
+        # and the known K on the frame (None: the network's stays).
+        self.frames: dict[int, tuple[torch.Tensor, float | None, torch.Tensor | None]] = {}
         self.new = 0
         self.in_callback = 0.0
 
@@ -117,7 +125,10 @@ class _FrameSink:
                 pred = self.realign.take(pred, seq_index)
                 if pred is None:  # a re-fed frame: it only anchors the alignment
                     continue
-            frame, when = self.frames.pop(seq_index)
+            frame, when, K = self.frames.pop(seq_index)
+            if K is not None:
+                self.known.predicted.append(pred.K.float().cpu())
+                pred = dataclasses.replace(pred, K=K.to(pred.K.device, pred.K.dtype))
             self.store.add(_frame_record(pred, frame, when))
             if self.on_frame is not None:
                 called = time.perf_counter()
@@ -154,6 +165,43 @@ def _as_prediction(record: dict[str, Any]) -> FramePrediction:
         K=t["K"], depth=t["depth"], depth_conf=t["depth_conf"], keyframe=bool(record["keyframe"]),
         scale_frame=bool(record["scale_frame"]),
     )
+
+
+class _KnownCamera:
+    """A known camera's K on each frame, as the frame was preprocessed from its image, and the
+    network's K beside it for the record."""
+
+    def __init__(self, intrinsics: KnownIntrinsics) -> None:
+        self.intrinsics = intrinsics
+        self._by_map: dict[tuple, torch.Tensor] = {}
+        self.predicted: list[torch.Tensor] = []
+        self.first: torch.Tensor | None = None
+
+    def frame_K(self, source) -> torch.Tensor:
+        """The known K on the frame `source` yielded last."""
+        key = (source.last_picture_size, source.last_pixel_map.round(9).tobytes())
+        if key not in self._by_map:
+            K = frame_intrinsics(self.intrinsics.for_size(*source.last_picture_size), source.last_pixel_map)
+            self._by_map[key] = torch.from_numpy(K).float()
+        if self.first is None:
+            self.first = self._by_map[key]
+        return self._by_map[key]
+
+    def record(self) -> dict | None:
+        """run.json's "intrinsics": the source, the first frame's known fx, fy, cx, cy and the
+        median of the network's over the new frames (how far its focal length was off)."""
+        if self.first is None:
+            return None
+        record = {"source": self.intrinsics.source, "frame_fx_fy_cx_cy": _fx_fy_cx_cy(self.first)}
+        if self.predicted:
+            predicted = torch.stack(self.predicted).median(dim=0).values
+            record["network_median_fx_fy_cx_cy"] = _fx_fy_cx_cy(predicted)
+            record["network_focal_error"] = float(predicted[0, 0] / self.first[0, 0] - 1)
+        return record
+
+
+def _fx_fy_cx_cy(K: torch.Tensor) -> list[float]:
+    return [round(float(v), 4) for v in (K[0, 0], K[1, 1], K[0, 2], K[1, 2])]
 
 
 class _Realigner:

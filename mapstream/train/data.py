@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -33,8 +32,10 @@ from mapstream.eval.datasets import GroundTruthSequence, read_sequence
 from mapstream.eval.depth_io import DEPTH_SUFFIXES
 from mapstream.eval.input_geometry import InputGeometry, depth_in_model_frame
 from mapstream.geometry import quat_to_mat
+from mapstream.io.intrinsics import frame_intrinsics, read_colmap_cameras, transforms_camera
 from mapstream.io.images import (
-    natural_sort_key, open_image, oriented_size, preprocess_image, preprocessed_height, resized_shape,
+    natural_sort_key, open_image, oriented_size, preprocess_image, preprocess_pixel_map, preprocessed_height,
+    resized_shape,
 )
 from mapstream.train.render import (
     SCENE_OBJECTS, check_frame_step, check_object_range, check_path_kinds, check_share, render_clips,
@@ -280,22 +281,14 @@ def model_intrinsics(K: np.ndarray, K_hw: tuple[int, int], photo_hw: tuple[int, 
     frame_h = own_h if frame_h is None else frame_h
     if frame_h > own_h:
         raise ValueError(f"frame height {frame_h} exceeds the preprocessed height {own_h}")
-    top = max(0, (new_h - image_size) // 2) + (own_h - frame_h) // 2
-    sx, sy = new_w / K_hw[1], new_h / K_hw[0]
-    out = np.array(K, dtype=np.float64, copy=True)
-    out[..., 0, 0], out[..., 1, 1] = out[..., 0, 0] * sx, out[..., 1, 1] * sy
-    out[..., 0, 2] = (out[..., 0, 2] + 0.5) * sx - 0.5
-    out[..., 1, 2] = (out[..., 1, 2] + 0.5) * sy - 0.5 - top
-    return out
+    pixel_map = preprocess_pixel_map(photo_hw[1], photo_hw[0], "crop", image_size, _PATCH)
+    pixel_map[1, 2] -= (own_h - frame_h) // 2
+    to_photo = np.diag([photo_hw[1] / K_hw[1], photo_hw[0] / K_hw[0], 1.0])
+    return frame_intrinsics(np.asarray(K, dtype=np.float64), pixel_map @ to_photo)
 
 
 def _frame_files(folder: Path, stem: str, suffixes: Sequence[str]) -> Path | None:
     return next((folder / f"{stem}{s}" for s in suffixes if (folder / f"{stem}{s}").is_file()), None)
-
-
-def _undistorted(name: str, coeffs: Sequence[float]) -> None:
-    if any(abs(float(c)) > 0 for c in coeffs):
-        raise ValueError(f"{name}: distorted camera; undistort the images first (e.g. colmap image_undistorter)")
 
 
 def read_colmap_sequence(path: str | Path) -> GroundTruthSequence:
@@ -311,21 +304,7 @@ def read_colmap_sequence(path: str | Path) -> GroundTruthSequence:
     model = next((d for d in (root / "sparse" / "0", root / "sparse", root) if (d / "images.txt").is_file()), None)
     if model is None:
         raise FileNotFoundError(f"{root}: no COLMAP text model (sparse/0/images.txt)")
-    cams = {}
-    for line in (model / "cameras.txt").read_text().splitlines():
-        tok = line.split()
-        if not tok or tok[0].startswith("#"):
-            continue
-        kind, w, h, p = tok[1], int(tok[2]), int(tok[3]), [float(x) for x in tok[4:]]
-        if kind in ("SIMPLE_PINHOLE", "SIMPLE_RADIAL", "RADIAL"):
-            fx = fy = p[0]
-            cx, cy, rest = p[1], p[2], p[3:]
-        elif kind in ("PINHOLE", "OPENCV", "FULL_OPENCV"):
-            fx, fy, cx, cy, rest = p[0], p[1], p[2], p[3], p[4:]
-        else:
-            raise ValueError(f"{model / 'cameras.txt'}: camera model {kind} is not supported")
-        _undistorted(f"{model / 'cameras.txt'} camera {tok[0]}", rest)
-        cams[tok[0]] = (np.array([[fx, 0, cx - 0.5], [0, fy, cy - 0.5], [0, 0, 1.0]]), (h, w))
+    cams = read_colmap_cameras(model / "cameras.txt")
     lines = [ln for ln in (model / "images.txt").read_text().splitlines() if not ln.startswith("#")]
     frames = []
     for line in lines[0::2]:  # each image's second line (its 2D points) may be empty
@@ -359,21 +338,15 @@ def read_transforms_json(path: str | Path) -> GroundTruthSequence:
     meta = json.loads(file.read_text())
     names, poses, Ks, sizes, rgb, depth = [], [], [], [], {}, {}
     for frame in sorted(meta.get("frames", []), key=lambda f: natural_sort_key(str(f["file_path"]))):
-        get = lambda key, default=None: frame.get(key, meta.get(key, default))  # noqa: E731
         image = file.parent / frame["file_path"]
         image = image if image.is_file() else (_frame_files(image.parent, image.name, (".png", ".jpg")) or image)
-        w, h = get("w"), get("h")
-        if w is None or h is None:
-            w, h = oriented_size(image)
-        fx = get("fl_x")
-        fx = fx if fx is not None else 0.5 * w / math.tan(0.5 * get("camera_angle_x"))
-        fy = get("fl_y", fx if get("camera_angle_y") is None else 0.5 * h / math.tan(0.5 * get("camera_angle_y")))
-        _undistorted(f"{file} frame {frame['file_path']}", [get(k, 0.0) for k in ("k1", "k2", "k3", "k4", "p1", "p2")])
-        cx, cy = get("cx", w / 2), get("cy", h / 2)
+        size = None if frame.get("w", meta.get("w")) is not None and frame.get("h", meta.get("h")) is not None \
+            else oriented_size(image)
+        K, hw = transforms_camera(meta, frame, size)
         names.append(Path(frame["file_path"]).stem)
         poses.append(np.asarray(frame["transform_matrix"], dtype=np.float64) @ np.diag([1.0, -1.0, -1.0, 1.0]))
-        Ks.append(np.array([[fx, 0, cx - 0.5], [0, fy, cy - 0.5], [0, 0, 1.0]]))
-        sizes.append((int(h), int(w)))
+        Ks.append(K)
+        sizes.append(hw)
         rgb[names[-1]] = image
         if frame.get("depth_file_path"):
             depth[names[-1]] = file.parent / frame["depth_file_path"]
