@@ -12,7 +12,7 @@ trajectory's extent without and with the map, the first lap's own ATE (what the 
 correct: drift within the lap before any loop), the loops closed, those joining frames more
 than 1 m or 30 degrees apart by the ground truth (false loops), and the checks run; then the
 median ATE of each setting; `--plots DIR` draws each sequence's trajectories from above. The
-stream's window joins are not marked (as on a resumed run).
+map gets the stream's window joins as the run stored them, as `mapstream run --loop-closure` does.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def plot_top_view(path: Path, gt: np.ndarray, trajectories: dict[str, np.ndarray
     plt.close(fig)
 
 
-def replay(model, recon, settings: dict):
+def replay(model, recon, settings: dict, scale_frames: np.ndarray):
     from mapstream.globalmap import GlobalMap, MapConfig
     from mapstream.session import FramePrediction
 
@@ -96,7 +96,7 @@ def replay(model, recon, settings: dict):
             T_world_cam=torch.from_numpy(np.asarray(recon.T_world_cam[i])),
             T_cam_world=torch.from_numpy(np.asarray(recon.T_cam_world[i])), K=torch.from_numpy(np.asarray(recon.K[i])),
             depth=torch.from_numpy(np.asarray(recon.depth[i])), depth_conf=torch.from_numpy(np.asarray(recon.depth_conf[i])),
-            keyframe=True, scale_frame=False,
+            keyframe=True, scale_frame=bool(scale_frames[i]),
         )
         gmap.add(pred, torch.from_numpy(np.asarray(recon.images[i])).permute(2, 0, 1).float() / 255)
     gmap.finish()
@@ -121,6 +121,7 @@ def main() -> int:
     import mapstream
     from mapstream.eval.datasets import read_benchmark_scene
     from mapstream.export.reconstruction import Reconstruction
+    from mapstream.pipeline.frame_store import stored_scale_frames
     from mapstream.synthetic import FIRST_TRAINING_SEED
 
     if any(seed >= FIRST_TRAINING_SEED for seed in args.seeds):
@@ -137,6 +138,7 @@ def main() -> int:
                         args.model, "--formats", "npz", "--quiet", "--no-resume", "--no-loop-closure", "--device",
                         args.device], check=True, capture_output=True)
         recon = Reconstruction.load_npz(out / "predictions.npz")
+        scale_frames = stored_scale_frames(out)
         gt = read_benchmark_scene(scene).T_world_cam
         est = np.asarray(recon.T_world_cam, dtype=np.float64)
         extent = float(np.linalg.norm(gt[:, :3, 3].max(0) - gt[:, :3, 3].min(0)))
@@ -144,7 +146,7 @@ def main() -> int:
         drawn = {"stream": est}
         for name, setting in settings.items():
             started = time.perf_counter()
-            gmap = replay(model, recon, setting)
+            gmap = replay(model, recon, setting, scale_frames)
             corrected = np.stack([gmap.correct_pose(i, est[i])[0] for i in range(len(est))])
             false = 0
             for loop in gmap.loops:

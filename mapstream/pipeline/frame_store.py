@@ -21,7 +21,7 @@ import numpy as np
 from ..export.reconstruction import Reconstruction
 from ..io.atomic import atomic_path, atomic_write_text, prepare_dir, remove_stale_temp_files
 
-__all__ = ["FrameStore", "FrameRecord"]
+__all__ = ["FrameStore", "FrameRecord", "stored_scale_frames"]
 
 log = logging.getLogger(__name__)
 
@@ -258,11 +258,7 @@ class FrameStore:
         """Which finished frames were a window's scale frames (bool [finished]): where a
         windowed stream joins two windows, which the global map weighs as such."""
         self.flush()
-        parts = []
-        for path, _ in self._shards:
-            with np.load(path) as data:
-                parts.append(np.asarray(_column(data, "scale_frame"), dtype=bool))
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+        return _scale_frames([path for path, _ in self._shards])
 
     @property
     def _assembled(self) -> Path:
@@ -273,6 +269,23 @@ class FrameStore:
         shards hold the same for a resume. A Reconstruction made from them stays readable
         while it lives (the files are unlinked; their mappings hold the data)."""
         shutil.rmtree(self._assembled, ignore_errors=True)
+
+
+def _scale_frames(shards: list[Path]) -> np.ndarray:
+    parts = []
+    for path in shards:
+        with np.load(path) as data:
+            parts.append(np.asarray(_column(data, "scale_frame"), dtype=bool))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+
+
+def stored_scale_frames(out_dir: Path) -> np.ndarray:
+    """The scale-frame marks of the frames a finished (or interrupted) run in `out_dir` stored,
+    in order: what `FrameStore.scale_frames` gives that run (e.g. to replay its global map)."""
+    progress = _read_progress(Path(out_dir) / "progress.json")
+    if progress is None:
+        raise ValueError(f"{out_dir} holds no run's progress.json")
+    return _scale_frames([Path(out_dir) / ".frames" / entry["file"] for entry in progress.get("shards", [])])
 
 
 def _timestamps(times: np.ndarray) -> np.ndarray | None:

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from mapstream.pipeline.frame_store import FrameStore
+from mapstream.pipeline.frame_store import FrameStore, stored_scale_frames
 
 
 def record(index: int, time: float, scale_frame: bool = False) -> dict:
@@ -58,6 +58,7 @@ def test_the_window_join_marks_come_back_from_every_shard(tmp_path):
     store.flush()
     assert len(list((tmp_path / ".frames").glob("shard_*.npz"))) == 3
     np.testing.assert_array_equal(FrameStore(tmp_path, {"c": 1}).scale_frames(), marks)
+    np.testing.assert_array_equal(stored_scale_frames(tmp_path), marks)  # read without the run's settings
     assert [bool(r["scale_frame"]) for r in store.last_records(3)] == marks[-3:]
 
 
