@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Literal
 import tyro
 
 from ..config import DEFAULT_CAMERA_ITERATIONS
+from ..globalmap.config import MapConfig
 from ..hub import DEFAULT_FILENAME, DEFAULT_REPO
 from ..serve.config import ServeConfig
 from ._flags import as_flags
@@ -55,6 +56,8 @@ class Serve:
     """How a session streams unless its client says: as mapstream run --mode (auto: windows as long as the model's training clips when its weights record them, e.g. the small model, else one cache; docs/SERVE.md)."""
     stream: Annotated[StreamFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=StreamFlags)
     """The stream settings each session starts from (a client may choose some, within bounds: docs/SERVE.md)."""
+    map: MapConfig = field(default_factory=MapConfig)
+    """The global map of the sessions a client opens with loop_closure (docs/MAP.md)."""
 
     def main(self) -> int:
         import asyncio
@@ -82,8 +85,8 @@ class Serve:
         if precision in ("bf16", "fp16"):
             model.cast_for_inference(precision, heads=self.low_precision_heads)
         try:
-            server = Server(model, config, stream.with_settings(precision=precision), mode=self.mode, model_desc=desc,
-                            warnings=warnings)
+            server = Server(model, config, stream.with_settings(precision=precision), mode=self.mode,
+                            map_config=self.map, model_desc=desc, warnings=warnings)
         except ValueError as err:
             raise ValueError(as_flags(str(err), Serve)) from err
 

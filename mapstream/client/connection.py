@@ -43,10 +43,12 @@ class Client:
     def open_session(self, *, settings: dict[str, Any] | None = None, preprocess: dict[str, Any] | None = None,
                      depth: bool = False, confidence: bool = False, points: bool = False, dtype: str = "float16",
                      stride: int = 1, conf_threshold: float = DEFAULT_CONF_THRESHOLD, mode: str | None = None,
-                     frames: int | None = None) -> RemoteSession:
+                     frames: int | None = None, loop_closure: bool = False) -> RemoteSession:
         """Connect and open a session (docs/SERVE.md, "Opening"). ``mode``: "auto", "streaming"
         or "windowed" (None: the server's); ``frames``: how many frames will be sent, when known
-        (the session is then planned as `mapstream run` plans an input of that length). Raises
+        (the session is then planned as `mapstream run` plans an input of that length);
+        ``loop_closure``: the server keeps a global map beside the session and sends ``map``
+        events (corrected keyframe cameras) as it closes loops and when a sequence ends. Raises
         ServiceError when the server refuses the connection (its HTTP answer's text) or the options."""
         from websockets.exceptions import InvalidStatus
         from websockets.sync.client import connect
@@ -62,7 +64,7 @@ class Client:
         outputs = {"depth": depth, "confidence": confidence, "points": points, "dtype": dtype, "stride": stride,
                    "conf_threshold": conf_threshold}
         open_message = {"type": "open", "version": PROTOCOL_VERSION, "settings": settings, "preprocess": preprocess,
-                        "outputs": outputs, "mode": mode, "frames": frames}
+                        "outputs": outputs, "mode": mode, "frames": frames, "loop_closure": loop_closure}
         ws.send(json.dumps(open_message))
         answer = parse_answer(ws.recv(timeout=self.open_timeout))
         if not (isinstance(answer, Event) and answer.type == "opened"):

@@ -44,6 +44,8 @@ class ServeConfig:
     """Frames per second one session may send (a burst of one second's worth is let through)."""
     queue_size: int = 8
     """Frames queued per session; one more drops the oldest queued frame not marked as keyframe."""
+    max_maps: int = 4
+    """Sessions with a global map (opened with loop_closure) served at once: each runs the model on a thread of its own."""
     max_batch: int = 16
     """Most frames of different sessions stepped in one batched forward (1: each alone, exactly its solo results)."""
     idle_timeout: float = 60.0
@@ -55,7 +57,7 @@ class ServeConfig:
         check_count("port", self.port, least=0)
         if self.port > 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        for name in ("max_sessions", "max_frame_pixels", "max_message_bytes", "queue_size", "max_batch"):
+        for name in ("max_sessions", "max_frame_pixels", "max_message_bytes", "queue_size", "max_batch", "max_maps"):
             check_count(name, getattr(self, name))
         for name in ("max_fps", "idle_timeout", "shutdown_timeout"):
             value = getattr(self, name)

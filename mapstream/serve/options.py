@@ -58,6 +58,7 @@ class SessionOptions:
     mode: str = "auto"  # one of MODES, as `mapstream run --mode`
     frames: int | None = None  # how many frames the client will send, when it knows (None: a live stream)
     chosen: frozenset[str] = frozenset()  # the settings the client named
+    loop_closure: bool = False  # a global map beside the session (the server's MapConfig; docs/SERVE.md)
 
 
 def plan_session(options: SessionOptions, trained_views: int | None) -> tuple[StreamPlan, list[str]]:
@@ -178,11 +179,18 @@ def parse_open(message: dict[str, Any], server: StreamConfig, patch_size: int,
     if message.get("version") != PROTOCOL_VERSION:
         raise ProtocolError(f"this server speaks protocol version {PROTOCOL_VERSION}, the client asked for "
                             f"{message.get('version')!r}", "unsupported_version")
-    unknown = sorted(set(message) - {"type", "version", "settings", "preprocess", "outputs", "mode", "frames"})
+    unknown = sorted(set(message) - {"type", "version", "settings", "preprocess", "outputs", "mode", "frames",
+                                     "loop_closure"})
     if unknown:
         raise ProtocolError(f"open has no fields {unknown}", "bad_open")
     return SessionOptions(_settings(message.get("settings"), server),
                           _preprocess(message.get("preprocess"), patch_size, image_size, max_pixels),
                           _outputs(message.get("outputs")),
                           _mode(message.get("mode"), mode), _frames(message.get("frames")),
-                          frozenset(message.get("settings") or ()))
+                          frozenset(message.get("settings") or ()), _loop_closure(message.get("loop_closure")))
+
+
+def _loop_closure(given: Any) -> bool:
+    if given is not None and not isinstance(given, bool):
+        raise ProtocolError(f"loop_closure is true or false, got {given!r}", "bad_open")
+    return bool(given)

@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from ..checkpoint import model_image_size, model_trained_views
 from ..config import StreamConfig
+from ..globalmap import MapConfig
 from ..models.gct import GCTNetwork
 from ..pipeline.stream_plan import check_mode
 from ..session import Session, resolve_precision
@@ -34,6 +35,7 @@ from .options import CLIENT_SETTINGS, WINDOW_SETTINGS, OutputOptions, SessionOpt
 from .protocol import PROTOCOL_VERSION, ProtocolError, parse_json, unpack
 from .results import result_message, text
 from .scheduler import Worker
+from .session_map import SessionMap
 from .stream import Control, QueuedFrame, RateLimit, ServedStream
 
 __all__ = ["Server"]
@@ -69,14 +71,16 @@ class Server:
     docs/SERVE.md describes. ``stream``: the settings each session starts from and is bounded
     by (default: the model's); ``mode``: how a session streams unless its client says
     (`mapstream run --mode`: "auto" runs windows of the weights' training clip length where
-    they record one); ``model_desc`` and ``warnings``: what clients are told of the model;
+    they record one); ``map_config``: the global map of sessions opened with loop_closure
+    (default `MapConfig()`); ``model_desc`` and ``warnings``: what clients are told of the model;
     ``environ``: where $MAPSTREAM_TOKEN is read (default: os.environ). Refuses to be made
     without a token where `resolve_token` says so, and with window settings no window runs."""
 
     def __init__(self, model: GCTNetwork, config: ServeConfig = ServeConfig(), stream: StreamConfig | None = None,
-                 *, mode: str = "auto", model_desc: str = "", warnings: list[str] = (),
-                 environ: dict[str, str] | None = None) -> None:
+                 *, mode: str = "auto", map_config: MapConfig | None = None, model_desc: str = "",
+                 warnings: list[str] = (), environ: dict[str, str] | None = None) -> None:
         self.model, self.config, self.model_desc, self.warnings = model, config, model_desc, list(warnings)
+        self.map_config = map_config or MapConfig()
         self._token = resolve_token(config, environ)
         device = next(model.parameters()).device
         stream = stream or model.stream_config
@@ -204,6 +208,17 @@ class Server:
             return await self._turn_away(ws, "bad_open", f"settings: {err}", 1008)
         stream = ServedStream(secrets.token_urlsafe(16), session, options, self.config.queue_size,
                               RateLimit(self.config.max_fps), connection=ws, warnings=warnings)
+        if options.loop_closure:
+            refusal = self._map_refusal()
+            if refusal is None:
+                try:
+                    stream.map = SessionMap(self.model, self.map_config, asyncio.get_running_loop(),
+                                            lambda message: stream.outbox.put_nowait(text(message)))
+                except ValueError as err:  # gtsam or faiss missing: told as the map's own error says
+                    refusal = f"loop_closure: {err}"
+            if refusal is not None:
+                await self.worker.on_model_thread(session.close)
+                return await self._turn_away(ws, "bad_open", refusal, 1008)
         self.streams[stream.id] = stream
         self.metrics.sessions_opened.inc()
         stream.outbox.put_nowait(text(self._opened(stream)))
@@ -212,6 +227,13 @@ class Server:
             stream.queue.append(Control("finish", "shutdown"))
         log.info("session %s opened (%d open)", stream.id[:8], len(self.streams))
         return stream
+
+    def _map_refusal(self) -> str | None:
+        maps = sum(stream.map is not None for stream in self.streams.values())
+        if maps >= self.config.max_maps:
+            return (f"loop_closure: this server runs at most {self.config.max_maps} global maps at once (max_maps), "
+                    "all taken; open without loop_closure or try again later")
+        return None
 
     @staticmethod
     async def _turn_away(ws, code: str, message: str, close_code: int) -> None:
@@ -239,6 +261,7 @@ class Server:
             "preprocess": None if stream.options.preprocess is None else dict(
                 zip(("mode", "image_size"), stream.options.preprocess)),
             "outputs": asdict(stream.options.outputs),
+            "loop_closure": asdict(self.map_config) if stream.map is not None else None,
         }
 
     async def _serve(self, stream: ServedStream, ws) -> None:
@@ -328,6 +351,9 @@ class Server:
         if not sender.done():
             sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
+        if stream.map is not None:
+            await asyncio.get_running_loop().run_in_executor(None, stream.map.close)
+            stream.map = None
         await self.worker.on_model_thread(stream.session.close)
         stream.released = True
         stream.waiting.clear()
@@ -352,14 +378,43 @@ class Server:
                 if frame is not None:
                     answered.add(frame.frame_id)
                     stream.outbox.put_nowait(_Answer(pred, frame, stream.sequence))
+                    if stream.map is not None and not pred.provisional:
+                        self._to_map(stream, pred, frame)
             if isinstance(item, QueuedFrame) and item.frame_id not in answered:
                 stream.outbox.put_nowait(text({"type": "buffered", "frame": item.frame_id}))
             elif isinstance(item, Control):
                 self._finish_control(stream, item)
 
+    def _to_map(self, stream: ServedStream, pred, frame: QueuedFrame) -> None:
+        try:
+            stream.map.take(pred, frame.image)
+        except RuntimeError as err:  # the map's thread failed: the session goes on without it
+            stream.map = None
+            stream.outbox.put_nowait(_error("map_failed", f"the global map stopped: {err}; the session's results "
+                                            "go on without it"))
+
+    def _retire_map(self, stream: ServedStream, *, another: bool) -> None:
+        """The sequence's final map message, queued where its place in the answers is: solved
+        off the event loop, and sent before anything queued after it."""
+        if stream.map is None:
+            return
+        solve = stream.map.retire(another=another)
+        if not another:
+            stream.map = None
+
+        def final() -> str:
+            try:
+                return text(solve())
+            except Exception as err:  # noqa: BLE001 (any failure of the map is told, not raised)
+                log.warning("session %s: the global map failed: %s", stream.id[:8], err)
+                return _error("map_failed", f"the global map failed: {err}")
+
+        stream.outbox.put_nowait(asyncio.get_running_loop().run_in_executor(None, final))
+
     def _finish_control(self, stream: ServedStream, control: Control) -> None:
         stream.waiting.clear()
         stream.next_index = 0
+        self._retire_map(stream, another=control.kind == "reset")
         if control.kind == "reset":
             stream.sequence += 1
             stream.outbox.put_nowait(text({"type": "reset", "sequence": stream.sequence}))
@@ -376,6 +431,8 @@ class Server:
         with contextlib.suppress(ConnectionClosed):
             while True:
                 item = await stream.outbox.get()
+                if isinstance(item, asyncio.Future):  # a message still being made (a map's final solve)
+                    item = await item
                 if isinstance(item, _Close):
                     await ws.close(item.code, item.reason)
                     return

@@ -83,6 +83,7 @@ class ServedStream:
     released: bool = False  # its session is closed, its cache freed
     connection: Any = None  # the WebSocket connection (closed by the server on shutdown)
     warnings: list[str] = field(default_factory=list)  # what the client is told of its own session when it opens
+    map: Any = None  # its `SessionMap` when it was opened with loop_closure (None: none, or it ended)
 
     @property
     def windowed(self) -> bool:

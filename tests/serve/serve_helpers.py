@@ -84,12 +84,12 @@ def assert_exact(result: Result, pred) -> None:
 
 def serving(model, **config) -> BackgroundServer:
     """A started server of ``model`` on 127.0.0.1, any free port; ``config``: ServeConfig fields
-    (default: no token, a high frame rate, a short shutdown), and the Server's model_desc
-    and warnings."""
+    (default: no token, a high frame rate, a short shutdown), and the Server's model_desc,
+    warnings and map_config."""
     settings = {"host": "127.0.0.1", "port": 0, "no_auth": "token_file" not in config, "max_fps": 10_000.0,
                 "shutdown_timeout": 10.0, **config}
     stream = settings.pop("stream", None)
-    described = {k: settings.pop(k) for k in ("model_desc", "warnings") if k in settings}
+    described = {k: settings.pop(k) for k in ("model_desc", "warnings", "map_config") if k in settings}
     return BackgroundServer(Server(model, ServeConfig(**settings), stream, environ={}, **described)).start()
 
 
