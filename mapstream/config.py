@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from .attention.registry import BACKENDS
-from .cache.spec import CacheSpec
+from .cache.spec import KV_DTYPES, CacheSpec
 from .validation import check_count
 
 __all__ = [
@@ -181,6 +181,10 @@ class StreamConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """The trunk's arithmetic: "auto" (bf16 on CUDA GPUs that have it, fp16 on older ones,
     fp32 on the CPU), "fp32", "bf16" or "fp16". The heads stay in their weights' dtype."""
+    kv_dtype: Literal["auto", "fp8"] = "auto"
+    """How the aggregator's cache stores keys and values: "auto" (in the trunk's precision) or
+    "fp8" (e4m3 with a scale per token and head: 0.53 of bf16's bytes, read back in the trunk's
+    precision; `mapstream.cache.fp8`). The camera head's small cache keeps the trunk's precision."""
     backend: str = "auto"
     """Attention over the cache: "auto" (the first usable of triton, flashinfer, sdpa), or one
     of them by name (`mapstream info` lists what this machine can run)."""
@@ -225,6 +229,8 @@ class StreamConfig:
             raise ValueError(f"keyframe_interval must be >= 0, got {interval}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.backend not in ("auto", *BACKENDS):
             raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}, got {self.backend!r}")
         if not any(self.fast is mode or (isinstance(mode, str) and self.fast == mode) for mode in FAST_MODES):

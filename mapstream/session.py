@@ -96,7 +96,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 # The settings that shape a stream's caches (fixed when its state is made).
 _CACHE_SETTINGS = {
     "cache_scale_frames", "sliding_window", "trajectory_capacity", "cross_frame_special", "include_scale_frames",
-    "camera_only",
+    "camera_only", "kv_dtype",
 }
 
 
@@ -124,8 +124,9 @@ class Session:
         config: the stream's settings (`StreamConfig`; default: the model's `stream_config`),
             with `settings` (its field names as keywords) changed. Those a session reads:
             num_scale_frames, keyframe_interval (None: every frame), precision, backend,
-            provisional, fast, and the cache's retention (cache_scale_frames, sliding_window,
-            trajectory_capacity, cross_frame_special, include_scale_frames, camera_only).
+            provisional, fast, the cache's retention (cache_scale_frames, sliding_window,
+            trajectory_capacity, cross_frame_special, include_scale_frames, camera_only) and
+            its storage (kv_dtype).
             fast: single-frame steps replayed from CUDA graphs (`mapstream.fast`; on a CPU
             True runs the same decomposition eagerly): "whole" replays the entire step as one
             graph (least host work; fast only with an attention backend that reads key

@@ -19,7 +19,7 @@ import torch
 
 from ..attention.backend import AttentionBackend, KeyNormHint
 from .frame_write import write_frame_kv
-from .manager import CacheStateError, Step
+from .manager import CacheStateError, Step, readable
 
 __all__ = ["DeviceStep"]
 
@@ -64,6 +64,7 @@ class DeviceStep:
         to capture."""
         if self.storage is None:
             raise CacheStateError("DeviceStep.attend before prepare()")
-        kv = self.storage[layer]  # [2, H, T, D]
+        kv = self.storage[layer]  # [2, H, T, D] (packed FP8 rows: [2, H, T, D + 4] uint8)
         write_frame_kv(kv, k[0].detach(), v[0].detach(), self.write_index)
-        return backend.attend_range(q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), self.kv_range, key_norm=key_norm)
+        keys, values = readable(kv[0], k.dtype), readable(kv[1], v.dtype)
+        return backend.attend_range(q, keys.unsqueeze(0), values.unsqueeze(0), self.kv_range, key_norm=key_norm)

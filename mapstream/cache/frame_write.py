@@ -17,13 +17,17 @@ from __future__ import annotations
 import torch
 
 from ..attention.fused import our_kernels_may_serve
+from .fp8 import pack_rows
 
 __all__ = ["write_frame_kv"]
 
 
 def write_frame_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor) -> None:
     """Store k, v [H, P, D] at tokens start .. start + P - 1 of the layer storage kv [2, H, T, D]
-    (converted to kv's dtype)."""
+    (converted to kv's dtype; a uint8 storage [2, H, T, D + 4] takes them as packed FP8 rows,
+    `mapstream.cache.fp8`)."""
+    if kv.dtype == torch.uint8 and k.dtype != torch.uint8:
+        k, v = pack_rows(k), pack_rows(v)
     if kv.dim() != 4 or kv.shape[0] != 2 or k.shape != v.shape or k.dim() != 3 or k.shape[::2] != kv.shape[1::2]:
         raise ValueError(f"cannot write k {list(k.shape)}, v {list(v.shape)} into a layer of shape {list(kv.shape)}")
     if our_kernels_may_serve(kv) and _kernel_takes(kv, k, v, start):

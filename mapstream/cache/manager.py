@@ -45,11 +45,12 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .fp8 import packed_width, unpack_rows
 from .frame_write import write_frame_kv
 from .page_pool import PageRun, PoolRegistry
 from .spec import CacheSpec, StorageKey, TokenLayout
 
-__all__ = ["StreamCacheManager", "Step", "CacheStats", "CacheStateError", "thin_trajectory"]
+__all__ = ["StreamCacheManager", "Step", "CacheStats", "CacheStateError", "readable", "thin_trajectory"]
 
 log = logging.getLogger(__name__)
 
@@ -149,16 +150,18 @@ class Step:
         expected = self.num_frames * layout.tokens_per_frame
         if k.shape[-2] != expected:
             raise CacheStateError(f"step expects {expected} tokens, got {k.shape[-2]}")
-        kv = self.storage[layer]  # [2, H, T, D]
+        kv = self.storage[layer]  # [2, H, T, D] (packed FP8 rows: [2, H, T, D + 4] uint8)
         lo, hi = self.visible
         if self.block:
             if moves_done:
                 raise CacheStateError("moves_done is for single-frame steps (a block writes after attending)")
-            out = attend_fn(q, _cat(kv[0, :, lo:hi], k[0]), _cat(kv[1, :, lo:hi], v[0]))
+            out = attend_fn(q, _cat(readable(kv[0, :, lo:hi], k.dtype), k[0]),
+                            _cat(readable(kv[1, :, lo:hi], v.dtype), v[0]))
             mgr._apply(kv, self.ops, k[0], v[0])
             return out
         mgr._apply(kv, self._writes() if moves_done else self.ops, k[0], v[0])
-        return attend_fn(q, kv[0, :, lo:hi].unsqueeze(0), kv[1, :, lo:hi].unsqueeze(0))
+        return attend_fn(q, readable(kv[0, :, lo:hi], k.dtype).unsqueeze(0),
+                         readable(kv[1, :, lo:hi], v.dtype).unsqueeze(0))
 
     # ---- the split used by graph-safe execution (`DeviceStep`)
     def write_slot(self) -> int:
@@ -219,6 +222,12 @@ def open_steps(
         raise
     for cache, step in zip(caches, steps):
         cache.finish_step(step)
+
+
+def readable(stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Stored keys or values as attention reads them: FP8 rows (uint8) unpacked to `dtype`,
+    any other storage as it is (a view)."""
+    return unpack_rows(stored, dtype) if stored.dtype == torch.uint8 else stored
 
 
 def _cat(cached: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
@@ -344,7 +353,11 @@ class StreamCacheManager:
         self._hold(self._run)
 
     def _lease(self, layout: TokenLayout, dtype: torch.dtype, device: torch.device) -> None:
-        key = StorageKey(layout.num_layers, layout.num_heads, layout.head_dim, layout.tokens_per_frame, dtype, device)
+        if self.spec.kv_dtype == "fp8":  # packed rows: the values' bytes and their scale's
+            dtype, width = torch.uint8, packed_width(layout.head_dim)
+        else:
+            width = layout.head_dim
+        key = StorageKey(layout.num_layers, layout.num_heads, width, layout.tokens_per_frame, dtype, device)
         if self._key == key and self.layout == layout:
             return
         if self.frames_stored or self._slot_frame or self._trajectory:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CacheSpec", "TokenLayout", "StorageKey"]
+__all__ = ["CacheSpec", "KV_DTYPES", "TokenLayout", "StorageKey"]
+
+KV_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class CacheSpec:
     """What the aggregator keeps of a frame that left the window: "specials" (all special
     tokens), "camera" (the camera token only) or "none". The camera head's cache always
     keeps its single token."""
+    kv_dtype: str = "auto"
+    """How keys and values are stored: "auto" (in the step's compute dtype) or "fp8" (e4m3
+    rows with a float32 scale each, `mapstream.cache.fp8`; read back in the compute dtype)."""
 
     def __post_init__(self) -> None:
         if self.anchor_frames < 0 or self.window_frames < 1:
@@ -42,6 +47,8 @@ class CacheSpec:
             )
         if self.trajectory_keep not in ("specials", "camera", "none"):
             raise ValueError(f"trajectory_keep must be specials, camera or none, got {self.trajectory_keep!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.trajectory_capacity is not None and self.trajectory_capacity < 2:
             raise ValueError(f"trajectory_capacity must be >= 2 or None, got {self.trajectory_capacity}")
 

@@ -125,7 +125,8 @@ class AggregatorStream(nn.Module):
     def new_cache(self, stream: StreamConfig | None = None, pools: PoolRegistry | None = None) -> StreamCacheManager:
         """An empty cache for one sequence with the retention of `stream` (default settings
         when None), its pages leased from `pools` (the process's shared pools when None)."""
-        spec = (stream or StreamConfig()).cache_spec()
+        stream = stream or StreamConfig()
+        spec = dataclasses.replace(stream.cache_spec(), kv_dtype=stream.kv_dtype)
         return StreamCacheManager(spec, pools if pools is not None else shared_pools(), name="aggregator")
 
     # The reference's stateful protocol: its default cache is held by `mapstream.cache`'s
