@@ -44,6 +44,8 @@ class BenchConfig:
     """fp32 (the protocol's default, as the reference) or the aggregator's precision
     (`cast_for_inference(..., heads=True)`)."""
     backend: str = "sdpa"
+    kv_dtype: str = _STREAM.kv_dtype
+    """How the cache stores keys and values (`StreamConfig.kv_dtype`: auto, fp8)."""
     steady_from: int = 100
     warmup_frames: int = 10
     stage_breakdown: bool = True
@@ -173,7 +175,8 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         raise ValueError("mapstream bench times CUDA kernels; run it on a CUDA device")
     model = model if model is not None else build_bench_model(cfg, device)
     frames = _frames(cfg, device)
-    session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=cfg.fast)
+    session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=cfg.fast,
+                            kv_dtype=cfg.kv_dtype)
 
     samples: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -233,6 +236,8 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
         "per_frame_ms": [round(ms, 4) for ms in per_frame],
         "phase1_ms": phase1,
         "peak_memory_gib": peak / 2**30,
+        # One stored frame's keys and values over every global layer (the aggregator's cache).
+        "cache_bytes_per_frame": session.state.aggregator.pool.bytes_per_page,
         # Energy, power and SM clock over the steady frames (None without NVML): under a
         # power cap the clock, and so the step, follow the step's energy.
         "gpu_power": power.summary() if power is not None else None,

@@ -41,6 +41,8 @@ class Bench:
     """Frames streamed one at a time after the scale frames."""
     scale_frames: int = _PROTOCOL.scale_frames
     """Frames of the scale phase (processed together first)."""
+    kv_dtypes: tuple[str, ...] = (_PROTOCOL.kv_dtype,)
+    """How the cache stores keys and values, each measured (auto: in --precision; fp8: e4m3 with a scale per token and head)."""
     window: int = _PROTOCOL.window
     """The cache's sliding window in stored frames."""
     camera_iterations: int = _PROTOCOL.camera_iterations
@@ -86,15 +88,15 @@ class Bench:
             else:
                 backends.append(backend)
         variants = sorted(set(self.variants), key=_VARIANT_ORDER.index)
-        runs = [(v, b, r) for v in variants for b in backends for r in self.resolutions]
+        runs = [(v, b, r, d) for v in variants for b in backends for r in self.resolutions for d in self.kv_dtypes]
         references: dict[str, dict] = {}
         failed = []
-        for variant, backend, res in runs:
+        for variant, backend, res, kv_dtype in runs:
             width, height = (int(v) for v in res.lower().split("x"))
             cfg = BenchConfig(
                 width=width, height=height, backend=backend, precision=self.precision,
                 stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
-                camera_iterations=self.camera_iterations,
+                camera_iterations=self.camera_iterations, kv_dtype=kv_dtype,
                 images=self.images, stage_breakdown=self.stages and variant == "eager",
                 fast=False if variant == "eager" else _step_mode(variant),
                 heads_precision=self.precision if variant.endswith("bf16-heads") else "fp32",
@@ -128,12 +130,13 @@ class Bench:
                 result["check_vs_sdpa_eager"] = {"max_rel_err": errors, "tolerance": _TOLERANCE, "passed": ok}
                 check = f" | vs SDPA: pose {errors['pose_enc']:.1e} depth {errors['depth']:.1e}" + ("" if ok else " FAILED")
                 if not ok:
-                    failed.append(f"{backend}/{variant}/{res}")
+                    failed.append(f"{backend}/{variant}/{res}/{kv_dtype}")
             results.append(result)
             print(
-                f"{backend:10s} {variant:10s} {res:8s} global {result['global_fps']:6.1f} FPS | steady "
+                f"{backend:10s} {variant:10s} {res:8s} kv {kv_dtype:4s} global {result['global_fps']:6.1f} FPS | steady "
                 f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
-                f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB{check}"
+                f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB | cache "
+                f"{result['cache_bytes_per_frame'] / 2**20:.1f} MiB a frame{check}"
             )
             if result.get("gpu_power"):
                 print("   " + _power_line(result["gpu_power"]))
