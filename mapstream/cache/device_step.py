@@ -66,5 +66,8 @@ class DeviceStep:
             raise CacheStateError("DeviceStep.attend before prepare()")
         kv = self.storage[layer]  # [2, H, T, D] (packed FP8 rows: [2, H, T, D + 4] uint8)
         write_frame_kv(kv, k[0].detach(), v[0].detach(), self.write_index)
-        keys, values = readable(kv[0], k.dtype), readable(kv[1], v.dtype)
+        if kv.dtype == torch.uint8 and backend.packed_fp8:  # FP8 rows, dequantised as the backend reads them
+            keys, values = kv[0], kv[1]
+        else:
+            keys, values = readable(kv[0], k.dtype), readable(kv[1], v.dtype)
         return backend.attend_range(q, keys.unsqueeze(0), values.unsqueeze(0), self.kv_range, key_norm=key_norm)
