@@ -174,6 +174,12 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
     if device.type != "cuda":
         raise ValueError("mapstream bench times CUDA kernels; run it on a CUDA device")
     model = model if model is not None else build_bench_model(cfg, device)
+    # Cache pages an earlier measurement left in the shared pools (another resolution or
+    # storage type) are released, so that the peak below is this variant's own.
+    from .cache import shared_pools
+
+    shared_pools().trim()
+    torch.cuda.empty_cache()
     frames = _frames(cfg, device)
     session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=cfg.fast,
                             kv_dtype=cfg.kv_dtype)

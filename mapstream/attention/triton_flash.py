@@ -298,25 +298,28 @@ def _flash_fwd_tma(
 
 
 @triton.jit
+def _packed_tile(X, head, start, offs_n, key_ok, stride_h, stride_n, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
+    """Rows [start, start + BLOCK_N) of `head` in X, packed FP8 rows (uint8, strides in bytes:
+    HEAD_DIM e4m3 values, then the row's float32 scale; `mapstream.cache.fp8`): the values
+    (e4m3) and the scales (float32), which the caller folds in where they cost least."""
+    rows = X + head.to(tl.int64) * stride_h + (start + offs_n).to(tl.int64) * stride_n
+    values = (rows[:, None] + tl.arange(0, HEAD_DIM)[None, :]).to(tl.pointer_type(tl.float8e4nv))
+    scales = (rows + HEAD_DIM).to(tl.pointer_type(tl.float32))
+    if MASKED:
+        x = tl.load(values, mask=key_ok[:, None], other=0.0)
+        scale = tl.load(scales, mask=key_ok, other=0.0)
+    else:
+        x = tl.load(values)
+        scale = tl.load(scales)
+    return x, scale
+
+
+@triton.jit
 def _tile(X, head, start, offs_n, key_ok, stride_h, stride_n,
-          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr,
-          PACKED: tl.constexpr = False):
+          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr):
     """Rows [start, start + BLOCK_N) of `head` in X, a tensor descriptor (TMA; rows past the
-    end read as zeros) or a pointer (masked loads). PACKED: X points at packed FP8 rows
-    (uint8, strides in bytes: HEAD_DIM e4m3 values, then the row's float32 scale;
-    `mapstream.cache.fp8`), returned dequantised in float32."""
-    if PACKED:
-        rows = X + head.to(tl.int64) * stride_h + (start + offs_n).to(tl.int64) * stride_n
-        values = (rows[:, None] + tl.arange(0, HEAD_DIM)[None, :]).to(tl.pointer_type(tl.float8e4nv))
-        scales = (rows + HEAD_DIM).to(tl.pointer_type(tl.float32))
-        if MASKED:
-            x = tl.load(values, mask=key_ok[:, None], other=0.0).to(tl.float32)
-            scale = tl.load(scales, mask=key_ok, other=0.0)
-        else:
-            x = tl.load(values).to(tl.float32)
-            scale = tl.load(scales)
-        x = x * scale[:, None]
-    elif TMA:
+    end read as zeros) or a pointer (masked loads)."""
+    if TMA:
         x = X.load([head, start, 0]).reshape(BLOCK_N, HEAD_DIM)
     else:
         ptrs = X + head.to(tl.int64) * stride_h + (start + offs_n)[:, None] * stride_n + tl.arange(0, HEAD_DIM)[None, :]
@@ -329,12 +332,30 @@ def _tile(X, head, start, offs_n, key_ok, stride_h, stride_n,
 
 @triton.jit
 def _kv_tile(K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
-             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr,
-             PACKED: tl.constexpr = False):
+             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr):
     """The K and V tiles of keys [start, start + BLOCK_N) of `head` (`_tile`)."""
-    k = _tile(K, head, start, offs_n, key_ok, stride_kh, stride_kn, HEAD_DIM, BLOCK_N, TMA, MASKED, PACKED)
-    v = _tile(V, head, start, offs_n, key_ok, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, MASKED, PACKED)
+    k = _tile(K, head, start, offs_n, key_ok, stride_kh, stride_kn, HEAD_DIM, BLOCK_N, TMA, MASKED)
+    v = _tile(V, head, start, offs_n, key_ok, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, MASKED)
     return k, v
+
+
+@triton.jit
+def _scores_and_values(q, K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
+                       HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr,
+                       PACKED: tl.constexpr):
+    """q kᵀ of keys [start, start + BLOCK_N) of `head` and their value tile. PACKED: the keys'
+    scales multiply the score columns (the K tile only changes type, in registers), the
+    values' scales their rows, in q's dtype."""
+    if PACKED:
+        k, k_scale = _packed_tile(K, head, start, offs_n, key_ok, stride_kh, stride_kn, HEAD_DIM, MASKED)
+        v, v_scale = _packed_tile(V, head, start, offs_n, key_ok, stride_vh, stride_vn, HEAD_DIM, MASKED)
+        s = tl.dot(q, tl.trans(k.to(q.dtype))) * k_scale[None, :]
+        v = v.to(q.dtype) * v_scale.to(q.dtype)[:, None]
+    else:
+        k, v = _kv_tile(K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
+                        HEAD_DIM, BLOCK_N, TMA, MASKED)
+        s = tl.dot(q, tl.trans(k))
+    return s, v
 
 
 @triton.jit
@@ -343,27 +364,21 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
                  FIXED: tl.constexpr = False, PACKED: tl.constexpr = False):
     """Fold keys [k_lo, k_hi) of `head` into (m_i, l_i, acc): whole tiles, then the
     partial one masked. FIXED: m_i holds fixed reference points (`_fixed_softmax`).
-    PACKED: K/V are packed FP8 rows, dequantised tile by tile into q's dtype."""
+    PACKED: K/V are packed FP8 rows (`_scores_and_values`)."""
     offs_n = tl.arange(0, BLOCK_N)
     full_end = k_lo + ((k_hi - k_lo) // BLOCK_N) * BLOCK_N
     all_keys = offs_n >= 0
     for start in tl.range(k_lo, full_end, BLOCK_N):
-        k, v = _kv_tile(K, V, head, start, offs_n, all_keys, stride_kh, stride_kn, stride_vh, stride_vn,
-                        HEAD_DIM, BLOCK_N, TMA, False, PACKED)
-        if PACKED:
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        s = tl.dot(q, tl.trans(k))
+        s, v = _scores_and_values(q, K, V, head, start, offs_n, all_keys, stride_kh, stride_kn, stride_vh, stride_vn,
+                                  HEAD_DIM, BLOCK_N, TMA, False, PACKED)
         if FIXED:
             m_i, l_i, acc = _fixed_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
         else:
             m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
     if full_end < k_hi:
         key_ok = full_end + offs_n < k_hi
-        k, v = _kv_tile(K, V, head, full_end, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
-                        HEAD_DIM, BLOCK_N, TMA, True, PACKED)
-        if PACKED:
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        s = tl.dot(q, tl.trans(k))
+        s, v = _scores_and_values(q, K, V, head, full_end, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
+                                  HEAD_DIM, BLOCK_N, TMA, True, PACKED)
         if FIXED:
             m_i, l_i, acc = _fixed_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True)
         else:
