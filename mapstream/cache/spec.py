@@ -85,6 +85,7 @@ class StorageKey:
     num_layers: int
     num_heads: int
     head_dim: int
+    """Elements of one stored row: the head dim, or the D + 4 bytes of a packed FP8 row."""
     page_tokens: int
     dtype: torch.dtype
     device: torch.device
