@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -40,9 +41,10 @@ def render(job: tuple[int, int, float, bool, str]) -> str:
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
+    """NAME=key=value,key=value: the values JSON (a list in brackets keeps its commas)."""
     name, _, body = text.partition("=")
     settings = {}
-    for item in filter(None, body.split(",")):
+    for item in filter(None, re.split(r",(?![^\[]*\])", body)):
         key, _, value = item.partition("=")
         settings[key.strip()] = json.loads(value)
     return name, settings

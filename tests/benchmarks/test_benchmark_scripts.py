@@ -536,6 +536,8 @@ def test_loop_closure_replay_builds_each_settings_map_on_the_same_stored_stream(
     replay = _load("loop_closure_replay")
     assert replay.parse_setting("strict=min_overlap=0.7,candidates=2") == ("strict", {"min_overlap": 0.7, "candidates": 2})
     assert replay.parse_setting("default=") == ("default", {})
+    assert replay.parse_setting("loose=loop_sigma=[0.1,0.2,0.16],candidates=2") == (
+        "loose", {"loop_sigma": [0.1, 0.2, 0.16], "candidates": 2})
     out = tmp_path / "replay.json"
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "loop_closure_replay.py"), "--seeds", "3", "--frames", "16", "--workers", "1",
