@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 # Run settings that older run folders did not record, with the value those runs used.
 _RECORDED_LATER = {
     "rotate": 0, "overlap_keyframes": None, "cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024,
-    "camera_iterations": 4, "intrinsics": None,
+    "camera_iterations": 4, "intrinsics": None, "kv_dtype": "auto",
 }
 # Windowed settings that older run folders did not record, with the value their windowed runs
 # used (None for a run that streamed): shared frames came from the earlier window, and windows
@@ -305,7 +305,7 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
             "window_join": stream.window_join if mode == "windowed" else None,
             "precision": opened.precision,
             "cache_scale_frames": stream.anchor_frames, "sliding_window": stream.sliding_window,
-            "trajectory_capacity": stream.trajectory_capacity,
+            "trajectory_capacity": stream.trajectory_capacity, "kv_dtype": stream.kv_dtype,
             "camera_iterations": opened.camera_iterations,
             "intrinsics": opts.intrinsics,
             "heads_precision": opened.heads_precision,

@@ -982,3 +982,17 @@ def test_a_run_of_weights_that_record_their_clip_length_windows_longer_inputs(tm
     np.testing.assert_array_equal(short, ran("short_streaming", "--first-k", "5", "--mode", "streaming")[1])
     config, _ = ran("streaming", "--mode", "streaming")
     assert (config["mode"], config["keyframe_interval"]) == ("streaming", 2)
+
+
+def test_a_rerun_with_another_cache_storage_computes_every_frame_again(tmp_path):
+    """Frames streamed through an FP8 cache are not resumed by a run with the plain cache (or
+    the other way round): the settings a resume must share include the cache's storage."""
+    frames = photos(tmp_path, n=3)
+    out = tmp_path / "out"
+    assert run_cli(str(frames), "--out", str(out), "--kv-dtype", "fp8", "--formats", "npz") == 0
+    assert json.loads((out / "run.json").read_text())["config"]["kv_dtype"] == "fp8"
+    assert run_cli(str(frames), "--out", str(out), "--formats", "npz") == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["config"]["kv_dtype"] == "auto" and info["new_frames"] == 3 and info["resumed_from"] == 0
+    assert run_cli(str(frames), "--out", str(out), "--formats", "npz") == 0  # the same settings: nothing new
+    assert json.loads((out / "run.json").read_text())["new_frames"] == 0

@@ -45,3 +45,4 @@ def test_known_intrinsics_replace_the_networks_in_every_output(tmp_path):
     with np.load(out / "predictions.npz") as data:
         np.testing.assert_allclose(data["K"][:, 0, 0], 300 * 140 / width, rtol=1e-5)
 
+
