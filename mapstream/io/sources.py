@@ -158,7 +158,7 @@ class FrameSource:
                             self.description, name, frame.shape[2], frame.shape[1], first[1], first[0],
                         )
                     frame = _to_height(frame, first[0])
-            pixel_map[1, 2] += (frame.shape[1] - height) // 2 if frame.shape[1] > height else -((height - frame.shape[1]) // 2)
+            pixel_map[1, 2] += _centred_shift(height, frame.shape[1])
             self.last_pixel_map = pixel_map
             yield name, frame
 
@@ -311,6 +311,12 @@ def _turn_map(width: int, height: int, rotate: int) -> np.ndarray:
         180: np.array([[-1.0, 0.0, width], [0.0, -1.0, height], [0.0, 0.0, 1.0]]),
         270: np.array([[0.0, 1.0, 0.0], [-1.0, 0.0, width], [0.0, 0.0, 1.0]]),
     }[rotate]
+
+
+def _centred_shift(before: int, after: int) -> int:
+    """Where row 0 of a frame `before` rows tall lies once it is padded (white, centred) or its
+    rows centre-cropped to `after` rows, as `pad_white` and `_to_height` do."""
+    return (after - before) // 2 if after >= before else -((before - after) // 2)
 
 
 def _to_height(frame: torch.Tensor, height: int) -> torch.Tensor:

@@ -108,3 +108,15 @@ def test_a_transforms_json_camera_is_read_from_the_top_or_its_frames(tmp_path):
 def test_unreadable_intrinsics_say_what_is_expected(spec, message):
     with pytest.raises(ValueError, match=message):
         read_intrinsics(spec)
+
+
+def test_the_pixel_map_follows_the_padding_to_the_inputs_common_height():
+    """A folder's shorter pictures are padded (white, centred) to its tallest frame's height."""
+    pixels = np.zeros((200, 300, 3), np.uint8)
+    pixels[90:96, 130:136, 0] = 255
+    source = _source(Image.fromarray(pixels), mode="crop", image_size=112, pad_height=84)
+    _, frame = next(iter(source))
+    assert frame.shape[1] == 84  # 70 rows of picture, 7 of padding above
+    expected = (source.last_pixel_map @ np.array([133.0, 93.0, 1.0]))[:2]
+    assert source.last_pixel_map[1, 2] == 7
+    np.testing.assert_allclose(_red_centroid(frame), expected, atol=0.25)
