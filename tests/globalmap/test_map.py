@@ -173,6 +173,18 @@ def test_a_resumed_run_hands_the_map_the_window_joins_the_stream_marked(tiny, tm
         MapRun(tiny, cfg).resume(store.assemble(), np.zeros(3, dtype=bool))
 
 
+def test_the_odometry_edge_across_a_window_join_is_join_factor_times_as_uncertain(tiny):
+    gmap = GlobalMap(tiny, MapConfig(keyframe_every=2, min_similarity=1.0, join_factor=3.0))
+    poses = walk(9)
+    for i in range(9):  # the first window's scale frames 0-1, the next window's 5-6
+        gmap.add(prediction(i, poses[i], scale_frame=i in (0, 1, 5, 6)), _frame(i))
+    sigmas = {(e.i, e.j): e.sigmas for e in gmap.graph.edges}
+    assert list(sigmas) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    np.testing.assert_allclose(sigmas[(4, 6)], 3.0 * sigmas[(2, 4)])  # keyframe 6 comes after the join at 5
+    np.testing.assert_allclose(sigmas[(6, 8)], sigmas[(2, 4)])
+    assert gmap.stats()["window_joins"] == 1
+
+
 def test_a_failure_on_the_map_thread_is_raised_on_the_stream_thread(tiny):
     back = BackgroundMap(tiny, MapConfig(keyframe_every=1))
     back.submit(prediction(3, np.eye(4)), _frame(0))
