@@ -54,8 +54,8 @@ class MapConfig:
     """Keyframes the map holds at most; beyond it every second of the older half is merged away (bounded memory on endless streams)."""
     odometry_sigma: tuple[float, float, float] = (0.01, 0.02, 0.01)
     """Rotation (rad), translation (fraction of the median depth) and log-scale sigmas of one odometry edge."""
-    join_factor: float = 4.0
-    """Odometry sigmas are this many times larger across a window join (the weakest link of a windowed stream)."""
+    join_factor: float = 1.0
+    """Odometry sigmas are this many times larger across a window join (where a windowed stream's Sim(3) alignment joins two windows); 1 weighs a join as any odometry edge: with loop edges only as accurate as the small model measures them, a weaker join lets them bend the path there (docs/MAP.md, Figures)."""
     loop_sigma: tuple[float, float, float] = (0.05, 0.1, 0.08)
     """Rotation, translation and log-scale sigmas of one loop edge."""
     prior_sigma: tuple[float, float] = (0.02, 0.05)
