@@ -73,6 +73,7 @@ class SessionMap:
             self.sequence += 1
             self._map = self._new()
         return lambda: map_message(done.finish(), sequence, final=True)
+
     def close(self) -> None:
         """Stop the map's thread without solving (the connection went)."""
         self._map.close()
