@@ -28,7 +28,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 
 
 def render(job: tuple[int, int, float, bool, str]) -> str:
@@ -88,19 +87,13 @@ def plot_top_view(path: Path, gt: np.ndarray, trajectories: dict[str, np.ndarray
 
 
 def replay(model, recon, settings: dict, scale_frames: np.ndarray):
+    """The map of `settings` built in the foreground on a stored run's frames, solved."""
     from mapstream.globalmap import GlobalMap, MapConfig
-    from mapstream.session import FramePrediction
+    from mapstream.pipeline.loop_closure import stored_frames
 
     gmap = GlobalMap(model, MapConfig(**settings))
-    for i in range(len(recon)):
-        pred = FramePrediction(
-            index=i, pose_enc=torch.from_numpy(np.asarray(recon.pose_enc[i])),
-            T_world_cam=torch.from_numpy(np.asarray(recon.T_world_cam[i])),
-            T_cam_world=torch.from_numpy(np.asarray(recon.T_cam_world[i])), K=torch.from_numpy(np.asarray(recon.K[i])),
-            depth=torch.from_numpy(np.asarray(recon.depth[i])), depth_conf=torch.from_numpy(np.asarray(recon.depth_conf[i])),
-            keyframe=True, scale_frame=bool(scale_frames[i]),
-        )
-        gmap.add(pred, torch.from_numpy(np.asarray(recon.images[i])).permute(2, 0, 1).float() / 255)
+    for pred, image in stored_frames(recon, scale_frames):
+        gmap.add(pred, image)
     gmap.finish()
     return gmap
 

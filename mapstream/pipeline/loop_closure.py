@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from ..export.reconstruction import Reconstruction
 from ..geometry import mat_to_quat, quat_to_mat
 from ..globalmap import BackgroundMap, GlobalMap, MapConfig
 
-__all__ = ["MapRun", "corrected_reconstruction", "known_poses_of", "read_known_poses"]
+__all__ = ["MapRun", "corrected_reconstruction", "known_poses_of", "read_known_poses", "stored_frames"]
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,7 @@ class MapRun:
     def resume(self, recon: Reconstruction, scale_frames: np.ndarray | None = None) -> None:
         """Hand over the frames an earlier run finished (in order); `scale_frames` (bool, one
         a frame) marks those that were a window's scale frames, as the stream marked them."""
-        if scale_frames is not None and len(scale_frames) != len(recon):
-            raise ValueError(f"{len(scale_frames)} scale-frame marks for {len(recon)} frames")
-        for i in range(len(recon)):
-            pred = _Finished(i, torch.from_numpy(np.asarray(recon.T_world_cam[i])), torch.from_numpy(np.asarray(recon.K[i])),
-                             torch.from_numpy(np.asarray(recon.depth[i])), torch.from_numpy(np.asarray(recon.depth_conf[i])),
-                             scale_frame=bool(scale_frames[i]) if scale_frames is not None else False)
-            image = torch.from_numpy(np.asarray(recon.images[i])).permute(2, 0, 1).float() / 255
+        for pred, image in stored_frames(recon, scale_frames):
             self.background.submit(pred, image)
 
     def take(self, pred, frame: torch.Tensor, index: int) -> None:
@@ -80,6 +75,19 @@ class MapRun:
 
     def close(self) -> None:
         self.background.close()
+
+
+def stored_frames(recon: Reconstruction, scale_frames: np.ndarray | None = None) -> Iterator[tuple[_Finished, torch.Tensor]]:
+    """The frames of a stored run as a global map takes them, in order: each prediction (with
+    its scale-frame mark from `scale_frames`, bool one a frame; None: unmarked) and its image
+    [3, H, W] in [0, 1]."""
+    if scale_frames is not None and len(scale_frames) != len(recon):
+        raise ValueError(f"{len(scale_frames)} scale-frame marks for {len(recon)} frames")
+    for i in range(len(recon)):
+        pred = _Finished(i, torch.from_numpy(np.asarray(recon.T_world_cam[i])), torch.from_numpy(np.asarray(recon.K[i])),
+                         torch.from_numpy(np.asarray(recon.depth[i])), torch.from_numpy(np.asarray(recon.depth_conf[i])),
+                         scale_frame=bool(scale_frames[i]) if scale_frames is not None else False)
+        yield pred, torch.from_numpy(np.asarray(recon.images[i])).permute(2, 0, 1).float() / 255
 
 
 def corrected_reconstruction(recon: Reconstruction, gmap: GlobalMap) -> Reconstruction:
