@@ -57,7 +57,7 @@ class MapConfig:
     join_factor: float = 1.0
     """Odometry sigmas are this many times larger across a window join (where a windowed stream's Sim(3) alignment joins two windows); 1 weighs a join as any odometry edge: with loop edges only as accurate as the small model measures them, a weaker join lets them bend the path there (docs/MAP.md, Figures)."""
     loop_sigma: tuple[float, float, float] = (0.05, 0.1, 0.08)
-    """Rotation, translation and log-scale sigmas of one loop edge."""
+    """Rotation (rad), translation (fraction of the candidate keyframe's median depth) and log-scale sigmas of one loop edge."""
     prior_sigma: tuple[float, float] = (0.02, 0.05)
     """Rotation (rad) and position sigmas of a known pose (in the known poses' units, e.g. metres)."""
     outlier_rejection: str = "gnc"

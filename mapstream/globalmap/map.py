@@ -180,7 +180,9 @@ class GlobalMap:
                 log.debug("loop %d -> %d rejected: %s", key, kf.index, check.reason)
                 self.rejected.append(check)
                 continue
-            self.graph.add_edge(Edge(key, kf.index, check.relative, np.array(cfg.loop_sigma), "loop", robust=True))
+            rot, trans, scale = cfg.loop_sigma
+            sigmas = np.array([rot, trans * self.keyframes[key].median_depth, scale])
+            self.graph.add_edge(Edge(key, kf.index, check.relative, sigmas, "loop", robust=True))
             self.graph.update()
             self.loops.append(check)
             self._cooldown = cfg.loop_cooldown

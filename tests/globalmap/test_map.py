@@ -220,3 +220,30 @@ def test_known_poses_on_a_tenth_of_the_frames_give_the_map_their_frame_and_metri
     assert np.median(error) < 0.1 and error.max() < 0.2
     # Depth scales with the map: a frame's correction carries the factor to metric depth.
     assert gmap.correct_pose(55, stream[55])[1] == pytest.approx(2.5, rel=0.02)
+
+
+class _AcceptEverything:
+    """A verifier that accepts each candidate with the stream's own relative pose."""
+
+    def check(self, candidate_side, query_side, *, candidate, query, similarity, **_):
+        from mapstream.globalmap.loops import LoopCheck
+
+        check = LoopCheck(candidate.index, query.index, similarity, accepted=True, reason="accepted")
+        check.relative = candidate.pose.inverse().compose(query.pose)
+        return check
+
+
+@pytest.mark.parametrize("depth", [0.5, 2.0, 40.0])
+def test_a_loop_edge_is_as_uncertain_in_translation_as_the_candidates_depth_says(tiny, depth):
+    """The loop sigma's translation is a fraction of the candidate keyframe's median depth,
+    as odometry's is: the same setting serves a scene predicted at any scale."""
+    cfg = MapConfig(keyframe_every=2, temporal_gap=4, min_similarity=0.0, loop_cooldown=100)
+    gmap = GlobalMap(tiny, cfg)
+    gmap.verifier = _AcceptEverything()
+    poses = walk(12, step=0.01 * depth)
+    for i in range(12):
+        gmap.add(prediction(i, poses[i], depth=depth), _frame(i))
+    loops = [e for e in gmap.graph.edges if e.kind == "loop"]
+    assert len(loops) == 1
+    rot, trans, scale = cfg.loop_sigma
+    np.testing.assert_allclose(loops[0].sigmas, [rot, trans * depth, scale], rtol=1e-6)
