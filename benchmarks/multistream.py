@@ -7,7 +7,7 @@ eagerly), as "step_together_graphed".
 
 Full model with synthetic (rule) weights, random frames, bf16 on a GPU, fp32 elsewhere.
 
-Usage: python benchmarks/multistream.py [--streams 4] [--frames 40] [--graphed] [--out FILE]
+Usage: python benchmarks/multistream.py [--streams 4] [--frames 40] [--graphed] [--kv-dtype fp8] [--out FILE]
        python benchmarks/multistream.py --device cpu --preset tiny --size 56x42 (mechanism check)
 """
 from __future__ import annotations
@@ -20,8 +20,10 @@ import torch
 
 import mapstream
 from mapstream.bench import BenchConfig, build_bench_model, write_result
+from mapstream.config import KV_DTYPES, StreamConfig
 
 PROTOCOL = BenchConfig()  # the defaults of the flags it shares with `mapstream bench`
+STREAM = StreamConfig()  # and with a session
 
 # Steps after the scale phase left out of the median: the first ones build graphs and caches.
 WARMUP_STEPS = 4
@@ -32,10 +34,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _stream(model, frames: torch.Tensor, *, together: bool, fast: bool, scale: int, precision: str):
+def _stream(model, frames: torch.Tensor, *, together: bool, fast: bool, scale: int, precision: str, kv_dtype: str):
     """Every stream's predictions and the median time of one round (one frame of each stream)."""
     streams, count = frames.shape[:2]
-    sessions = [mapstream.Session(model, num_scale_frames=scale, precision=precision, fast=fast)
+    sessions = [mapstream.Session(model, num_scale_frames=scale, precision=precision, fast=fast, kv_dtype=kv_dtype)
                 for _ in range(streams)]
     preds: list[list] = [[] for _ in range(streams)]
     times = []
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--scale-frames", type=int, default=PROTOCOL.scale_frames, help="frames of each stream's scale phase")
     ap.add_argument("--graphed", action="store_true",
                     help="also time step_together over fast-path sessions (the batched graphed step)")
+    ap.add_argument("--kv-dtype", default=STREAM.kv_dtype, choices=KV_DTYPES,
+                    help="how every stream's cache stores keys and values (fp8: e4m3 with a scale per token and head)")
     ap.add_argument("--out", default=None, help="also write the result here (JSON)")
     args = ap.parse_args(argv)
     if args.frames <= args.scale_frames + WARMUP_STEPS:
@@ -96,9 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
     g = torch.Generator(device=device).manual_seed(0)
     frames = torch.rand(args.streams, args.frames, 3, height, width, device=device, generator=g)
     result: dict = {"streams": args.streams, "frames": args.frames, "size": [width, height],
-                    "preset": args.preset, "device": str(device)}
+                    "preset": args.preset, "device": str(device), "kv_dtype": args.kv_dtype}
     fast = device.type == "cuda"
-    run = dict(scale=cfg.scale_frames, precision=precision)
+    run = dict(scale=cfg.scale_frames, precision=precision, kv_dtype=args.kv_dtype)
     solo, result["one_after_another"] = _stream(model, frames, together=False, fast=fast, **run)
     result["one_after_another"]["fast_path"] = fast
     print(json.dumps(result), flush=True)

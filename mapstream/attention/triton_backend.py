@@ -55,7 +55,6 @@ class TritonBackend(_KernelBackend):
     description = "mapstream's Triton flash attention over the strided cache view (CUDA sm80+, fp16/bf16)"
     device_range = True
     takes_key_norm = True
-    packed_fp8 = True
 
     @classmethod
     def unsupported_reasons(cls, device: torch.device, dtype: torch.dtype) -> list[str]:

@@ -14,7 +14,8 @@ are far larger than the patches'. A row takes D + 4 bytes against 2 D in bf16: 0
 at D = 64.
 
 The functions here are pure tensor maps; they run on any device (the CPU emulates exactly
-what a GPU stores).
+what a GPU stores; on CUDA, `unpack_rows` of [H, T, D + 4] rows is one Triton kernel,
+`fp8_kernel.unpack_range`, with the same result).
 """
 from __future__ import annotations
 
@@ -51,10 +52,15 @@ def pack_rows(x: torch.Tensor) -> torch.Tensor:
 
 def unpack_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Packed rows uint8 [..., D + 4] (any strides with a unit last stride) -> [..., D] in
-    `dtype`: each value times its row's scale, computed in `dtype` (in bf16 the scale is
-    rounded to 8 bits first: far finer than e4m3's own 4-bit rounding)."""
+    `dtype`: each value times its row's scale, multiplied in float32 (float64 for a float64
+    result) and rounded to `dtype` once, as the GPU's kernel (`fp8_kernel.unpack_range`) does."""
     if rows.dtype != torch.uint8:
         raise TypeError(f"packed FP8 rows are uint8, got {rows.dtype}")
+    if rows.is_cuda:
+        from .fp8_kernel import supports, unpack_range  # Triton: one pass, no float32 intermediate
+
+        if supports(rows):
+            return unpack_range(rows, (0, rows.shape[1]), dtype)
     dim = unpacked_width(rows.shape[-1])
     values = rows[..., :dim].view(FP8)
     scale = rows[..., dim:]
@@ -63,4 +69,5 @@ def unpack_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         scale = scale.view(torch.float32)  # a view: no copy of the scales
     else:
         scale = scale.clone(memory_format=torch.contiguous_format).view(torch.float32)
-    return values.to(dtype) * scale.to(dtype)
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    return (values.to(wide) * scale.to(wide)).to(dtype)

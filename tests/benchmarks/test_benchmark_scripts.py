@@ -50,6 +50,14 @@ def test_multistream_graphed_also_times_the_batched_fast_step_with_the_same_pred
     assert "step_together_graphed" not in _load("multistream").main(SMALL + ["--streams", "2", "--frames", "7"])
 
 
+def test_multistream_streams_with_fp8_caches_when_asked_and_batched_equals_one_after_another():
+    result = _load("multistream").main(SMALL + ["--streams", "2", "--frames", "8", "--kv-dtype", "fp8"])
+    assert result["kv_dtype"] == "fp8" and result["all_finite"]
+    assert result["depth_rel_err_max"] < 1e-5 and result["pose_enc_rel_err_max"] < 1e-5
+    with pytest.raises(SystemExit):
+        _load("multistream").main(SMALL + ["--kv-dtype", "int4"])
+
+
 def test_multistream_refuses_too_few_frames_for_a_steady_median():
     with pytest.raises(SystemExit):
         _load("multistream").main(SMALL + ["--frames", "6"])  # 2 scale + 4 warm-up steps leave none

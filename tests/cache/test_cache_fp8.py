@@ -2,6 +2,8 @@
 key or value, and a stream whose cache stores them."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -64,3 +66,21 @@ def test_a_stream_with_an_fp8_cache_stores_half_of_bf16_and_predicts_close_to_th
         assert (a.depth - b.depth).norm() / b.depth.norm() < 0.02
         assert (a.pose_enc - b.pose_enc).norm() / b.pose_enc.norm() < 0.05
     assert not all(torch.equal(a.depth, b.depth) for a, b in zip(preds["fp8"], preds["auto"]))
+
+
+def test_the_gpu_unpacking_kernel_writes_the_range_as_unpack_rows_and_nothing_else_interpreted():
+    """The kernel that unpacks the visible range for attention, under Triton's CPU interpreter:
+    float32 and float16 results equal `unpack_rows` bit for bit; bfloat16 within one bf16
+    step (the interpreter rounds to bf16 by truncation, the GPU to nearest: tests/gpu checks
+    the bits there); rows outside the range are never written."""
+    pytest.importorskip("triton")
+    from conftest import run_interpreted
+
+    report = run_interpreted(Path(__file__).with_name("interpret_fp8_unpack.py"))
+    assert len(report) == 3 * 6
+    for name, result in report.items():
+        assert result["outside_untouched"] and result["same_tensor"], name
+        if name.startswith("torch.bfloat16"):
+            assert result["inside_error"] <= 2.0**-7, name
+        else:
+            assert result["inside_equal"], name

@@ -1114,6 +1114,30 @@ def test_packed_fp8_rows_are_read_by_the_triton_kernel_as_their_values():
         assert _rel(got, want) < 1e-2, (lo, hi, _rel(got, want))
 
 
+def test_the_unpacking_kernel_writes_the_visible_range_as_unpack_rows_bit_for_bit():
+    """`unpack_range` (how an FP8 cache is read on the GPU) with the range as ints or in device
+    memory: the range's rows equal the CPU's `unpack_rows` exactly in bf16, fp16 and fp32;
+    rows outside it are not written."""
+    from mapstream.cache.fp8 import pack_rows, unpack_rows
+    from mapstream.cache.fp8_kernel import unpack_range
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    heads, total, dim = 16, 3000, 64
+    arena = torch.zeros(2, heads, total + 11, dim + 4, dtype=torch.uint8, device="cuda")
+    x = torch.randn(heads, total, dim, device="cuda", generator=g) * torch.logspace(-4, 4, total, device="cuda")[:, None]
+    arena[1, :, 5 : 5 + total] = pack_rows(x)
+    rows = arena[1, :, 5 : 5 + total]
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        on_cpu = unpack_rows(rows.cpu(), dtype)
+        assert torch.equal(unpack_rows(rows, dtype).cpu(), on_cpu), dtype  # the kernel on CUDA
+        for lo, hi in [(0, total), (977, 2931), (64, 65)]:
+            for kv_range in ((lo, hi), torch.tensor([lo, hi], dtype=torch.int32, device="cuda")):
+                out = torch.full((heads, total, dim), float("nan"), dtype=dtype, device="cuda")
+                unpack_range(rows, kv_range, dtype, out=out)
+                assert torch.equal(out[:, lo:hi].cpu(), on_cpu[:, lo:hi]), (dtype, lo, hi)
+                assert out[:, :lo].isnan().all() and out[:, hi:].isnan().all(), (dtype, lo, hi)
+
+
 def test_an_fp8_cache_agrees_with_fp32_within_twice_the_bf16_caches_error_on_real_photos(full_fp32):
     """On real photos: the FP8 cache's pose and depth error against the fp32 path within twice
     the bf16 cache's (the eager path unpacks the rows before SDPA, the whole-step graph reads
