@@ -4,14 +4,10 @@ from __future__ import annotations
 import torch
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool = False) -> None:
-    """q [H, Nq, D], k/v [H, T, D] (`packed`: FP8 rows [H, T, D + 4] uint8), D a power of two
-    from 16 to 256, unit last strides."""
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q [H, Nq, D], k/v [H, T, D], D a power of two from 16 to 256, unit last strides."""
     heads, _, dim = q.shape
-    width = dim + 4 if packed else dim
-    if packed and (k.dtype != torch.uint8 or v.dtype != torch.uint8):
-        raise ValueError(f"packed FP8 keys and values are uint8 rows, got {k.dtype} and {v.dtype}")
-    if k.shape[0] != heads or v.shape[:2] != k.shape[:2] or k.shape[2] != width or v.shape[2] != width:
+    if k.shape[0] != heads or v.shape[:2] != k.shape[:2] or k.shape[2] != dim or v.shape[2] != dim:
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if dim not in (16, 32, 64, 128, 256):
         raise ValueError(f"head dim {dim} is not supported (needs a power of two from 16 to 256)")

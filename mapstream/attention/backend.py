@@ -45,9 +45,6 @@ class KeyNormHint:
 class AttentionBackend(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
-    packed_fp8: ClassVar[bool] = False
-    """`attend_range` also takes K/V as packed FP8 rows ([1, H, T, D + 4] uint8,
-    `mapstream.cache.fp8`), dequantising them as it reads (otherwise the cache unpacks them first)."""
     device_range: ClassVar[bool] = False
     """`attend_range` reads the key range on the device at the cost of the range alone, so
     one captured CUDA graph serves every cache state (otherwise it masks all keys)."""

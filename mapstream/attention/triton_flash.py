@@ -21,7 +21,6 @@ advance instead of tracking the running max, and its merge checks the result
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -220,22 +219,12 @@ def _flash_fwd(
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
     n_q, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr, PACKED: tl.constexpr = False,
+    SPLITS: tl.constexpr,
 ):
     head = tl.program_id(1)
     lo, hi = _key_range(RANGE, kv_lo, kv_hi, RANGE_IN_MEMORY)
     lo, hi = _split_range(lo, hi, BLOCK_N, SPLITS)
     offs_m, row_ok = _query_rows(n_q, BLOCK_M)
-    if PACKED:  # FP8 rows: the shared loop, which dequantises them tile by tile
-        m_i, l_i, acc = _attend_rows(Q, K, V, head, offs_m, row_ok, lo, hi, qk_scale, 0.0,
-                                     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
-                                     HEAD_DIM, BLOCK_M, BLOCK_N, False, False, True)
-        if SPLITS == 1:
-            _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
-        else:
-            _store_partial(ACC, ML, acc, m_i, l_i, tl.program_id(2), head, tl.num_programs(1), offs_m, row_ok, n_q,
-                           HEAD_DIM)
-        return
     q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM)
     q = q.to(K.dtype.element_ty)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -298,23 +287,6 @@ def _flash_fwd_tma(
 
 
 @triton.jit
-def _packed_tile(X, head, start, offs_n, key_ok, stride_h, stride_n, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
-    """Rows [start, start + BLOCK_N) of `head` in X, packed FP8 rows (uint8, strides in bytes:
-    HEAD_DIM e4m3 values, then the row's float32 scale; `mapstream.cache.fp8`): the values
-    (e4m3) and the scales (float32), which the caller folds in where they cost least."""
-    rows = X + head.to(tl.int64) * stride_h + (start + offs_n).to(tl.int64) * stride_n
-    values = (rows[:, None] + tl.arange(0, HEAD_DIM)[None, :]).to(tl.pointer_type(tl.float8e4nv))
-    scales = (rows + HEAD_DIM).to(tl.pointer_type(tl.float32))
-    if MASKED:
-        x = tl.load(values, mask=key_ok[:, None], other=0.0)
-        scale = tl.load(scales, mask=key_ok, other=0.0)
-    else:
-        x = tl.load(values)
-        scale = tl.load(scales)
-    return x, scale
-
-
-@triton.jit
 def _tile(X, head, start, offs_n, key_ok, stride_h, stride_n,
           HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr):
     """Rows [start, start + BLOCK_N) of `head` in X, a tensor descriptor (TMA; rows past the
@@ -340,45 +312,27 @@ def _kv_tile(K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh,
 
 
 @triton.jit
-def _scores_and_values(q, K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
-                       HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, MASKED: tl.constexpr,
-                       PACKED: tl.constexpr):
-    """q kᵀ of keys [start, start + BLOCK_N) of `head` and their value tile. PACKED: the keys'
-    scales multiply the score columns (the K tile only changes type, in registers), the
-    values' scales their rows, in q's dtype."""
-    if PACKED:
-        k, k_scale = _packed_tile(K, head, start, offs_n, key_ok, stride_kh, stride_kn, HEAD_DIM, MASKED)
-        v, v_scale = _packed_tile(V, head, start, offs_n, key_ok, stride_vh, stride_vn, HEAD_DIM, MASKED)
-        s = tl.dot(q, tl.trans(k.to(q.dtype))) * k_scale[None, :]
-        v = v.to(q.dtype) * v_scale.to(q.dtype)[:, None]
-    else:
-        k, v = _kv_tile(K, V, head, start, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
-                        HEAD_DIM, BLOCK_N, TMA, MASKED)
-        s = tl.dot(q, tl.trans(k))
-    return s, v
-
-
-@triton.jit
 def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, stride_kn, stride_vh, stride_vn,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                 FIXED: tl.constexpr = False, PACKED: tl.constexpr = False):
+                 FIXED: tl.constexpr = False):
     """Fold keys [k_lo, k_hi) of `head` into (m_i, l_i, acc): whole tiles, then the
-    partial one masked. FIXED: m_i holds fixed reference points (`_fixed_softmax`).
-    PACKED: K/V are packed FP8 rows (`_scores_and_values`)."""
+    partial one masked. FIXED: m_i holds fixed reference points (`_fixed_softmax`)."""
     offs_n = tl.arange(0, BLOCK_N)
     full_end = k_lo + ((k_hi - k_lo) // BLOCK_N) * BLOCK_N
     all_keys = offs_n >= 0
     for start in tl.range(k_lo, full_end, BLOCK_N):
-        s, v = _scores_and_values(q, K, V, head, start, offs_n, all_keys, stride_kh, stride_kn, stride_vh, stride_vn,
-                                  HEAD_DIM, BLOCK_N, TMA, False, PACKED)
+        k, v = _kv_tile(K, V, head, start, offs_n, all_keys, stride_kh, stride_kn, stride_vh, stride_vn,
+                        HEAD_DIM, BLOCK_N, TMA, False)
+        s = tl.dot(q, tl.trans(k))
         if FIXED:
             m_i, l_i, acc = _fixed_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
         else:
             m_i, l_i, acc = _online_softmax(s, v, all_keys, m_i, l_i, acc, qk_scale, False)
     if full_end < k_hi:
         key_ok = full_end + offs_n < k_hi
-        s, v = _scores_and_values(q, K, V, head, full_end, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
-                                  HEAD_DIM, BLOCK_N, TMA, True, PACKED)
+        k, v = _kv_tile(K, V, head, full_end, offs_n, key_ok, stride_kh, stride_kn, stride_vh, stride_vn,
+                        HEAD_DIM, BLOCK_N, TMA, True)
+        s = tl.dot(q, tl.trans(k))
         if FIXED:
             m_i, l_i, acc = _fixed_softmax(s, v, key_ok, m_i, l_i, acc, qk_scale, True)
         else:
@@ -390,21 +344,18 @@ def _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale, stride_kh, 
 def _attend_rows(Q, K, V, head, offs_m, row_ok, k_lo, k_hi, qk_scale, key_norm,
                  stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                 FIXED: tl.constexpr, PACKED: tl.constexpr = False):
+                 FIXED: tl.constexpr):
     """(m_i, l_i, acc) of query rows offs_m of `head` over keys [k_lo, k_hi): with FIXED, each
-    row's reference point fixed from key_norm (`_bound_reference`), else the running max.
-    PACKED: K/V are packed FP8 rows; q keeps its own dtype, which the tiles take."""
+    row's reference point fixed from key_norm (`_bound_reference`), else the running max."""
     q, m_i, l_i, acc = _start_rows(Q, head, offs_m, row_ok, stride_qh, stride_qn, BLOCK_M, HEAD_DIM)
     if FIXED:
         m_i = _bound_reference(q, key_norm, qk_scale)
-    if PACKED:
-        q = q.to(Q.dtype.element_ty)
-    elif TMA:
+    if TMA:
         q = q.to(K.dtype)
     else:
         q = q.to(K.dtype.element_ty)
     return _attend_keys(q, K, V, head, k_lo, k_hi, m_i, l_i, acc, qk_scale,
-                        stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, FIXED, PACKED)
+                        stride_kh, stride_kn, stride_vh, stride_vn, HEAD_DIM, BLOCK_N, TMA, FIXED)
 
 
 @triton.jit
@@ -413,7 +364,7 @@ def _flash_fwd_balanced(
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
     n_q, n_heads, kv_lo, kv_hi, qk_scale, tails_per_spare, key_norm,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    TMA: tl.constexpr, TAIL_SETUP: tl.constexpr, FIXED: tl.constexpr = False, PACKED: tl.constexpr = False,
+    TMA: tl.constexpr, TAIL_SETUP: tl.constexpr, FIXED: tl.constexpr = False,
 ):
     """`KernelConfig.balance`: programs 0 .. items-1 (one per row block and head, row blocks
     fastest, so that the programs of a head stream its keys together through L2) take the
@@ -440,7 +391,7 @@ def _flash_fwd_balanced(
         row_ok = offs_m < n_q
         m_i, l_i, acc = _attend_rows(Q, K, V, head, offs_m, row_ok, k_lo, k_hi, qk_scale, key_norm,
                                      stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
-                                     HEAD_DIM, BLOCK_M, BLOCK_N, TMA, FIXED, PACKED)
+                                     HEAD_DIM, BLOCK_M, BLOCK_N, TMA, FIXED)
         _store_partial(ACC, ML, acc, m_i, l_i, share, head, n_heads, offs_m, row_ok, n_q, HEAD_DIM)
 
 
@@ -465,7 +416,7 @@ def _merge_or_repair(
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
     n_q, n_heads, kv_lo, kv_hi, qk_scale,
     RANGE_IN_MEMORY: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    TMA: tl.constexpr, COUNT: tl.constexpr, PACKED: tl.constexpr = False,
+    TMA: tl.constexpr, COUNT: tl.constexpr,
 ):
     """The balanced call's merge when its shares used a fixed reference point. A row whose
     denominator (its weights' sum, relative to that point) came out too small, above 2^64 or
@@ -489,7 +440,7 @@ def _merge_or_repair(
     else:
         m_i, l_i, acc = _attend_rows(Q, K, V, head, offs_m, row_ok, lo, hi, qk_scale, 0.0,
                                      stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
-                                     HEAD_DIM, BLOCK_M, BLOCK_N, TMA, False, PACKED)
+                                     HEAD_DIM, BLOCK_M, BLOCK_N, TMA, False)
         _finish_rows(O, acc, l_i, offs_m, row_ok, stride_on, stride_oh, HEAD_DIM)
         if COUNT:
             tl.atomic_add(REPAIRS, 1)
@@ -530,9 +481,7 @@ def flash_attention(
     """softmax(q kᵀ / sqrt(D)) v over keys [lo, hi) of k/v.
 
     q [H, Nq, D] (any strides, unit last stride; any float dtype, computed in k's dtype);
-    k, v [H, T, D] (unit last stride; fp16/bf16 on CUDA), or packed FP8 rows [H, T, D + 4]
-    uint8 (`mapstream.cache.fp8`: dequantised tile by tile in registers, computed in q's
-    dtype; read through pointers, never TMA, whose strides must be multiples of 16 bytes). kv_range: (lo, hi) ints, or an
+    k, v [H, T, D] (unit last stride; fp16/bf16 on CUDA). kv_range: (lo, hi) ints, or an
     int tensor [2] on q's device (read by the kernel: graph-safe), or None for all T keys.
     Returns [H, Nq, D] in q's dtype, a transposed view of token-major [Nq, H, D] storage
     (`out`, if given, must be that storage). config: None picks `default_config(q.device)`.
@@ -553,10 +502,7 @@ def flash_attention(
         raise ValueError(f"key_norm must be a positive finite float (got {key_norm})")
     if repairs is not None and (repairs.shape != (1,) or repairs.dtype != torch.int32 or repairs.device != q.device):
         raise ValueError("repairs must be an int32 tensor of shape [1] on q's device")
-    packed = k.dtype == torch.uint8
-    check_qkv(q, k, v, packed=packed)
-    if packed and config.tma:
-        config = dataclasses.replace(config, tma=False)
+    check_qkv(q, k, v)
     if k.dtype == torch.float16:
         key_norm = repairs = None
     if out is None:
@@ -575,8 +521,7 @@ def flash_attention(
         raise ValueError("KernelConfig.balance runs the plain loop: it does not combine with splits")
     balanced = balanced_grid(n_q, heads, q.device, config) if config.balance else None
     if balanced is not None:
-        return _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, balanced, config, wrap, key_norm, repairs,
-                              packed)
+        return _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, balanced, config, wrap, key_norm, repairs)
     if splits > 1:
         partial_acc = torch.empty(splits, heads, n_q, dim, device=q.device, dtype=torch.float32)
         partial_ml = torch.empty(splits, heads, n_q, 2, device=q.device, dtype=torch.float32)
@@ -588,8 +533,6 @@ def flash_attention(
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         SPLITS=splits, **_launch_options(config),
     )
-    if packed:
-        meta["PACKED"] = True
     if config.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -614,8 +557,7 @@ def flash_attention(
     return out.transpose(0, 1)
 
 
-def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wrap, key_norm, repairs,
-                   packed=False) -> torch.Tensor:
+def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wrap, key_norm, repairs) -> torch.Tensor:
     """`flash_attention` with `KernelConfig.balance`: head and tail shares, then the merge
     (checked, with a fixed reference point)."""
     heads, n_q, dim = q.shape
@@ -637,8 +579,7 @@ def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wra
         q, k_arg, v_arg, range_arg, partial_acc, partial_ml, *strides,
         n_q, heads, lo, hi, _LOG2E / math.sqrt(dim), per_spare, float(key_norm or 0.0),
         RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        TMA=config.tma, TAIL_SETUP=config.tail_setup, FIXED=fixed, **({"PACKED": True} if packed else {}),
-        **_launch_options(config),
+        TMA=config.tma, TAIL_SETUP=config.tail_setup, FIXED=fixed, **_launch_options(config),
     )
     if fixed:
         merge = _merge_or_repair if config.tma else wrap(_merge_or_repair)
@@ -646,8 +587,7 @@ def _balanced_call(q, k, v, out, range_arg, in_memory, lo, hi, grid, config, wra
             q, k_arg, v_arg, range_arg, partial_acc, partial_ml, out, q if repairs is None else repairs,
             *strides, out.stride(0), out.stride(1), n_q, heads, lo, hi, _LOG2E / math.sqrt(dim),
             RANGE_IN_MEMORY=in_memory, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-            TMA=config.tma, COUNT=repairs is not None, **({"PACKED": True} if packed else {}),
-            **_launch_options(config),
+            TMA=config.tma, COUNT=repairs is not None, **_launch_options(config),
         )
         return out.transpose(0, 1)
     wrap(_merge_splits)[(triton.cdiv(n_q, config.block_m), heads)](

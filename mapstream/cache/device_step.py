@@ -66,7 +66,7 @@ class DeviceStep:
             raise CacheStateError("DeviceStep.attend before prepare()")
         kv = self.storage[layer]  # [2, H, T, D] (packed FP8 rows: [2, H, T, D + 4] uint8)
         write_frame_kv(kv, k[0].detach(), v[0].detach(), self.write_index)
-        if kv.dtype != torch.uint8 or backend.packed_fp8:  # as stored (FP8 rows: dequantised as the backend reads them)
+        if kv.dtype != torch.uint8:
             keys, values = kv[0], kv[1]
         elif kv.is_cuda and backend.device_range:  # FP8 rows: the visible range unpacked in one pass
             from .fp8_kernel import unpack_range

@@ -1093,27 +1093,6 @@ def test_windows_on_the_gpu_are_the_windows_on_the_cpu(join, monkeypatch):
     torch.testing.assert_close(gpu["depth"].cpu(), cpu["depth"], rtol=1e-3, atol=1e-4)
 
 
-def test_packed_fp8_rows_are_read_by_the_triton_kernel_as_their_values():
-    """The kernel's in-register dequantisation against attention over the unpacked rows, with
-    the key range in device memory (as the whole-step graph reads it)."""
-    from mapstream.attention.triton_flash import flash_attention
-    from mapstream.cache.fp8 import pack_rows, unpack_rows
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    heads, total, dim = 16, 5000, 64
-    arena = torch.zeros(2, heads, total + 11, dim + 4, dtype=torch.uint8, device="cuda")
-    k = torch.randn(heads, total, dim, device="cuda", generator=g) * 4
-    v = torch.randn(heads, total, dim, device="cuda", generator=g)
-    arena[0, :, 5 : 5 + total], arena[1, :, 5 : 5 + total] = pack_rows(k), pack_rows(v)
-    keys, values = arena[0, :, 5 : 5 + total], arena[1, :, 5 : 5 + total]
-    q = torch.randn(heads, 977, dim, device="cuda", generator=g).bfloat16()
-    for lo, hi in [(0, total), (977, 4321)]:
-        got = flash_attention(q, keys, values, kv_range=torch.tensor([lo, hi], dtype=torch.int32, device="cuda"))
-        want = F.scaled_dot_product_attention(q.float(), unpack_rows(keys, torch.float32)[:, lo:hi],
-                                              unpack_rows(values, torch.float32)[:, lo:hi])
-        assert _rel(got, want) < 1e-2, (lo, hi, _rel(got, want))
-
-
 def test_the_unpacking_kernel_writes_the_visible_range_as_unpack_rows_bit_for_bit():
     """`unpack_range` (how an FP8 cache is read on the GPU) with the range as ints or in device
     memory: the range's rows equal the CPU's `unpack_rows` exactly in bf16, fp16 and fp32;
@@ -1140,8 +1119,8 @@ def test_the_unpacking_kernel_writes_the_visible_range_as_unpack_rows_bit_for_bi
 
 def test_an_fp8_cache_agrees_with_fp32_within_twice_the_bf16_caches_error_on_real_photos(full_fp32):
     """On real photos: the FP8 cache's pose and depth error against the fp32 path within twice
-    the bf16 cache's (the eager path unpacks the rows before SDPA, the whole-step graph reads
-    them packed in the Triton kernel), and the two FP8 paths agree."""
+    the bf16 cache's (the eager path unpacks the rows before SDPA, the whole-step graph with
+    the unpacking kernel before the Triton kernel), and the two FP8 paths agree."""
     images = _photos()
     ref = _stream(full_fp32, images, "fp32", keyframe_interval=2)
     model = mapstream.fill_synthetic_(mapstream.build_model("lingbot-map")).cuda().eval().cast_for_inference("bf16")
