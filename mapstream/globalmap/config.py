@@ -32,8 +32,8 @@ class MapConfig:
     """A nearby keyframe looks within this angle of the current keyframe's viewing direction."""
     min_similarity: float = 0.8
     """Cosine similarity of place descriptors below which a candidate is not verified."""
-    clip_neighbours: int = 1
-    """Keyframes on each side of the candidate (and before the current one) in the verification clip."""
+    clip_neighbours: int = 0
+    """Keyframes on each side of the candidate (and before the current one) in the verification clip; 0: the clip is the two frames alone, which the network registers more surely after a jump, so that more loops pass, each measured as well (docs/MAP.md, Figures)."""
     min_inlier_ratio: float = 0.4
     """Share of a clip side's pixels (confidence-weighted) that must agree with the map after alignment (the candidate's side and the current keyframe's each)."""
     min_overlap: float = 0.6
