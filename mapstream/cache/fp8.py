@@ -14,8 +14,8 @@ are far larger than the patches'. A row takes D + 4 bytes against 2 D in bf16: 0
 at D = 64.
 
 The functions here are pure tensor maps; they run on any device (the CPU emulates exactly
-what a GPU stores; on CUDA, `unpack_rows` of [H, T, D + 4] rows is one Triton kernel,
-`fp8_kernel.unpack_range`, with the same result).
+what a GPU stores; on CUDA the cache unpacks with one Triton kernel,
+`fp8_kernel.unpack_range`, to the same result).
 """
 from __future__ import annotations
 
@@ -56,11 +56,6 @@ def unpack_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     result) and rounded to `dtype` once, as the GPU's kernel (`fp8_kernel.unpack_range`) does."""
     if rows.dtype != torch.uint8:
         raise TypeError(f"packed FP8 rows are uint8, got {rows.dtype}")
-    if rows.is_cuda:
-        from .fp8_kernel import supports, unpack_range  # Triton: one pass, no float32 intermediate
-
-        if supports(rows):
-            return unpack_range(rows, (0, rows.shape[1]), dtype)
     dim = unpacked_width(rows.shape[-1])
     values = rows[..., :dim].view(FP8)
     scale = rows[..., dim:]

@@ -227,7 +227,14 @@ def open_steps(
 def readable(stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Stored keys or values as attention reads them: FP8 rows (uint8) unpacked to `dtype`,
     any other storage as it is (a view)."""
-    return unpack_rows(stored, dtype) if stored.dtype == torch.uint8 else stored
+    if stored.dtype != torch.uint8:
+        return stored
+    if stored.is_cuda:
+        from .fp8_kernel import supports, unpack_range  # one Triton pass, no float32 intermediate
+
+        if supports(stored):
+            return unpack_range(stored, (0, stored.shape[1]), dtype)
+    return unpack_rows(stored, dtype)
 
 
 def _cat(cached: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
