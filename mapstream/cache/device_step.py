@@ -66,13 +66,6 @@ class DeviceStep:
             raise CacheStateError("DeviceStep.attend before prepare()")
         kv = self.storage[layer]  # [2, H, T, D] (packed FP8 rows: [2, H, T, D + 4] uint8)
         write_frame_kv(kv, k[0].detach(), v[0].detach(), self.write_index)
-        if kv.dtype != torch.uint8:
-            keys, values = kv[0], kv[1]
-        elif kv.is_cuda and backend.device_range:  # FP8 rows: the visible range unpacked in one pass
-            from .fp8_kernel import unpack_range
-
-            keys = unpack_range(kv[0], self.kv_range, k.dtype)
-            values = unpack_range(kv[1], self.kv_range, v.dtype)
-        else:
-            keys, values = readable(kv[0], k.dtype), readable(kv[1], v.dtype)
+        visible = self.kv_range if backend.device_range else None  # FP8 rows: only those the backend reads
+        keys, values = readable(kv[0], k.dtype, visible), readable(kv[1], v.dtype, visible)
         return backend.attend_range(q, keys.unsqueeze(0), values.unsqueeze(0), self.kv_range, key_norm=key_norm)

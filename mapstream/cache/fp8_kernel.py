@@ -6,7 +6,7 @@ changes) and writes their values times their scales in `dtype`, and zeros in the
 attention reads only the range, but a kernel may load a whole tile past its end and weigh
 it by zero, which must not meet uninitialised memory (0 x NaN). Each value is multiplied by
 its scale in float32 and rounded once, so the result equals the CPU's `unpack_rows` bit for
-bit (`manager.readable` runs this kernel on CUDA tensors).
+bit (`manager.readable`, the cache's read, runs this kernel on CUDA tensors).
 
 Attention over the unpacked range then runs at the speed of a bf16 cache: the unpacking
 reads D + 4 bytes a row and writes 2 D, once a layer, where a kernel that dequantises

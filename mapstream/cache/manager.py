@@ -224,16 +224,18 @@ def open_steps(
         cache.finish_step(step)
 
 
-def readable(stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def readable(stored: torch.Tensor, dtype: torch.dtype, kv_range: torch.Tensor | None = None) -> torch.Tensor:
     """Stored keys or values as attention reads them: FP8 rows (uint8) unpacked to `dtype`,
-    any other storage as it is (a view)."""
+    any other storage as it is (a view). On CUDA the rows are unpacked by one Triton pass:
+    only those in `kv_range` (int32 [2] on the device, read by the kernel: graph-safe) when
+    it is given, the others then zero; every row otherwise."""
     if stored.dtype != torch.uint8:
         return stored
     if stored.is_cuda:
         from .fp8_kernel import supports, unpack_range  # one Triton pass, no float32 intermediate
 
         if supports(stored):
-            return unpack_range(stored, (0, stored.shape[1]), dtype)
+            return unpack_range(stored, (0, stored.shape[1]) if kv_range is None else kv_range, dtype)
     return unpack_rows(stored, dtype)
 
 

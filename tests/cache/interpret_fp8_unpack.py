@@ -1,7 +1,8 @@
 """Run the cache's FP8 unpacking kernel (`mapstream.cache.fp8_kernel`) under Triton's CPU
 interpreter and print, as JSON, for several key ranges and result types: whether the rows in
-the range equal `unpack_rows` bit for bit (and their largest relative difference) and whether
-every row outside it was written as zeros.
+the range equal `unpack_rows` bit for bit (and their largest relative difference), whether
+every row outside it was written as zeros, and whether the result is the `out` given (or, with
+none given, a new tensor of every row).
 Started by test_cache_fp8.py in a fresh process with TRITON_INTERPRET=1."""
 from __future__ import annotations
 
@@ -40,13 +41,13 @@ def main() -> None:
                 "inside_error": float(((out[:, lo:hi].float() - want[:, lo:hi].float()).abs()
                                        / want[:, lo:hi].float().abs().clamp_min(1e-30)).max()) if hi > lo else 0.0,
                 "outside_zero": bool((outside == 0).all()),
-                "same_tensor": returned is out,
+                "returned_ok": returned is out,
             }
         fresh = unpack_range(rows, torch.tensor([0, total], dtype=torch.int32), dtype)
         report[f"{dtype}/fresh"] = {"inside_equal": bool(torch.equal(fresh, want)), "outside_zero": True,
                                     "inside_error": float(((fresh.float() - want.float()).abs()
                                                            / want.float().abs().clamp_min(1e-30)).max()),
-                                    "same_tensor": list(fresh.shape) == [heads, total, dim]}
+                                    "returned_ok": list(fresh.shape) == [heads, total, dim]}
     print(json.dumps(report))
 
 
