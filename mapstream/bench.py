@@ -60,7 +60,39 @@ class BenchConfig:
     correctness check against a reference pass, `reference_samples`)."""
 
 
-def _frames(cfg: BenchConfig, device: torch.device) -> torch.Tensor:
+# Distinct random frames a stream cycles through: a long stream (1,000 frames) then holds
+# 64 frames on the device rather than all of them, so that its peak memory is the stream's.
+RANDOM_POOL = 64
+
+
+class StreamFrames:
+    """The protocol's frames in stream order, indexed like a tensor of frames ([i] one frame,
+    [a:b] several stacked) while only a bounded set of distinct frames is held on the device:
+    `pool` [M, 3, H, W] and `order(i)`, the pool index of stream frame i."""
+
+    def __init__(self, pool: torch.Tensor, count: int, mirrored: bool) -> None:
+        self.pool, self.count, self.mirrored = pool, count, mirrored
+
+    def order(self, i: int) -> int:
+        """Photos play forward then backward (no jump where the folder wraps); random frames repeat."""
+        m = self.pool.shape[0]
+        if not self.mirrored:
+            return i % m
+        k = i % (2 * m)
+        return k if k < m else 2 * m - 1 - k
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int | slice) -> torch.Tensor:
+        if isinstance(index, slice):
+            return self.pool[[self.order(i) for i in range(*index.indices(self.count))]]
+        if not -self.count <= index < self.count:
+            raise IndexError(f"frame {index} of a stream of {self.count}")
+        return self.pool[self.order(index % self.count)]
+
+
+def _frames(cfg: BenchConfig, device: torch.device) -> StreamFrames:
     n = cfg.scale_frames + cfg.stream_frames
     if cfg.images:
         from .io.images import list_images, load_images
@@ -68,13 +100,10 @@ def _frames(cfg: BenchConfig, device: torch.device) -> torch.Tensor:
         paths = list_images(cfg.images)
         x = load_images(paths[: min(len(paths), n)], image_size=cfg.width)
         x = torch.nn.functional.interpolate(x, size=(cfg.height, cfg.width), mode="bilinear", align_corners=False)
-        x = x.clamp(0, 1)
-        reps = math.ceil(n / x.shape[0])
-        x = torch.cat([x, x.flip(0)] * reps)[:n]
-    else:
-        g = torch.Generator().manual_seed(0)
-        x = torch.rand(n, 3, cfg.height, cfg.width, generator=g)
-    return x.to(device)
+        return StreamFrames(x.clamp(0, 1).to(device), n, mirrored=True)
+    g = torch.Generator().manual_seed(0)
+    return StreamFrames(torch.rand(min(n, RANDOM_POOL), 3, cfg.height, cfg.width, generator=g).to(device), n,
+                        mirrored=False)
 
 
 class _StageTimer:

@@ -202,7 +202,8 @@ class Session:
         self._clear()
 
     def close(self) -> None:
-        """Release this session's cache pages. Further steps raise `SessionClosedError`."""
+        """Release this session's cache pages and its captured graphs (their memory pools hold
+        GPU memory for as long as they live). Further steps raise `SessionClosedError`."""
         if self._closed:
             return
         if self._owns_state:
@@ -210,6 +211,7 @@ class Session:
         else:
             self.state.reset()
         self._clear()
+        self._graphed.clear()
         self.batched_graphs = None
         self._closed = True
 

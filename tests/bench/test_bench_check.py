@@ -127,3 +127,27 @@ def test_windowed_means_average_thirty_frames_either_side_of_10_50_and_90_percen
     # 10% of 192 is frame 19: the window [0, 49] is cut at the start, its mean 24.5.
     assert windowed_means(steps) == {"10%": 24.5, "50%": 96.0, "90%": pytest.approx((142 + 191) / 2)}
     assert windowed_means([5.0] * 12)["10%"] == 5.0  # "at least frame 10", clamped to the stream
+
+
+def test_the_bench_holds_a_bounded_pool_of_frames_and_indexes_it_in_stream_order(tmp_path):
+    from mapstream.bench import RANDOM_POOL, _frames
+
+    cfg = BenchConfig(preset="tiny", width=28, height=14, scale_frames=2, stream_frames=RANDOM_POOL + 30, device="cpu")
+    frames = _frames(cfg, torch.device("cpu"))
+    assert len(frames) == RANDOM_POOL + 32 and frames.pool.shape[0] == RANDOM_POOL
+    g = torch.Generator().manual_seed(0)
+    want = torch.rand(RANDOM_POOL, 3, 14, 28, generator=g)
+    assert torch.equal(frames[5], want[5]) and torch.equal(frames[RANDOM_POOL + 5], want[5])
+    assert torch.equal(frames[-1], want[31])
+    assert torch.equal(frames[RANDOM_POOL - 1 : RANDOM_POOL + 2], want[[RANDOM_POOL - 1, 0, 1]])
+    with pytest.raises(IndexError):
+        frames[RANDOM_POOL + 32]
+
+    from PIL import Image
+
+    for i in range(3):  # three photos, each one flat grey level
+        Image.new("RGB", (28, 14), (60 * (i + 1),) * 3).save(tmp_path / f"{i}.png")
+    photos = _frames(BenchConfig(preset="tiny", width=28, height=14, scale_frames=2, stream_frames=6,
+                                 device="cpu", images=str(tmp_path)), torch.device("cpu"))
+    levels = [round(float(photos[i].mean()) * 255 / 60) for i in range(len(photos))]
+    assert levels == [1, 2, 3, 3, 2, 1, 1, 2]  # forward, backward, forward

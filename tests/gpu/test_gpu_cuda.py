@@ -1138,3 +1138,31 @@ def test_an_fp8_cache_agrees_with_fp32_within_twice_the_bf16_caches_error_on_rea
         for key in ("pose_enc", "depth"):
             assert results[label][key] <= 2 * results["bf16"][key], (label, key, results)
     assert _rel(outs["fp8-whole-triton"]["depth"], outs["fp8-eager-sdpa"]["depth"]) < 2e-2
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_a_closed_session_gives_back_its_gpu_memory_while_it_is_still_referenced(kv):
+    """Closing releases the cache pages and the captured graphs' memory pools: a service keeps
+    closed sessions around (for their results) without their memory. The first session warms
+    what the model keeps for every session (weight casts, kernels); the second must leave
+    exactly that behind."""
+    from mapstream.cache import shared_pools
+
+    if available_backends(torch.device("cuda"), torch.bfloat16)["triton"]:
+        pytest.skip("triton backend unavailable")
+    model = mapstream.fill_synthetic_(mapstream.build_model("small")).cuda().eval().cast_for_inference("bf16")
+    model.set_backend("triton")
+    frames = torch.rand(12, 3, 112, 140, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    kept, marks = [], []
+    for _ in range(2):
+        session = model.session(num_scale_frames=2, sliding_window=4, fast=True, kv_dtype=kv)
+        with torch.no_grad():
+            for frame in frames:
+                session.step(frame)
+        session.close()
+        kept.append(session)
+        shared_pools().trim()
+        torch.cuda.synchronize()
+        marks.append(torch.cuda.memory_allocated())
+    assert kept[1].whole_step
+    assert marks[1] == marks[0], marks
