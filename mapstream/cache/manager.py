@@ -361,12 +361,25 @@ class StreamCacheManager:
         self._on_drop = None
         self._hold(self._run)
 
-    def _lease(self, layout: TokenLayout, dtype: torch.dtype, device: torch.device) -> None:
+    def _storage_key(self, layout: TokenLayout, dtype: torch.dtype, device: torch.device) -> StorageKey:
         if self.spec.kv_dtype == "fp8":  # packed rows: the values' bytes and their scale's
             dtype, width = torch.uint8, packed_width(layout.head_dim)
         else:
             width = layout.head_dim
-        key = StorageKey(layout.num_layers, layout.num_heads, width, layout.tokens_per_frame, dtype, device)
+        return StorageKey(layout.num_layers, layout.num_heads, width, layout.tokens_per_frame, dtype, device)
+
+    def lease_bytes(self, layout: TokenLayout, dtype: torch.dtype) -> int:
+        """The bytes this cache leases for a sequence of frames laid out as `layout` with keys
+        and values computed in `dtype` (its arena: the anchors, the window and the trajectory
+        memory at its capacity, or at its first size when unbounded), without leasing them."""
+        key = self._storage_key(layout, dtype, torch.device("meta"))
+        row = key.head_dim * torch.empty((), dtype=key.dtype).element_size()
+        capacity = self.spec.trajectory_capacity
+        pages = self._pages(layout, capacity if capacity is not None else _UNBOUNDED_INITIAL_TRAJECTORY)
+        return pages * key.num_layers * 2 * key.num_heads * key.page_tokens * row
+
+    def _lease(self, layout: TokenLayout, dtype: torch.dtype, device: torch.device) -> None:
+        key = self._storage_key(layout, dtype, device)
         if self._key == key and self.layout == layout:
             return
         if self.frames_stored or self._slot_frame or self._trajectory:

@@ -44,7 +44,9 @@ from mapstream.io.images import (
     preprocessed_height,
     resized_shape,
 )
-from mapstream.io.video import VIDEO_EXTENSIONS, is_video_url, iter_video_frames, probe_video, sample_interval, video_stem
+from mapstream.io.video import (
+    VIDEO_EXTENSIONS, VideoInfo, is_video_url, iter_video_frames, probe_video, sample_interval, video_stem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +58,10 @@ NamedImages = Callable[[], Iterator[tuple[str, Image.Image]] | Iterator[tuple[st
 frame was shown or captured."""
 
 
-def _video_frames_kept(path: str | os.PathLike, fps: float | None, stride: int, first_k: int | None) -> int | None:
+def _video_frames_kept(info: VideoInfo, fps: float | None, stride: int, first_k: int | None) -> int | None:
     """How many frames `iter_video_frames` will yield, from the container's frame count or
     duration (None when the header has neither): every `interval`-th decoded frame, then
     every `stride`-th, then at most `first_k`."""
-    info = probe_video(path)
     frames = info.estimated_frames
     if frames is None:
         return None
@@ -111,6 +112,9 @@ class FrameSource:
         self.description = description
         self.mode, self.image_size, self.patch_size = mode, image_size, patch_size
         self.pad_height = pad_height
+        self.frame_height: int | None = pad_height
+        """The frames' height after preprocessing where it is known before reading (image
+        files: their headers, the tallest; a video: its container); None for live input."""
         self.last_time: float | None = None
         """Seconds at which the frame yielded last was shown (video) or captured (live), or
         None when the input does not say (image files)."""
@@ -202,7 +206,9 @@ class FrameSource:
                 yield f.name, open_image(f)
 
         source = cls(frames, length=len(files), description=f"{len(files)} image files", **preprocess)
-        source.pad_height = _common_height(files, source.mode, source.image_size, source.patch_size, source.rotate)
+        heights = _file_heights(files, source.mode, source.image_size, source.patch_size, source.rotate)
+        source.pad_height = _common_height(heights, source.image_size)
+        source.frame_height = max(heights)
         return source
 
     @classmethod
@@ -243,10 +249,14 @@ class FrameSource:
             for f in iter_video_frames(path, fps=fps, stride=stride, first_k=first_k):
                 yield f"{stem}_{f.index:06d}", f.image, f.time
 
-        return cls(
-            frames, length=None, expected_length=_video_frames_kept(path, fps, stride, first_k),
+        info = probe_video(path)
+        source = cls(
+            frames, length=None, expected_length=_video_frames_kept(info, fps, stride, first_k),
             description=f"video {path}", **preprocess,
         )
+        width, height = (info.height, info.width) if source.rotate in (90, 270) else (info.width, info.height)
+        source.frame_height = preprocessed_height(width, height, source.mode, source.image_size, source.patch_size)
+        return source
 
     @classmethod
     def from_capture(
@@ -330,11 +340,11 @@ def _to_height(frame: torch.Tensor, height: int) -> torch.Tensor:
     return frame[:, top : top + height]
 
 
-def _common_height(files: Sequence[Path], mode: Mode, image_size: int, patch_size: int, rotate: int) -> int | None:
-    """The height to pad the files' frames to when they would differ (else None), from the
-    files' headers (their sides swapped by a quarter turn)."""
+def _file_heights(files: Sequence[Path], mode: Mode, image_size: int, patch_size: int, rotate: int) -> list[int]:
+    """Each file's frame height after preprocessing, from the files' headers (their sides
+    swapped by a quarter turn)."""
     if mode != "crop":  # pad mode: every frame is image_size x image_size
-        return None
+        return [image_size] * len(files)
     sizes = [oriented_size(f) for f in files]
     if rotate in (90, 270):
         sizes = [(h, w) for w, h in sizes]
@@ -345,13 +355,17 @@ def _common_height(files: Sequence[Path], mode: Mode, image_size: int, patch_siz
                 f"image {f} ({w}x{h}) would be {image_size} wide and less than one {patch_size}-pixel patch tall: "
                 "its aspect ratio is too extreme for crop preprocessing; crop it first, or use preprocess 'pad'"
             )
-    heights = set(per_file)
-    if len(heights) < 2:
+    return per_file
+
+
+def _common_height(heights: Sequence[int], image_size: int) -> int | None:
+    """The height to pad frames of these heights to when they differ (else None)."""
+    if len(set(heights)) < 2:
         return None
     tallest = max(heights)
     logger.warning(
         "the images' frames would have different heights %s; padding all with white to %dx%d",
-        sorted(heights), tallest, image_size,
+        sorted(set(heights)), tallest, image_size,
     )
     return tallest
 

@@ -96,6 +96,28 @@ class GCTNetwork(nn.Module):
         camera = self.camera_head.new_cache(spec, pools) if self.camera_head is not None else None
         return StreamState(aggregator, camera)
 
+    def cache_bytes(
+        self, frame_hw: tuple[int, int], stream: StreamConfig | None = None, *, dtype: torch.dtype,
+        head_dtype: torch.dtype | None = None,
+    ) -> int:
+        """The bytes one sequence's caches lease for frames of `frame_hw` (H, W) kept as
+        `stream` says (default: this network's `stream_config`): the aggregator's keys and
+        values computed in `dtype` (stored as `stream.kv_dtype` says) and the camera head's in
+        `head_dtype` (default: the heads' own). Nothing is allocated."""
+        height, width = frame_hw
+        p = self.config.patch_size
+        if height % p or width % p:
+            raise ValueError(f"frame {height}x{width}: both sides must be multiples of the patch size {p}")
+        state = self.new_state(stream)
+        grid = (height // p, width // p)
+        layout = self.aggregator.cache_layout(self.aggregator.patch_start_idx + grid[0] * grid[1], state.aggregator,
+                                              grid)
+        total = state.aggregator.lease_bytes(layout, dtype)
+        if state.camera is not None:
+            camera = self.camera_head.cache_layout(2 * self.config.embed_dim)
+            total += state.camera.lease_bytes(camera, head_dtype or self.head_dtype)
+        return total
+
     def cast_for_inference(self, dtype: torch.dtype | str, *, heads: bool = False) -> "GCTNetwork":
         """Cast the aggregator's weights to `dtype` (bf16/fp16 for GPU inference, as the
         reference demo does) and return self. The normalisation constants stay fp32 (the
@@ -115,6 +137,21 @@ class GCTNetwork(nn.Module):
             if head is not None:  # values unchanged; NHWC convolutions (see DPTHead)
                 head.to(memory_format=torch.channels_last)
         return self
+
+    @property
+    def dense_chunk_frames(self) -> int:
+        """Frames the dense heads take at a time (the scale phase's frames pass in chunks of
+        this many: fewer hold less memory at once). The same outputs whatever the chunk."""
+        heads = [h for h in (self.depth_head, self.point_head) if h is not None]
+        return heads[0].chunk_frames if heads else self.config.dpt_chunk_frames
+
+    @dense_chunk_frames.setter
+    def dense_chunk_frames(self, frames: int) -> None:
+        if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+            raise ValueError(f"dense_chunk_frames must be a positive int, got {frames!r}")
+        for head in (self.depth_head, self.point_head):
+            if head is not None:
+                head.chunk_frames = frames
 
     def _head_modules(self) -> list[nn.Module]:
         return [h for h in (self.camera_head, self.depth_head, self.point_head) if h is not None]

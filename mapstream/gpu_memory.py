@@ -1,0 +1,228 @@
+"""The GPU memory a stream takes, and the settings that fit it in a budget
+(`mapstream run --gpu-memory 8GB`).
+
+A stream's memory has three parts:
+
+    weights   the network's parameters in the dtypes they run in (exact);
+    caches    what its caches lease when the first frame arrives: the anchor frames, the
+              sliding window and the trajectory memory, whole (exact, `GCTNetwork.cache_bytes`);
+    working   the largest step's passing tensors: the scale phase (its frames through the
+              trunk together, the dense heads `dense_chunk_frames` frames at a time) or a
+              streaming step (one frame; with an FP8 cache also one layer's visible keys and
+              values read back into the trunk's precision). Estimated from sizes per token and
+              per pixel that `benchmarks/memory_parts.py` measures on a GPU (`WORKING`).
+
+`plan_memory` keeps the asked settings where they fit and otherwise gives up, in this
+order, what costs least: the dense heads' frames at a time in the scale phase (a little
+of the scale phase's speed), the cache's storage (FP8: 0.53 of the bytes, within the
+accuracy bound, 17 % of the frame rate), the sliding window (less context for each frame),
+and last the heads' precision (fp32 to the trunk's: faster, but its pose error is above the
+bound the other variants keep; docs/BENCHMARKS.md). Nothing fits: `MemoryBudgetError` says
+the least the stream needs.
+
+Budgets count what PyTorch allocates for the stream (`torch.cuda.max_memory_allocated`): the
+CUDA context (about 0.5 GiB) and the allocator's spare blocks come on top of it.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .config import StreamConfig
+from .validation import compute_dtype
+
+__all__ = [
+    "MemoryBudgetError", "MemoryEstimate", "MemoryPlan", "WorkingMemory", "WORKING", "estimate_memory",
+    "format_bytes", "parse_memory", "plan_memory",
+]
+
+GIB = 2**30
+
+_UNITS = {"": GIB, "k": 2**10, "m": 2**20, "g": GIB, "t": 2**40}
+
+
+class MemoryBudgetError(ValueError):
+    """No setting of the stream fits the budget."""
+
+
+def parse_memory(text: str | int | float) -> int:
+    """Bytes from "8GB", "8 GiB", "7.5g", "6000MB" or a number of GiB. K, M, G and T count
+    powers of 1024 with or without "i" and "B", as GPU makers' figures do (an "8 GB" card
+    holds 8 GiB)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", str(text))
+        if match is None:
+            raise ValueError(f"GPU memory {text!r}: give an amount such as 8GB, 7.5GiB or 6000MB")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"GPU memory {text!r}: must be more than zero")
+    return int(value * _UNITS[unit])
+
+
+def format_bytes(n: int | float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class WorkingMemory:
+    """Passing tensors of a step, in bytes per unit (measured: `benchmarks/memory_parts.py`)."""
+
+    trunk_per_token: float
+    """Per token of the step's frames, per embedding channel and byte of the trunk's dtype."""
+    dense_per_pixel: float
+    """Per pixel of each frame in a dense-head chunk, per DPT feature and byte of the heads' dtype."""
+    heads_input_per_token: float
+    """Per token of the step's frames, per channel of the heads' input (2 x embed) and byte
+    of the heads' dtype: the selected layers handed to the heads in their dtype."""
+    fp8_read_per_token: float
+    """Per token visible in the cache, per embedding channel and byte of the trunk's dtype,
+    with an FP8 cache: keys and values of one layer read back."""
+    fixed: int
+    """Per step whatever the sizes (workspaces, the camera head)."""
+
+
+# Measured on an NVIDIA H100 80GB HBM3 (official architecture, 504-518 wide and 294 wide,
+# scale phase and steady steps, fp32 and bf16 heads, bf16 and FP8 caches), rounded up.
+WORKING = WorkingMemory(trunk_per_token=24.0, dense_per_pixel=1.4, heads_input_per_token=4.5,
+                        fp8_read_per_token=2.5, fixed=160 * 2**20)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int
+    caches: int
+    working: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.caches + self.working
+
+    def describe(self) -> str:
+        return (f"{format_bytes(self.total)} (weights {format_bytes(self.weights)}, caches {format_bytes(self.caches)}, "
+                f"working {format_bytes(self.working)})")
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Settings that fit `budget`, and what changed from those asked for."""
+
+    budget: int
+    frame_hw: tuple[int, int]
+    stream: StreamConfig
+    """The stream's settings to run with (kv_dtype, sliding_window and window_size as planned)."""
+    dense_chunk_frames: int
+    low_precision_heads: bool
+    estimate: MemoryEstimate
+    changes: tuple[str, ...]
+
+    def describe(self) -> str:
+        changed = "; ".join(self.changes) if self.changes else "the settings as given"
+        return (f"GPU memory budget {format_bytes(self.budget)} for {self.frame_hw[1]}x{self.frame_hw[0]} frames: "
+                f"{changed}; estimated peak {self.estimate.describe()}")
+
+
+def _param_bytes(module: torch.nn.Module | None, dtype: torch.dtype | None) -> int:
+    """Bytes of `module`'s parameters in `dtype` (None: as they are) and of its buffers as they
+    are (`cast_for_inference` casts parameters; constants such as the input normalisation stay)."""
+    if module is None:
+        return 0
+    size = torch.empty((), dtype=dtype).element_size() if dtype is not None else None
+    params = sum(p.numel() * (size if size and p.is_floating_point() else p.element_size()) for p in module.parameters())
+    return params + sum(b.numel() * b.element_size() for b in module.buffers())
+
+
+def estimate_memory(
+    network, frame_hw: tuple[int, int], stream: StreamConfig, *, precision: str,
+    low_precision_heads: bool = False, dense_chunk_frames: int | None = None,
+) -> MemoryEstimate:
+    """The stream's peak GPU memory (`network`: a `GCTNetwork`, in whatever dtype it is now)
+    for frames of `frame_hw` (H, W) kept as `stream` says, the trunk in `precision`, the heads
+    in it too with `low_precision_heads` (else fp32), the dense heads `dense_chunk_frames`
+    frames at a time (default: the network's)."""
+    trunk = compute_dtype(precision)
+    heads = trunk if low_precision_heads else torch.float32
+    tb, hb = torch.empty((), dtype=trunk).element_size(), torch.empty((), dtype=heads).element_size()
+    weights = _param_bytes(network.aggregator, trunk) + sum(
+        _param_bytes(h, heads) for h in (network.camera_head, network.depth_head, network.point_head))
+    caches = network.cache_bytes(frame_hw, stream, dtype=trunk, head_dtype=heads)
+
+    c = network.config
+    height, width = frame_hw
+    tokens = c.num_special_tokens + (height // c.patch_size) * (width // c.patch_size)
+    dense_heads = sum(h is not None for h in (network.depth_head, network.point_head))
+    chunk = dense_chunk_frames or network.dense_chunk_frames
+    scale = stream.num_scale_frames
+    w = WORKING
+
+    def step(frames: int, dense_frames: int, visible_tokens: int) -> float:
+        return (w.trunk_per_token * frames * tokens * c.embed_dim * tb
+                + w.heads_input_per_token * frames * tokens * 2 * c.embed_dim * hb
+                + w.dense_per_pixel * dense_heads * dense_frames * height * width * c.dpt_features * hb
+                + (w.fp8_read_per_token * visible_tokens * c.embed_dim * tb if stream.kv_dtype == "fp8" else 0)
+                + w.fixed)
+
+    spec = stream.cache_spec()
+    visible = (spec.ring_slots - 1) * tokens + (spec.trajectory_capacity or 0) * c.num_special_tokens
+    working = max(step(scale, min(chunk, scale), scale * tokens), step(1, 1, visible))
+    return MemoryEstimate(weights, caches, int(working))
+
+
+def _windows(asked: int) -> list[int]:
+    """The sliding windows tried, largest first: the one asked for, then smaller steps."""
+    return [asked] + [w for w in (48, 32, 24, 16, 8) if w < asked]
+
+
+def plan_memory(
+    budget: int, network, frame_hw: tuple[int, int], stream: StreamConfig, *, precision: str,
+    low_precision_heads: bool = False, windowed: bool = False,
+) -> MemoryPlan:
+    """The settings nearest to those asked (`stream`, `low_precision_heads`, the network's dense
+    chunk) whose estimated peak fits `budget` bytes (see the module docstring for the order in
+    which settings are given up); `windowed`: a windowed run, whose windows then shrink with
+    the sliding window. Raises `MemoryBudgetError` when none fits."""
+    asked_chunk = network.dense_chunk_frames
+    chunks = sorted({min(asked_chunk, stream.num_scale_frames), 1}, reverse=True)
+    kv_dtypes = [stream.kv_dtype] + (["fp8"] if stream.kv_dtype != "fp8" else [])
+    heads_options = [low_precision_heads] + ([True] if not low_precision_heads else [])
+    smallest = None
+    for low_heads in heads_options:
+        for window in _windows(stream.sliding_window):
+            for kv in kv_dtypes:
+                for chunk in chunks:
+                    planned = stream.with_settings(kv_dtype=kv, sliding_window=window)
+                    if windowed:
+                        planned = planned.with_settings(window_size=min(stream.window_size, stream.anchor_frames + window))
+                    estimate = estimate_memory(network, frame_hw, planned, precision=precision,
+                                               low_precision_heads=low_heads, dense_chunk_frames=chunk)
+                    smallest = estimate if smallest is None or estimate.total < smallest.total else smallest
+                    if estimate.total <= budget:
+                        changes = _changes(stream, planned, asked_chunk, chunk, low_precision_heads, low_heads, precision)
+                        return MemoryPlan(budget, tuple(frame_hw), planned, chunk, low_heads, estimate, changes)
+    assert smallest is not None
+    raise MemoryBudgetError(
+        f"a GPU memory budget of {format_bytes(budget)} is too small for {frame_hw[1]}x{frame_hw[0]} frames: the "
+        f"smallest setting (FP8 cache, a window of {_windows(stream.sliding_window)[-1]} frames, heads in {precision}, "
+        f"dense heads a frame at a time) needs about {smallest.describe()}; give more memory, a smaller --image-size "
+        "or a smaller --trajectory-capacity"
+    )
+
+
+def _changes(asked: StreamConfig, planned: StreamConfig, asked_chunk: int, chunk: int, asked_heads: bool,
+             low_heads: bool, precision: str) -> tuple[str, ...]:
+    changes = []
+    if chunk != asked_chunk:
+        changes.append(f"dense heads {chunk} frame{'s' if chunk > 1 else ''} at a time in the scale phase")
+    if planned.kv_dtype != asked.kv_dtype:
+        changes.append("the cache stored in FP8")
+    if planned.sliding_window != asked.sliding_window:
+        changes.append(f"a sliding window of {planned.sliding_window} frames (asked: {asked.sliding_window})")
+    if planned.window_size != asked.window_size:
+        changes.append(f"windows of {planned.window_size} frames (asked: {asked.window_size})")
+    if low_heads != asked_heads:
+        changes.append(f"the heads in {precision} (their pose error is above the fp32 heads' bound)")
+    return tuple(changes)
