@@ -46,8 +46,11 @@ def measure(model, heads: str, width: int, height: int, kv: str, window: int, ch
     base = _settle()
     torch.cuda.reset_peak_memory_stats()
     session = model.session(num_scale_frames=scale, precision="bf16", fast=True, kv_dtype=kv, sliding_window=window)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     for i in range(scale):
         session.step(pool[i])
+    end.record()
     torch.cuda.synchronize()
     scale_peak, after_scale = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
     for i in range(4):  # the first steps capture the graphs
@@ -75,6 +78,7 @@ def measure(model, heads: str, width: int, height: int, kv: str, window: int, ch
         "working_est_gib": est.working / GIB,
         "stream_peak_gib": (measured_peak - frames_bytes) / GIB, "stream_est_gib": (est.caches + est.working) / GIB,
         "graphs_gib": (held - base - caches - frames_bytes) / GIB,
+        "scale_phase_ms": start.elapsed_time(end),
     }
 
 

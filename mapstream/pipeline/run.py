@@ -30,6 +30,8 @@ from ..session import FramePrediction, Session, resolve_precision
 from ..windowed import WindowedSession
 from .frame_store import FrameStore
 from .loop_closure import MapRun, corrected_reconstruction, known_poses_of
+from ..gpu_memory import MemoryPlan, parse_memory
+from .memory_budget import fit_to_budget, memory_record
 from .model_source import resolve_model
 from .options import RunOptions, recorded_options
 from .run_folder import RunFolder
@@ -83,6 +85,8 @@ def check_options(opts: RunOptions) -> None:
         read_intrinsics(opts.intrinsics)  # its own error for a value or file it cannot read
     if not isinstance(opts.stream, StreamConfig):
         raise TypeError(f"RunOptions.stream must be a StreamConfig, got {type(opts.stream).__name__}")
+    if opts.gpu_memory is not None:
+        parse_memory(opts.gpu_memory)  # its own error for what is not an amount
     if opts.camera_iterations < 1:
         raise ValueError(f"camera_iterations must be >= 1, got {opts.camera_iterations}")
     if opts.demo and opts.input is not None:
@@ -163,6 +167,9 @@ def run(
     check_options(opts)  # fail on a bad option before any heavy work
     for unused in _unused_options(opts):
         log.warning("%s", unused)
+    if opts.gpu_memory is not None and open_session is not None:
+        log.warning("--gpu-memory plans the memory of a run's own model; where the frames are predicted "
+                    "elsewhere (a server, a fleet worker) it has no effect")
     device = resolve_device(opts.device)
     source = open_input(opts)  # a missing or unreadable input is told before any folder is made
     folder = RunFolder(opts.out, inputs=input_files(opts))
@@ -236,6 +243,7 @@ class OpenedSession:
     where: str | None = None  # run.json's "device" when not the run's own device (a server's address)
     image_size: int = DEFAULT_IMAGE_SIZE  # the model's own frame width, for runs that choose none
     model: Any = None  # the network, where it runs here (loop closure measures loops with it)
+    memory: MemoryPlan | None = None  # what --gpu-memory chose
 
 
 @dataclass
@@ -253,6 +261,7 @@ class _Job:
     where: str | None = None
     model: Any = None  # the network, where it runs here
     priors: dict | None = None  # what the global map's priors did (run.json)
+    memory: MemoryPlan | None = None  # what --gpu-memory chose
 
 
 def _local_session(opts: RunOptions, device: torch.device, length: int | None) -> OpenedSession:
@@ -263,12 +272,19 @@ def _local_session(opts: RunOptions, device: torch.device, length: int | None) -
         camera_num_iterations=opts.camera_iterations, compile=opts.compile,
     )
     precision = resolve_precision(opts.stream.precision, device)
-    if precision in ("bf16", "fp16"):
-        model.cast_for_inference(precision, heads=opts.low_precision_heads)
     plan = plan_for_model(opts, length, model, precision)
+    memory = fit_to_budget(opts, model, plan, precision, device, frame_width(opts, model_image_size(model)))
+    if memory is not None:
+        plan = replace(plan, stream=memory.stream)
+        model.dense_chunk_frames = memory.dense_chunk_frames
+    if precision in ("bf16", "fp16"):
+        model.cast_for_inference(precision, heads=opts.low_precision_heads or (memory is not None and
+                                                                                memory.low_precision_heads))
+    if memory is not None:
+        torch.cuda.reset_peak_memory_stats(device)  # the budget counts from the loaded model on
     return OpenedSession(planned_session(model, plan), plan.mode, plan.stream, model_desc, warnings, precision,
                          str(model.head_dtype).removeprefix("torch."), opts.camera_iterations,
-                         image_size=model_image_size(model), model=model)
+                         image_size=model_image_size(model), model=model, memory=memory)
 
 
 def plan_for_model(opts: RunOptions, length: int | None, model, precision: str) -> StreamPlan:
@@ -316,7 +332,7 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
         opened.session.close()
         raise
     return _Job(folder, device, opened.model_desc, opened.warnings, config, store, opened.session, width, opened.where,
-                opened.model)
+                opened.model, memory=opened.memory)
 
 
 def _export(opts: RunOptions, job: _Job, progress: bool | None,
@@ -364,6 +380,7 @@ def _record(opts: RunOptions, job: _Job, recon: Reconstruction, outputs: dict[st
         "warnings": job.warnings,
         "loop_closure": {**gmap.record(), "priors": job.priors} if gmap is not None else None,
         "intrinsics": streamed.intrinsics,
+        "gpu_memory": memory_record(job.memory, device) if job.memory is not None else None,
     }
     outputs = {**outputs, "run_json": job.folder.finish(outputs, recon.file_stems(), info)}
     return RunSummary(len(recon), streamed.new_frames, fps, job.folder.path, outputs, job.model_desc, job.warnings)

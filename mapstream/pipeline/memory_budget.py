@@ -1,0 +1,70 @@
+"""`mapstream run --gpu-memory`: the run's stream fitted to a GPU memory budget.
+
+The plan (`mapstream.gpu_memory.plan_memory`) is made for the frames the input gives: their
+height is read from the files' headers or the video's container before any frame is decoded;
+a live input, whose frames nobody has seen yet, is planned for the tallest frame preprocessing
+can give (as tall as wide). The budget counts the stream's tensors from the moment the model
+is loaded; run.json records the plan and the peak the run reached.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from ..gpu_memory import MemoryPlan, format_bytes, parse_memory, plan_memory
+from .options import RunOptions
+from .run_input import DEMO_HW, open_input
+from .stream_plan import StreamPlan
+
+__all__ = ["fit_to_budget", "memory_record", "run_frame_shape"]
+
+log = logging.getLogger(__name__)
+
+
+def run_frame_shape(opts: RunOptions, width: int) -> tuple[int, int]:
+    """(H, W) of the run's frames at `width`: known from the input where it can be, else as
+    tall as wide."""
+    if opts.demo:
+        return DEMO_HW
+    height = open_input(replace(opts, image_size=width)).frame_height
+    return (height if height is not None else width), width
+
+
+def fit_to_budget(opts: RunOptions, model, plan: StreamPlan, precision: str, device: torch.device,
+                  width: int) -> MemoryPlan | None:
+    """The memory plan for the run's `--gpu-memory` (None without one, or off CUDA, where it
+    is told and ignored). Raises `MemoryBudgetError` when nothing fits."""
+    if opts.gpu_memory is None:
+        return None
+    budget = parse_memory(opts.gpu_memory)
+    if device.type != "cuda":
+        log.warning("--gpu-memory %s has no effect on %s: it plans a CUDA GPU's memory", opts.gpu_memory, device)
+        return None
+    card = torch.cuda.get_device_properties(device).total_memory
+    if budget > card:
+        log.warning("--gpu-memory %s is more than %s has (%s): planning for the GPU's own", opts.gpu_memory,
+                    torch.cuda.get_device_name(device), format_bytes(card))
+        budget = card
+    memory = plan_memory(budget, model, run_frame_shape(opts, width), plan.stream, precision=precision,
+                         low_precision_heads=opts.low_precision_heads, windowed=plan.mode == "windowed")
+    log.info("%s", memory.describe())
+    return memory
+
+
+def memory_record(memory: MemoryPlan, device: torch.device) -> dict:
+    """run.json's "gpu_memory": the budget, what it changed, the estimate and the peak the run
+    reached since its model was loaded (told in a warning where it passed the budget)."""
+    peak = torch.cuda.max_memory_allocated(device)
+    if peak > memory.budget:
+        log.warning("the run's GPU memory peaked at %s, above its budget of %s (the estimate was %s)",
+                    format_bytes(peak), format_bytes(memory.budget), format_bytes(memory.estimate.total))
+    e = memory.estimate
+    return {
+        "budget_bytes": memory.budget, "frame_hw": list(memory.frame_hw), "changes": list(memory.changes),
+        "kv_dtype": memory.stream.kv_dtype, "sliding_window": memory.stream.sliding_window,
+        "dense_chunk_frames": memory.dense_chunk_frames, "low_precision_heads": memory.low_precision_heads,
+        "estimate_bytes": {"weights": e.weights, "caches": e.caches, "working": e.working, "total": e.total},
+        "peak_bytes": peak,
+    }
