@@ -55,6 +55,8 @@ class BenchConfig:
     fast: bool | str = False
     """Single-frame steps through CUDA graphs (`Session(fast=...)`: True for the automatic choice,
     "pieces" or "whole")."""
+    dense_chunk_frames: int | None = None
+    """Frames the dense heads take at a time in the scale phase (None: the network's own)."""
     check_every: int = 24
     """Keep the predictions of every this-many streaming frames of the timed pass (for the
     correctness check against a reference pass, `reference_samples`)."""
@@ -210,8 +212,17 @@ def run_benchmark(cfg: BenchConfig, model=None) -> dict:
     shared_pools().trim()
     torch.cuda.empty_cache()
     frames = _frames(cfg, device)
+    own_chunk = model.dense_chunk_frames
+    model.dense_chunk_frames = cfg.dense_chunk_frames or own_chunk
+    try:
+        return _run(cfg, model, frames, device)
+    finally:
+        model.dense_chunk_frames = own_chunk
+
+
+def _run(cfg: BenchConfig, model, frames: StreamFrames, device: torch.device) -> dict:
     session = model.session(num_scale_frames=cfg.scale_frames, precision=cfg.precision, fast=cfg.fast,
-                            kv_dtype=cfg.kv_dtype)
+                            kv_dtype=cfg.kv_dtype, sliding_window=cfg.window)
 
     samples: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 

@@ -45,6 +45,8 @@ class Bench:
     """How the cache stores keys and values, each measured (auto: in --precision; fp8: e4m3 with a scale per token and head)."""
     window: int = _PROTOCOL.window
     """The cache's sliding window in stored frames."""
+    gpu_memory: str | None = None
+    """Fit each measurement to this GPU memory budget as `mapstream run --gpu-memory` does (the plan may store the cache in FP8 and shrink the window, over --kv-dtypes and --window; a plan that needs the heads in bf16 is only taken by the bf16-heads variants); the plan is printed and recorded."""
     camera_iterations: int = _PROTOCOL.camera_iterations
     """Refinement passes of the camera head (the protocol's 4; 1 is faster)."""
     images: str | None = None
@@ -101,6 +103,12 @@ class Bench:
                 fast=False if variant == "eager" else _step_mode(variant),
                 heads_precision=self.precision if variant.endswith("bf16-heads") else "fp32",
             )
+            plan = None
+            if self.gpu_memory is not None:
+                cfg, plan = _fitted(cfg, self.gpu_memory)
+                if plan is None:
+                    failed.append(f"{backend}/{variant}/{res}/{kv_dtype} (no plan within {self.gpu_memory})")
+                    continue
             if model is None:
                 # fp32 heads first, whatever the variant: the reference pass is the protocol's.
                 model = build_bench_model(replace(cfg, heads_precision="fp32"), torch.device("cuda"))
@@ -123,6 +131,10 @@ class Bench:
             result = run_benchmark(cfg, model)
             samples = result.pop("_samples")
             result["variant"] = variant
+            if plan is not None:
+                result["memory_plan"] = {"budget_bytes": plan.budget, "changes": list(plan.changes),
+                                         "estimate_bytes": plan.estimate.total}
+                print(f"   {plan.describe()}")
             check = ""
             if res in references:
                 errors = compare_samples(samples, references[res])
@@ -148,6 +160,28 @@ class Bench:
             print(f"correctness check FAILED for {', '.join(failed)}")
             return 1
         return 0
+
+
+def _fitted(cfg: BenchConfig, budget: str):
+    """`cfg` with the settings `mapstream.gpu_memory.plan_memory` fits into `budget`, and the
+    plan; (cfg, None) where the plan needs heads in another precision than cfg's."""
+    import torch
+
+    import mapstream
+    from ..config import StreamConfig
+    from ..gpu_memory import parse_memory, plan_memory
+
+    with torch.device("meta"):  # sizes only, nothing allocated
+        sizes = mapstream.build_model(cfg.preset, camera_num_iterations=cfg.camera_iterations)
+    stream = StreamConfig(num_scale_frames=cfg.scale_frames, sliding_window=cfg.window, kv_dtype=cfg.kv_dtype)
+    low_heads = cfg.heads_precision == cfg.precision
+    plan = plan_memory(parse_memory(budget), sizes, (cfg.height, cfg.width), stream, precision=cfg.precision,
+                       low_precision_heads=low_heads)
+    if plan.low_precision_heads != low_heads:
+        print(f"   {plan.describe()}: not this variant's fp32 heads; skipped")
+        return cfg, None
+    return replace(cfg, kv_dtype=plan.stream.kv_dtype, window=plan.stream.sliding_window,
+                   dense_chunk_frames=plan.dense_chunk_frames), plan
 
 
 def _power_line(power: dict) -> str:

@@ -151,3 +151,25 @@ def test_the_bench_holds_a_bounded_pool_of_frames_and_indexes_it_in_stream_order
                                  device="cpu", images=str(tmp_path)), torch.device("cpu"))
     levels = [round(float(photos[i].mean()) * 255 / 60) for i in range(len(photos))]
     assert levels == [1, 2, 3, 3, 2, 1, 1, 2]  # forward, backward, forward
+
+
+def test_bench_fits_each_measurement_to_a_memory_budget_as_a_run_does():
+    from mapstream.cli.bench import _fitted
+    from mapstream.config import StreamConfig
+    from mapstream.gpu_memory import estimate_memory, parse_memory
+
+    cfg = BenchConfig(width=518, height=378)
+    with torch.device("meta"):  # sizes only
+        sizes = mapstream.build_model(cfg.preset)
+    stream = StreamConfig(num_scale_frames=cfg.scale_frames, sliding_window=cfg.window)
+    fitted, plan = _fitted(cfg, "8GB")
+    assert plan.estimate.total <= parse_memory("8GB")
+    assert (fitted.kv_dtype, fitted.window, fitted.dense_chunk_frames) == (
+        plan.stream.kv_dtype, plan.stream.sliding_window, plan.dense_chunk_frames)
+    assert plan.estimate == estimate_memory(sizes, (378, 518), stream.with_settings(
+        kv_dtype=fitted.kv_dtype, sliding_window=fitted.window), precision="bf16",
+        dense_chunk_frames=fitted.dense_chunk_frames)
+    need_bf16_heads = estimate_memory(sizes, (378, 518), stream.with_settings(kv_dtype="fp8", sliding_window=8),
+                                      precision="bf16", dense_chunk_frames=1).total - 1
+    skipped, none = _fitted(cfg, str(need_bf16_heads / 2**30))
+    assert none is None and skipped is cfg  # fp32 heads asked: the variant is not run
