@@ -4,21 +4,25 @@ The plan (`mapstream.gpu_memory.plan_memory`) is made for the frames the input g
 height is read from the files' headers or the video's container before any frame is decoded;
 a live input, whose frames nobody has seen yet, is planned for the tallest frame preprocessing
 can give (as tall as wide). The budget counts the stream's tensors from the moment the model
-is loaded; run.json records the plan and the peak the run reached.
+is loaded and holds PyTorch's allocator to it while the run streams (cuDNN's search for its
+fastest convolutions then tries only what fits); run.json records the plan and the peak the
+run reached.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
 
-from ..gpu_memory import MemoryPlan, format_bytes, parse_memory, plan_memory
+from ..gpu_memory import MemoryBudgetError, MemoryPlan, format_bytes, parse_memory, plan_memory
 from .options import RunOptions
 from .run_input import DEMO_HW, open_input
 from .stream_plan import StreamPlan
 
-__all__ = ["fit_to_budget", "memory_record", "run_frame_shape"]
+__all__ = ["fit_to_budget", "held_to_budget", "memory_record", "run_frame_shape"]
 
 log = logging.getLogger(__name__)
 
@@ -68,3 +72,25 @@ def memory_record(memory: MemoryPlan, device: torch.device) -> dict:
         "estimate_bytes": {"weights": e.weights, "caches": e.caches, "working": e.working, "total": e.total},
         "peak_bytes": peak,
     }
+
+
+@contextlib.contextmanager
+def held_to_budget(memory: MemoryPlan | None, device: torch.device) -> Iterator[None]:
+    """While inside, PyTorch's allocator on `device` holds at most `memory.budget` (nothing
+    without a plan); a step that needs more raises `MemoryBudgetError`, which says what to do."""
+    if memory is None:
+        yield
+        return
+    before = torch.cuda.get_per_process_memory_fraction(device)
+    card = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(before, memory.budget / card), device)
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        raise MemoryBudgetError(
+            f"the run needed more GPU memory than its budget of {format_bytes(memory.budget)} (estimated "
+            f"{memory.estimate.describe()}); the frames it finished are kept: run again with a larger --gpu-memory "
+            "or a smaller --sliding-window"
+        ) from err
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, device)

@@ -31,7 +31,7 @@ from ..windowed import WindowedSession
 from .frame_store import FrameStore
 from .loop_closure import MapRun, corrected_reconstruction, known_poses_of
 from ..gpu_memory import MemoryPlan, parse_memory
-from .memory_budget import fit_to_budget, memory_record
+from .memory_budget import fit_to_budget, held_to_budget, memory_record
 from .model_source import resolve_model
 from .options import RunOptions, recorded_options
 from .run_folder import RunFolder
@@ -185,11 +185,12 @@ def run(
         mapping = _start_map(opts, job, on_map)
         loaded = time.perf_counter()
         try:
-            streamed = stream_frames(
-                job.session, source, job.store, scale_frames=opts.stream.num_scale_frames, out=folder.path,
-                progress=progress, on_frame=_both(mapping.take, on_frame) if mapping else on_frame,
-                intrinsics=read_intrinsics(opts.intrinsics) if opts.intrinsics is not None else None,
-            )
+            with held_to_budget(job.memory, device):
+                streamed = stream_frames(
+                    job.session, source, job.store, scale_frames=opts.stream.num_scale_frames, out=folder.path,
+                    progress=progress, on_frame=_both(mapping.take, on_frame) if mapping else on_frame,
+                    intrinsics=read_intrinsics(opts.intrinsics) if opts.intrinsics is not None else None,
+                )
         except BaseException:
             if mapping is not None:
                 mapping.close()

@@ -74,3 +74,24 @@ def test_the_plan_is_made_for_the_inputs_frames_and_the_gpus_size(tmp_path, monk
     with pytest.raises(MemoryBudgetError, match="too small"):
         fit_to_budget(replace(opts, gpu_memory="1GB"), net, plan, "bf16", cuda, 518)
     assert fit_to_budget(replace(opts, gpu_memory=None), net, plan, "bf16", cuda, 518) is None
+
+
+def test_while_streaming_the_allocator_is_held_to_the_budget_and_an_overrun_says_what_to_do(tmp_path, monkeypatch):
+    from mapstream.pipeline.memory_budget import held_to_budget
+
+    with torch.device("meta"):
+        net = mapstream.build_model("lingbot-map")
+    _fake_gpu(monkeypatch, 80)
+    fractions = [0.9]  # what the process had set before
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: fractions[-1])
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device: fractions.append(f))
+    opts = RunOptions(input=str(photos(tmp_path, n=3)), out=tmp_path / "out", gpu_memory="8GB")
+    memory = fit_to_budget(opts, net, StreamPlan("streaming", net.stream_config), "bf16", torch.device("cuda"), 518)
+    with held_to_budget(memory, torch.device("cuda")):
+        assert fractions[-1] == pytest.approx(8 / 80)
+    assert fractions[-1] == 0.9
+    with pytest.raises(MemoryBudgetError, match="larger --gpu-memory"), held_to_budget(memory, torch.device("cuda")):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    assert fractions[-1] == 0.9
+    with held_to_budget(None, torch.device("cuda")):  # no budget: nothing set
+        assert fractions[-1] == 0.9
