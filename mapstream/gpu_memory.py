@@ -86,8 +86,10 @@ class WorkingMemory:
     """Per step whatever the sizes (workspaces, the camera head)."""
 
 
-# Measured on an NVIDIA H100 80GB HBM3 (official architecture, 504-518 wide and 294 wide,
-# scale phase and steady steps, fp32 and bf16 heads, bf16 and FP8 caches), rounded up.
+# Set above what an NVIDIA H100 80GB HBM3 measured for the official architecture at 518x378
+# (triton, whole-step graphs, FP8 cache, window 64): the scale phase's passing tensors 2.36 GiB
+# with fp32 heads and 1.43 GiB with bf16 heads eight frames at a time, 0.54 GiB a frame at a
+# time; a steady step's 0.50 GiB (bf16 heads). These figures estimate 2.93, 1.75, 1.10 and 0.72 GiB.
 WORKING = WorkingMemory(trunk_per_token=24.0, dense_per_pixel=1.4, heads_input_per_token=4.5,
                         fp8_read_per_token=2.5, fixed=160 * 2**20)
 
