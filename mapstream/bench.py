@@ -44,6 +44,8 @@ class BenchConfig:
     """fp32 (the protocol's default, as the reference) or the aggregator's precision
     (`cast_for_inference(..., heads=True)`)."""
     backend: str = "sdpa"
+    trunk_weights: str = "auto"
+    """How the trunk's linear weights are stored (`GCTNetwork.quantize_trunk`: auto, int8, fp8)."""
     kv_dtype: str = _STREAM.kv_dtype
     """How the cache stores keys and values (`StreamConfig.kv_dtype`: auto, fp8)."""
     steady_from: int = 100
@@ -196,7 +198,7 @@ def build_bench_model(cfg: BenchConfig, device: torch.device, *, compile=False):
     model = model.to(device).eval()
     if cfg.precision in ("bf16", "fp16"):
         model.cast_for_inference(cfg.precision, heads=cfg.heads_precision == cfg.precision)
-    return model
+    return model.quantize_trunk(cfg.trunk_weights)
 
 
 @torch.no_grad()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import StreamConfig
+from .layers.quantized import eligible_linears, is_quantized, quantized_bytes, tensor_bytes
 from .validation import compute_dtype
 
 __all__ = [
@@ -128,28 +129,39 @@ class MemoryPlan:
                 f"{changed}; estimated peak {self.estimate.describe()}")
 
 
-def _param_bytes(module: torch.nn.Module | None, dtype: torch.dtype | None) -> int:
-    """Bytes of `module`'s parameters in `dtype` (None: as they are) and of its buffers as they
-    are (`cast_for_inference` casts parameters; constants such as the input normalisation stay)."""
+def _param_bytes(module: torch.nn.Module | None, dtype: torch.dtype | None, weights: str = "auto") -> int:
+    """Bytes of `module`'s parameters in `dtype` (None: as they are), its large linear layers'
+    weights quantized as `weights` says ("int8", "fp8"; `mapstream.layers.quantized`), and of
+    its buffers as they are (`cast_for_inference` casts parameters; constants such as the
+    input normalisation stay). Weights already quantized count what they hold."""
     if module is None:
         return 0
     size = torch.empty((), dtype=dtype).element_size() if dtype is not None else None
-    params = sum(p.numel() * (size if size and p.is_floating_point() else p.element_size()) for p in module.parameters())
-    return params + sum(b.numel() * b.element_size() for b in module.buffers())
+    quantized = {id(m.weight): quantized_bytes(m, weights) for m in eligible_linears(module)} if weights != "auto" else {}
+    total = 0
+    for p in module.parameters():
+        if is_quantized(p):
+            total += tensor_bytes(p)
+        elif id(p) in quantized:
+            total += quantized[id(p)]
+        else:
+            total += p.numel() * (size if size and p.is_floating_point() else p.element_size())
+    return total + sum(b.numel() * b.element_size() for b in module.buffers())
 
 
 def estimate_memory(
     network, frame_hw: tuple[int, int], stream: StreamConfig, *, precision: str,
-    low_precision_heads: bool = False, dense_chunk_frames: int | None = None,
+    low_precision_heads: bool = False, dense_chunk_frames: int | None = None, trunk_weights: str | None = None,
 ) -> MemoryEstimate:
     """The stream's peak GPU memory (`network`: a `GCTNetwork`, in whatever dtype it is now)
-    for frames of `frame_hw` (H, W) kept as `stream` says, the trunk in `precision`, the heads
-    in it too with `low_precision_heads` (else fp32), the dense heads `dense_chunk_frames`
-    frames at a time (default: the network's)."""
+    for frames of `frame_hw` (H, W) kept as `stream` says, the trunk in `precision` with its
+    linear weights stored as `trunk_weights` says (default: the network's), the heads in
+    `precision` too with `low_precision_heads` (else fp32), the dense heads
+    `dense_chunk_frames` frames at a time (default: the network's)."""
     trunk = compute_dtype(precision)
     heads = trunk if low_precision_heads else torch.float32
     tb, hb = torch.empty((), dtype=trunk).element_size(), torch.empty((), dtype=heads).element_size()
-    weights = _param_bytes(network.aggregator, trunk) + sum(
+    weights = _param_bytes(network.aggregator, trunk, trunk_weights or network.trunk_weights) + sum(
         _param_bytes(h, heads) for h in (network.camera_head, network.depth_head, network.point_head))
     caches = network.cache_bytes(frame_hw, stream, dtype=trunk, head_dtype=heads)
 
@@ -181,12 +193,13 @@ def _windows(asked: int) -> list[int]:
 
 def plan_memory(
     budget: int, network, frame_hw: tuple[int, int], stream: StreamConfig, *, precision: str,
-    low_precision_heads: bool = False, windowed: bool = False,
+    low_precision_heads: bool = False, windowed: bool = False, trunk_weights: str | None = None,
 ) -> MemoryPlan:
     """The settings nearest to those asked (`stream`, `low_precision_heads`, the network's dense
     chunk) whose estimated peak fits `budget` bytes (see the module docstring for the order in
     which settings are given up); `windowed`: a windowed run, whose windows then shrink with
-    the sliding window. Raises `MemoryBudgetError` when none fits."""
+    the sliding window; `trunk_weights`: how the trunk's linear weights will be stored (default:
+    as the network holds them now). Raises `MemoryBudgetError` when none fits."""
     asked_chunk = network.dense_chunk_frames
     chunks = sorted({min(asked_chunk, stream.num_scale_frames), 1}, reverse=True)
     kv_dtypes = [stream.kv_dtype] + (["fp8"] if stream.kv_dtype != "fp8" else [])
@@ -200,7 +213,8 @@ def plan_memory(
                     if windowed:
                         planned = planned.with_settings(window_size=min(stream.window_size, stream.anchor_frames + window))
                     estimate = estimate_memory(network, frame_hw, planned, precision=precision,
-                                               low_precision_heads=low_heads, dense_chunk_frames=chunk)
+                                               low_precision_heads=low_heads, dense_chunk_frames=chunk,
+                                               trunk_weights=trunk_weights)
                     smallest = estimate if smallest is None or estimate.total < smallest.total else smallest
                     if estimate.total <= budget:
                         changes = _changes(stream, planned, asked_chunk, chunk, low_precision_heads, low_heads, precision)

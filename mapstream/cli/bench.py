@@ -43,6 +43,8 @@ class Bench:
     """Frames of the scale phase (processed together first)."""
     kv_dtypes: tuple[str, ...] = (_PROTOCOL.kv_dtype,)
     """How the cache stores keys and values, each measured (auto: in --precision; fp8: e4m3 with a scale per token and head)."""
+    trunk_weights: tuple[str, ...] = (_PROTOCOL.trunk_weights,)
+    """How the trunk's linear weights are stored, each measured (auto: in --precision; int8: weight-only; fp8: e4m3 weights and activations, torchao)."""
     window: int = _PROTOCOL.window
     """The cache's sliding window in stored frames."""
     gpu_memory: str | None = None
@@ -90,15 +92,16 @@ class Bench:
             else:
                 backends.append(backend)
         variants = sorted(set(self.variants), key=_VARIANT_ORDER.index)
-        runs = [(v, b, r, d) for v in variants for b in backends for r in self.resolutions for d in self.kv_dtypes]
+        runs = [(v, b, r, d, q) for v in variants for q in self.trunk_weights for b in backends
+                for r in self.resolutions for d in self.kv_dtypes]
         references: dict[str, dict] = {}
         failed = []
-        for variant, backend, res, kv_dtype in runs:
+        for variant, backend, res, kv_dtype, trunk_weights in runs:
             width, height = (int(v) for v in res.lower().split("x"))
             cfg = BenchConfig(
                 width=width, height=height, backend=backend, precision=self.precision,
                 stream_frames=self.stream_frames, scale_frames=self.scale_frames, window=self.window,
-                camera_iterations=self.camera_iterations, kv_dtype=kv_dtype,
+                camera_iterations=self.camera_iterations, kv_dtype=kv_dtype, trunk_weights=trunk_weights,
                 images=self.images, stage_breakdown=self.stages and variant == "eager",
                 fast=False if variant == "eager" else _step_mode(variant),
                 heads_precision=self.precision if variant.endswith("bf16-heads") else "fp32",
@@ -107,11 +110,11 @@ class Bench:
             if self.gpu_memory is not None:
                 cfg, plan = _fitted(cfg, self.gpu_memory)
                 if plan is None:
-                    failed.append(f"{backend}/{variant}/{res}/{kv_dtype} (no plan within {self.gpu_memory})")
+                    failed.append(f"{backend}/{variant}/{res}/{kv_dtype}/{trunk_weights} (no plan within {self.gpu_memory})")
                     continue
             if model is None:
                 # fp32 heads first, whatever the variant: the reference pass is the protocol's.
-                model = build_bench_model(replace(cfg, heads_precision="fp32"), torch.device("cuda"))
+                model = build_bench_model(replace(cfg, heads_precision="fp32", trunk_weights="auto"), torch.device("cuda"))
                 if self.check:  # before any compilation changes the model
                     for size in self.resolutions:
                         w, h = (int(v) for v in size.lower().split("x"))
@@ -119,7 +122,7 @@ class Bench:
             compiled = variant not in ("eager", "fast")
             if (cfg.heads_precision != "fp32" and model.head_dtype == torch.float32) or (
                 compiled and model.compile_options is None
-            ):
+            ) or model.trunk_weights != cfg.trunk_weights:
                 # A model of its own, built compiled and cast (casting a compiled model in
                 # place leaves its compiled pieces to recompile); same rule weights.
                 del model
@@ -142,10 +145,10 @@ class Bench:
                 result["check_vs_sdpa_eager"] = {"max_rel_err": errors, "tolerance": _TOLERANCE, "passed": ok}
                 check = f" | vs SDPA: pose {errors['pose_enc']:.1e} depth {errors['depth']:.1e}" + ("" if ok else " FAILED")
                 if not ok:
-                    failed.append(f"{backend}/{variant}/{res}/{kv_dtype}")
+                    failed.append(f"{backend}/{variant}/{res}/{kv_dtype}/{trunk_weights}")
             results.append(result)
             print(
-                f"{backend:10s} {variant:10s} {res:8s} kv {kv_dtype:4s} global {result['global_fps']:6.1f} FPS | steady "
+                f"{backend:10s} {variant:10s} {res:8s} kv {kv_dtype:4s} trunk {trunk_weights:4s} global {result['global_fps']:6.1f} FPS | steady "
                 f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
                 f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB | cache "
                 f"{result['cache_bytes_per_frame'] / 2**20:.1f} MiB a frame{check}"
@@ -176,7 +179,7 @@ def _fitted(cfg: BenchConfig, budget: str):
     stream = StreamConfig(num_scale_frames=cfg.scale_frames, sliding_window=cfg.window, kv_dtype=cfg.kv_dtype)
     low_heads = cfg.heads_precision == cfg.precision
     plan = plan_memory(parse_memory(budget), sizes, (cfg.height, cfg.width), stream, precision=cfg.precision,
-                       low_precision_heads=low_heads)
+                       low_precision_heads=low_heads, trunk_weights=cfg.trunk_weights)
     if plan.low_precision_heads != low_heads:
         print(f"   {plan.describe()}: not this variant's fp32 heads; skipped")
         return cfg, None

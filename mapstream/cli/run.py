@@ -68,6 +68,8 @@ class Run:
     """Build the model with torch.compile'd per-frame static parts (slow start, faster frames on GPUs)."""
     low_precision_heads: bool = False
     """Heads in --precision too, not fp32 as the reference: faster on GPUs, within that precision's rounding."""
+    trunk_weights: Literal["auto", "int8", "fp8"] = RunOptions.trunk_weights
+    """The trunk's linear weights (torchao): auto (in --precision); int8 (weight-only, half the bytes of bf16's); fp8 (e4m3 weights and activations on FP8 tensor cores: GPUs of compute capability 8.9 and up) (docs/RUN.md)."""
     gpu_memory: Optional[str] = RunOptions.gpu_memory
     """A GPU memory budget such as 8GB: the cache's storage (FP8), the sliding window and last the heads' precision are chosen to fit it, the choice is logged and recorded in run.json, and a budget nothing fits is refused (docs/RUN.md)."""
     formats: tuple[str, ...] = ALL_FORMATS
@@ -119,6 +121,7 @@ class Run:
             drop_white_background=self.cloud.drop_white_background, max_points=self.cloud.max_points,
             resume=self.resume, demo=self.demo, sky_mask=self.sky_mask, sky_model=self.sky_model,
             compile=self.compile, low_precision_heads=self.low_precision_heads, gpu_memory=self.gpu_memory,
+            trunk_weights=self.trunk_weights,
             loop_closure=self.loop_closure, map=self.map, known_poses=self.known_poses,
             intrinsics=self.intrinsics,
         )

@@ -116,7 +116,7 @@ class ModelHolder:
         it (`plan_stream`)."""
         precision = resolve_precision(opts.stream.precision, device)
         key = (opts.model, opts.checkpoint_file, str(device), opts.stream.backend, opts.camera_iterations,
-               opts.compile, precision, opts.low_precision_heads, opts.demo)
+               opts.compile, precision, opts.low_precision_heads, opts.trunk_weights, opts.demo)
         if key != self._key:
             self._drop_idle()  # sessions of the old model
             self._loaded = None  # the old model goes before the new one loads
@@ -126,6 +126,7 @@ class ModelHolder:
             )
             if precision in ("bf16", "fp16"):
                 model.cast_for_inference(precision, heads=opts.low_precision_heads)
+            model.quantize_trunk(opts.trunk_weights)
             self._key, self._loaded = key, (model, desc, warnings, str(model.head_dtype).removeprefix("torch."))
             log.info("worker loaded %s on %s", desc, device)
         model, desc, warnings, heads = self._loaded

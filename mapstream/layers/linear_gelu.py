@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention.fused import fused_kernels_allowed
+from .quantized import is_quantized
 
 __all__ = ["half_product_dtype", "linear_gelu"]
 
@@ -39,8 +40,9 @@ def linear_gelu(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
 def half_product_dtype(x: torch.Tensor, linear: nn.Linear) -> torch.dtype | None:
     """The half dtype a biased product of x on CUDA runs in (autocast's, else the weights'),
     or None where it is not half precision, is empty or our fast forms are off
-    (`plain_pytorch()`): the products this epilogue and `split_linear` serve."""
-    if not (x.is_cuda and linear.bias is not None and fused_kernels_allowed()):
+    (`plain_pytorch()`) or the weights are quantized (their own forward computes them): the
+    products this epilogue and `split_linear` serve."""
+    if not (x.is_cuda and linear.bias is not None and fused_kernels_allowed()) or is_quantized(linear.weight):
         return None
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else linear.weight.dtype
     if dtype not in _HALF or x.dtype not in (dtype, torch.float32) or x.numel() == 0:

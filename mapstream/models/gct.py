@@ -25,6 +25,7 @@ from ..cache import PoolRegistry
 from ..config import ModelConfig, StreamConfig, get_preset, split_overrides
 from ..geometry import camera_matrices
 from ..heads import CameraCausalHead, DPTHead
+from ..layers.quantized import is_quantized, quantize_linears
 from ..validation import check_images, compute_dtype
 from .aggregator import AggregatorStream, Trace, kv_dtype
 from .compile import CompileOptions, compiler
@@ -72,6 +73,7 @@ class GCTNetwork(nn.Module):
         self.point_head = DPTHead.for_config(config, output_dim=4, activation="inv_log") if config.enable_point else None
         self.depth_head = DPTHead.for_config(config, output_dim=2, activation="exp") if config.enable_depth else None
         self.compile_options = CompileOptions() if compile is True else (compile or None)
+        self.trunk_weights = "auto"  # how the trunk's linear weights are stored (`quantize_trunk`)
         if self.compile_options is not None:
             self._compile_parts(self.compile_options)
 
@@ -129,13 +131,23 @@ class GCTNetwork(nn.Module):
         the fp32 heads'. Outputs are fp32 either way."""
         dtype = compute_dtype(dtype)
         for param in self.aggregator.parameters():
-            param.data = param.data.to(dtype)
+            if not is_quantized(param):  # quantized weights keep their form (`quantize_trunk`)
+                param.data = param.data.to(dtype)
         if heads:
             for head in self._head_modules():
                 head.to(dtype)
         for head in (self.depth_head, self.point_head):
             if head is not None:  # values unchanged; NHWC convolutions (see DPTHead)
                 head.to(memory_format=torch.channels_last)
+        return self
+
+    def quantize_trunk(self, weights: str) -> "GCTNetwork":
+        """Store the trunk's large linear layers' weights in 8 bits (`mapstream.layers.quantized`:
+        "int8" weight-only, "fp8" with FP8 products; "auto" leaves them) and return self. Call
+        after `cast_for_inference`: the products run in the dtype the weights were in."""
+        quantize_linears(self.aggregator, weights)
+        if weights != "auto":
+            self.trunk_weights = weights
         return self
 
     @property

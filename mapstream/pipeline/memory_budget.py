@@ -52,7 +52,8 @@ def fit_to_budget(opts: RunOptions, model, plan: StreamPlan, precision: str, dev
                     torch.cuda.get_device_name(device), format_bytes(card))
         budget = card
     memory = plan_memory(budget, model, run_frame_shape(opts, width), plan.stream, precision=precision,
-                         low_precision_heads=opts.low_precision_heads, windowed=plan.mode == "windowed")
+                         low_precision_heads=opts.low_precision_heads, windowed=plan.mode == "windowed",
+                         trunk_weights=opts.trunk_weights)
     log.info("%s", memory.describe())
     return memory
 

@@ -43,6 +43,7 @@ class RunOptions:
     sky_model: str | None = None
     compile: bool = False  # build the model with torch.compile'd static parts
     low_precision_heads: bool = False  # heads in the stream's precision too (default: fp32, as the reference)
+    trunk_weights: str = "auto"  # the trunk's linear weights: "auto" (its precision), "int8" or "fp8" (torchao)
     gpu_memory: str | None = None  # a GPU memory budget ("8GB"): the cache's storage, window and heads fitted to it
     loop_closure: bool = False  # a global map beside the stream: loops closed, every output corrected (docs/MAP.md)
     map: MapConfig = field(default_factory=MapConfig)  # the global map's settings (read with loop_closure)

@@ -31,6 +31,7 @@ from ..windowed import WindowedSession
 from .frame_store import FrameStore
 from .loop_closure import MapRun, corrected_reconstruction, known_poses_of
 from ..gpu_memory import MemoryPlan, parse_memory
+from ..layers.quantized import TRUNK_WEIGHTS
 from .memory_budget import fit_to_budget, held_to_budget, memory_record
 from .model_source import resolve_model
 from .options import RunOptions, recorded_options
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 # Run settings that older run folders did not record, with the value those runs used.
 _RECORDED_LATER = {
     "rotate": 0, "overlap_keyframes": None, "cache_scale_frames": 8, "sliding_window": 64, "trajectory_capacity": 1024,
-    "camera_iterations": 4, "intrinsics": None, "kv_dtype": "auto",
+    "camera_iterations": 4, "intrinsics": None, "kv_dtype": "auto", "trunk_weights": "auto",
 }
 # Windowed settings that older run folders did not record, with the value their windowed runs
 # used (None for a run that streamed): shared frames came from the earlier window, and windows
@@ -87,6 +88,8 @@ def check_options(opts: RunOptions) -> None:
         raise TypeError(f"RunOptions.stream must be a StreamConfig, got {type(opts.stream).__name__}")
     if opts.gpu_memory is not None:
         parse_memory(opts.gpu_memory)  # its own error for what is not an amount
+    if opts.trunk_weights not in TRUNK_WEIGHTS:
+        raise ValueError(f"trunk_weights must be one of {', '.join(TRUNK_WEIGHTS)}, got {opts.trunk_weights!r}")
     if opts.camera_iterations < 1:
         raise ValueError(f"camera_iterations must be >= 1, got {opts.camera_iterations}")
     if opts.demo and opts.input is not None:
@@ -281,6 +284,7 @@ def _local_session(opts: RunOptions, device: torch.device, length: int | None) -
     if precision in ("bf16", "fp16"):
         model.cast_for_inference(precision, heads=opts.low_precision_heads or (memory is not None and
                                                                                 memory.low_precision_heads))
+    model.quantize_trunk(opts.trunk_weights)
     if memory is not None:
         torch.cuda.reset_peak_memory_stats(device)  # the budget counts from the loaded model on
     return OpenedSession(planned_session(model, plan), plan.mode, plan.stream, model_desc, warnings, precision,
@@ -326,6 +330,7 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
             "camera_iterations": opened.camera_iterations,
             "intrinsics": opts.intrinsics,
             "heads_precision": opened.heads_precision,
+            "trunk_weights": opts.trunk_weights,
         }
         store = folder.frame_store(config, resume=opts.resume, recorded_later=_RECORDED_LATER,
                                    same_as_now=_as_recorded_today)
