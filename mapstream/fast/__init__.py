@@ -7,10 +7,11 @@ from .batched import BatchedPiecewiseGraphs
 from .graphs import GraphedStep, StartedStep
 from .piece import outside_captures
 from .pieces import PiecewiseGraphs
+from .streams import shared_stream
 from .whole import WholeStepGraphs
 
 __all__ = ["BatchedPiecewiseGraphs", "GraphedStep", "PiecewiseGraphs", "StartedStep", "WholeStepGraphs", "graphed_step",
-           "outside_captures"]
+           "outside_captures", "shared_stream"]
 
 
 def graphed_step(model, image_hw: tuple[int, int], *, whole: bool, capture: bool = True,

@@ -51,6 +51,7 @@ from typing import Callable
 import torch
 
 from ..cache import DeviceStep, open_steps
+from .streams import shared_stream
 from ..layers import Rotary, patch_positions_2d, rope2d, rope3d_time_columns, rope3d_time_inv_freq
 from ..models.aggregator import kv_dtype, stack_rotary
 from ..models.gct import heads_without_autocast
@@ -122,7 +123,7 @@ class GraphedStep:
         self.camera_device_step = DeviceStep(1, device)
         # The second stream: the camera head beside the dense heads, and the session's value
         # check of the frame beside graph 0 (None without capture: everything runs in order).
-        self.side_stream = torch.cuda.Stream(device) if capture else None
+        self.side_stream = shared_stream(device, "side") if capture else None
         self.conv_search = conv_search
         self._frame_loaded = torch.cuda.Event() if capture else None  # the frame's copy done
         # Graph 0 reads no cache: both modes launch it first (`start`).

@@ -8,6 +8,8 @@ from typing import Callable
 
 import torch
 
+from .streams import shared_stream
+
 __all__ = ["Piece", "KeyedPiece", "conv_search", "outside_captures"]
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class Piece:
             self.outputs = self.fn()
         elif self.graph is None:
             # Warm up on a side stream (cuBLAS/cuDNN handles, autotuning), then capture.
-            stream = torch.cuda.Stream()
+            stream = shared_stream(torch.device("cuda", torch.cuda.current_device()), "warmup")
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 self.fn()

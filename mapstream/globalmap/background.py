@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fast import outside_captures
-
+from ..fast import outside_captures, shared_stream
 from .config import MapConfig
 from .loops import LoopCheck
 from .map import GlobalMap
@@ -70,7 +69,7 @@ class BackgroundMap:
 
     def _work(self) -> None:
         device = next(self.map.model.parameters()).device
-        side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        side = shared_stream(device, "background") if device.type == "cuda" else None
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             self._loop()
 
