@@ -148,7 +148,7 @@ class Bench:
                     failed.append(f"{backend}/{variant}/{res}/{kv_dtype}/{trunk_weights}")
             results.append(result)
             print(
-                f"{backend:10s} {variant:10s} {res:8s} kv {kv_dtype:4s} trunk {trunk_weights:4s} global {result['global_fps']:6.1f} FPS | steady "
+                f"{backend:10s} {variant:10s} {res:8s} kv {cfg.kv_dtype:4s} trunk {trunk_weights:4s} global {result['global_fps']:6.1f} FPS | steady "
                 f"{result['steady_ms']:6.2f} ms = {result['steady_fps']:6.1f} FPS | phase-1 "
                 f"{result['phase1_ms']:7.1f} ms | peak {result['peak_memory_gib']:.1f} GiB | cache "
                 f"{result['cache_bytes_per_frame'] / 2**20:.1f} MiB a frame{check}"
