@@ -25,13 +25,13 @@ from ..device import resolve_device
 from ..export import CloudOptions, check_formats, export_all, runtime_versions
 from ..export.reconstruction import Reconstruction
 from ..globalmap import GlobalMap, MapConfig
+from ..gpu_memory import MemoryPlan, parse_memory
 from ..io.intrinsics import read_intrinsics
+from ..layers.quantized import TRUNK_WEIGHTS
 from ..session import FramePrediction, Session, resolve_precision
 from ..windowed import WindowedSession
 from .frame_store import FrameStore
 from .loop_closure import MapRun, corrected_reconstruction, known_poses_of
-from ..gpu_memory import MemoryPlan, parse_memory
-from ..layers.quantized import TRUNK_WEIGHTS
 from .memory_budget import fit_to_budget, held_to_budget, memory_record
 from .model_source import resolve_model
 from .options import RunOptions, recorded_options
