@@ -20,8 +20,9 @@ and last the heads' precision (fp32 to the trunk's: faster, but its pose error i
 bound the other variants keep; docs/BENCHMARKS.md). Nothing fits: `MemoryBudgetError` says
 the least the stream needs.
 
-Budgets count what PyTorch allocates for the stream (`torch.cuda.max_memory_allocated`): the
-CUDA context (about 0.5 GiB) and the allocator's spare blocks come on top of it.
+Estimates count what PyTorch allocates for the stream (`torch.cuda.max_memory_allocated`); a
+run holds PyTorch's allocator, its cached blocks included, to the budget while it streams
+(`mapstream.pipeline.memory_budget`). The CUDA context (about 0.5 GiB) comes on top.
 """
 from __future__ import annotations
 
