@@ -10,6 +10,7 @@ import tyro
 from ..config import DEFAULT_CAMERA_ITERATIONS
 from ..globalmap.config import MapConfig
 from ..hub import DEFAULT_FILENAME, DEFAULT_REPO
+from ..pipeline.options import RunOptions
 from ..serve.config import ServeConfig
 from ._flags import as_flags
 from .run import StreamFlags
@@ -52,6 +53,8 @@ class Serve:
     """Build the model with torch.compile'd per-frame static parts (slow start, faster frames on GPUs)."""
     low_precision_heads: bool = False
     """Heads in --precision too, not fp32: faster on GPUs, within that precision's rounding."""
+    trunk_weights: Literal["auto", "int8", "fp8"] = RunOptions.trunk_weights
+    """The trunk's linear weights, as mapstream run --trunk-weights (auto: in --precision; int8: weight-only; fp8: FP8 products)."""
     mode: Literal["auto", "streaming", "windowed"] = "auto"
     """How a session streams unless its client says: as mapstream run --mode (auto: windows as long as the model's training clips when its weights record them, e.g. the small model, else one cache; docs/SERVE.md)."""
     stream: Annotated[StreamFlags, tyro.conf.OmitArgPrefixes] = field(default_factory=StreamFlags)
@@ -84,6 +87,7 @@ class Serve:
         precision = resolve_precision(stream.precision, device)
         if precision in ("bf16", "fp16"):
             model.cast_for_inference(precision, heads=self.low_precision_heads)
+        model.quantize_trunk(self.trunk_weights)
         try:
             server = Server(model, config, stream.with_settings(precision=precision), mode=self.mode,
                             map_config=self.map, model_desc=desc, warnings=warnings)

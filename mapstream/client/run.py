@@ -74,7 +74,8 @@ def remote_session_opener(url: str, *, token: str | None = None, encoding: str =
         return OpenedSession(_RunSession(remote, encoding), info.get("mode", "streaming"), stream, info["model"],
                              list(info["warnings"]), info["precision"], info["heads_precision"],
                              info["camera_iterations"], where=url,
-                             image_size=info.get("image_size", DEFAULT_IMAGE_SIZE))
+                             image_size=info.get("image_size", DEFAULT_IMAGE_SIZE),
+                             trunk_weights=info.get("trunk_weights", "auto"))
 
     return open_session
 

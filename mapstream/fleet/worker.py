@@ -138,7 +138,8 @@ class ModelHolder:
         lent = _LentSession(session, lambda returned: self._take_back(setting, returned))
         # A run adds its own warnings to the list it is given: each run gets its own copy.
         return OpenedSession(lent, plan.mode, plan.stream, desc, list(warnings), precision, heads,
-                             opts.camera_iterations, image_size=model_image_size(model))
+                             opts.camera_iterations, image_size=model_image_size(model),
+                             trunk_weights=model.trunk_weights)
 
 
 def run_input(item: JobInput, opts: RunOptions, holder: ModelHolder, attempt: int,

@@ -248,6 +248,7 @@ class OpenedSession:
     image_size: int = DEFAULT_IMAGE_SIZE  # the model's own frame width, for runs that choose none
     model: Any = None  # the network, where it runs here (loop closure measures loops with it)
     memory: MemoryPlan | None = None  # what --gpu-memory chose
+    trunk_weights: str = "auto"  # how the predicting model stores its trunk's linear weights
 
 
 @dataclass
@@ -289,7 +290,8 @@ def _local_session(opts: RunOptions, device: torch.device, length: int | None) -
         torch.cuda.reset_peak_memory_stats(device)  # the budget counts from the loaded model on
     return OpenedSession(planned_session(model, plan), plan.mode, plan.stream, model_desc, warnings, precision,
                          str(model.head_dtype).removeprefix("torch."), opts.camera_iterations,
-                         image_size=model_image_size(model), model=model, memory=memory)
+                         image_size=model_image_size(model), model=model, memory=memory,
+                         trunk_weights=model.trunk_weights)
 
 
 def plan_for_model(opts: RunOptions, length: int | None, model, precision: str) -> StreamPlan:
@@ -330,7 +332,7 @@ def _prepare(opts: RunOptions, folder: RunFolder, source, device: torch.device, 
             "camera_iterations": opened.camera_iterations,
             "intrinsics": opts.intrinsics,
             "heads_precision": opened.heads_precision,
-            "trunk_weights": opts.trunk_weights,
+            "trunk_weights": opened.trunk_weights,
         }
         store = folder.frame_store(config, resume=opts.resume, recorded_later=_RECORDED_LATER,
                                    same_as_now=_as_recorded_today)

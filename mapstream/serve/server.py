@@ -252,6 +252,7 @@ class Server:
             "warnings": self.warnings + stream.warnings,
             "precision": self.stream_config.precision,
             "heads_precision": str(self.model.head_dtype).removeprefix("torch."),
+            "trunk_weights": self.model.trunk_weights,
             "camera_iterations": self.model.config.camera_num_iterations,
             "settings": {name: _plain(getattr(settings, name)) for name in CLIENT_SETTINGS},
             "mode": "windowed" if windowed else "streaming",
