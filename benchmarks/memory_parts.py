@@ -3,9 +3,9 @@
 For each setting (frame size, heads' dtype, cache storage, sliding window, dense heads'
 frames at a time) a fresh session streams the scale phase and `--frames` more frames with
 the fast path; measured: the weights, the bytes the caches lease, the scale phase's and the
-steady steps' working memory (peak allocated above what is held), and the whole peak. The
-estimate's parts stand beside them; the run fails when an estimate falls short of its
-measurement, the test of `gpu_memory.WORKING`'s figures.
+steady steps' working memory (peak allocated above what is held), and the stream's whole peak
+above its weights. The estimate's parts stand beside them; the run fails where the estimate of
+the stream falls short of its measurement, the test of `gpu_memory.WORKING`'s figures.
 
 Usage (CUDA): python benchmarks/memory_parts.py [--preset lingbot-map] [--frames 80] [--out FILE]
 """
