@@ -168,10 +168,10 @@ def test_device_scripts_parse_and_name_files_that_exist():
                    BENCHMARKS / "multi_gpu_device.sh"):
         subprocess.run(["bash", "-n", str(script)], check=True)
     named = re.findall(r'"\$here/(\w+\.py)"', check.read_text())
-    assert sorted(named) == ["profile_step.py", "trace_summary.py"]
+    assert sorted(named) == ["memory_parts.py", "profile_step.py", "trace_summary.py"]
     assert all((BENCHMARKS / name).is_file() for name in named)
     usage = subprocess.run(["bash", str(check)], capture_output=True, text=True)
-    assert usage.returncode == 2 and "tests|measure" in usage.stderr
+    assert usage.returncode == 2 and "tests|measure|memory" in usage.stderr
 
 
 def test_eval_synthetic_scores_each_seed_through_run_and_eval_against_the_targets(tmp_path):
