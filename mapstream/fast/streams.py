@@ -1,4 +1,4 @@
-"""The process's CUDA streams for side work, one per device and role."""
+"""The CUDA streams for side work: one per device, role and thread, for the life of the process."""
 from __future__ import annotations
 
 import threading
@@ -7,20 +7,22 @@ import torch
 
 __all__ = ["shared_stream"]
 
-_STREAMS: dict[tuple[int, str], torch.cuda.Stream] = {}
+_STREAMS: dict[tuple[int, str, int], torch.cuda.Stream] = {}
 _LOCK = threading.Lock()
 
 
 def shared_stream(device: torch.device, role: str) -> torch.cuda.Stream:
-    """The process's CUDA stream for `role` on `device` ("warmup": graphs' warm-up runs before
+    """This thread's CUDA stream for `role` on `device` ("warmup": graphs' warm-up runs before
     capture; "side": work a graphed step runs beside its main stream; "background": the
-    global map's thread), made on first use and then reused. cuBLAS keeps a workspace for
-    every stream it has computed on for the life of the process (tens of MiB on a Hopper GPU),
-    so streams made per session or per capture would hold that memory after the session is
-    gone. Work that several sessions put on one role's stream is ordered, not wrong."""
+    global map's thread), made on first use and then reused by every session the thread
+    runs. cuBLAS keeps a workspace for every stream it has computed on for the life of the
+    process (tens of MiB on a Hopper GPU), so streams made per session or per capture would
+    hold that memory after the session is gone. Per thread, so that a graph captured on one
+    thread never takes in side work another thread queued."""
     index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, role, threading.get_ident())
     with _LOCK:
-        stream = _STREAMS.get((index, role))
+        stream = _STREAMS.get(key)
         if stream is None:
-            stream = _STREAMS[index, role] = torch.cuda.Stream(torch.device("cuda", index))
+            stream = _STREAMS[key] = torch.cuda.Stream(torch.device("cuda", index))
         return stream

@@ -1145,8 +1145,8 @@ def test_an_fp8_cache_agrees_with_fp32_within_twice_the_bf16_caches_error_on_rea
 def test_a_closed_session_gives_back_its_gpu_memory_while_it_is_still_referenced(kv):
     """Closing releases the cache pages and the captured graphs' memory pools, and a session
     leaves no cuBLAS workspace behind (cuBLAS keeps one for every stream it ran on, for the
-    life of the process: the fast path's warm-up and side streams are the process's, not a
-    session's): a service keeps closed sessions around (for their results) without their
+    life of the process: the fast path's warm-up and side streams are the thread's, reused by
+    every session it runs): a service keeps closed sessions around (for their results) without their
     memory. The first session warms what every session shares (weight casts, kernels, those
     streams); the second must leave exactly that behind."""
     from mapstream.cache import shared_pools
