@@ -38,7 +38,7 @@ from .validation import compute_dtype
 
 __all__ = [
     "MemoryBudgetError", "MemoryEstimate", "MemoryPlan", "WorkingMemory", "WORKING", "estimate_memory",
-    "format_bytes", "parse_memory", "plan_memory",
+    "format_bytes", "parse_memory", "plan_memory", "streams_that_fit",
 ]
 
 GIB = 2**30
@@ -243,3 +243,11 @@ def _changes(asked: StreamConfig, planned: StreamConfig, asked_chunk: int, chunk
     if low_heads != asked_heads:
         changes.append(f"the heads in {precision} (their pose error is above the fp32 heads' bound)")
     return tuple(changes)
+
+
+def streams_that_fit(budget: int, estimate: MemoryEstimate) -> int:
+    """How many streams of `estimate`'s settings one model serves within `budget` bytes: the
+    weights once, each stream's caches, and one step's passing tensors at a time (a server
+    steps its sessions' frames through the model one forward after another)."""
+    room = budget - estimate.weights - estimate.working
+    return max(room // estimate.caches, 0) if estimate.caches > 0 else 0

@@ -158,3 +158,25 @@ def test_the_dense_chunk_changes_memory_not_outputs(tiny):
         torch.testing.assert_close(a.depth_conf, b.depth_conf, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="positive int"):
         tiny.dense_chunk_frames = 0
+
+
+def test_streams_that_fit_count_the_weights_once_and_each_streams_caches():
+    from mapstream.gpu_memory import MemoryEstimate, streams_that_fit
+
+    e = MemoryEstimate(weights=10, caches=7, working=3)
+    assert streams_that_fit(13 + 7 * 4, e) == 4
+    assert streams_that_fit(13 + 7 * 4 - 1, e) == 3
+    assert streams_that_fit(12, e) == 0
+
+
+def test_a_server_is_told_how_many_sessions_its_gpu_holds(official):
+    from mapstream.gpu_memory import streams_that_fit
+    from mapstream.serve.server import sessions_memory_warning
+
+    stream = official.stream_config.with_settings(precision="bf16")
+    card = 80 * GIB
+    fit = streams_that_fit(card, estimate_memory(official, (518, 518), stream, precision="bf16"))
+    told = sessions_memory_warning(official, stream, fit + 1, card)
+    assert f"room for about {fit}" in told and f"--max-sessions {fit}" in told and "--kv-dtype fp8" in told
+    assert sessions_memory_warning(official, stream, fit, card) is None
+    assert sessions_memory_warning(official, stream.with_settings(kv_dtype="fp8"), 8, card) is None  # eight on 80 GB
