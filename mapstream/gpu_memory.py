@@ -16,9 +16,9 @@ A stream's memory has three parts:
 order, what costs least: the dense heads' frames at a time in the scale phase (a little
 of the scale phase's speed), the cache's storage (FP8: 0.53 of the bytes, within the
 accuracy bound, 17 % of the frame rate), the sliding window (less context for each frame),
-and last the heads' precision (fp32 to the trunk's: faster, but its pose error is above the
-bound the other variants keep; docs/BENCHMARKS.md). Nothing fits: `MemoryBudgetError` says
-the least the stream needs.
+and last the heads' precision (fp32 to the trunk's: faster, but its pose error is above
+twice the bf16 trunk's, the bound the other settings keep). Nothing fits:
+`MemoryBudgetError` says the least the stream needs.
 
 Estimates count what PyTorch allocates for the stream (`torch.cuda.max_memory_allocated`); a
 run holds PyTorch's allocator, its cached blocks included, to the budget while it streams
