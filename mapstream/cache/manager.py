@@ -372,11 +372,9 @@ class StreamCacheManager:
         """The bytes this cache leases for a sequence of frames laid out as `layout` with keys
         and values computed in `dtype` (its arena: the anchors, the window and the trajectory
         memory at its capacity, or at its first size when unbounded), without leasing them."""
-        key = self._storage_key(layout, dtype, torch.device("meta"))
-        row = key.head_dim * torch.empty((), dtype=key.dtype).element_size()
         capacity = self.spec.trajectory_capacity
         pages = self._pages(layout, capacity if capacity is not None else _UNBOUNDED_INITIAL_TRAJECTORY)
-        return pages * key.num_layers * 2 * key.num_heads * key.page_tokens * row
+        return pages * self._storage_key(layout, dtype, torch.device("meta")).bytes_per_page
 
     def _lease(self, layout: TokenLayout, dtype: torch.dtype, device: torch.device) -> None:
         key = self._storage_key(layout, dtype, device)

@@ -106,8 +106,7 @@ class PagePool:
 
     @property
     def bytes_per_page(self) -> int:
-        k = self.key
-        return k.num_layers * 2 * k.num_heads * k.page_tokens * k.head_dim * torch.empty((), dtype=k.dtype).element_size()
+        return self.key.bytes_per_page
 
     def allocate(self, num_pages: int) -> PageRun:
         """Lease `num_pages` contiguous pages (new storage is zero-filled)."""

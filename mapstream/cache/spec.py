@@ -89,3 +89,9 @@ class StorageKey:
     page_tokens: int
     dtype: torch.dtype
     device: torch.device
+
+    @property
+    def bytes_per_page(self) -> int:
+        """Keys and values of `page_tokens` tokens over every layer and head."""
+        return self.num_layers * 2 * self.num_heads * self.page_tokens * self.head_dim * \
+            torch.empty((), dtype=self.dtype).element_size()
