@@ -26,6 +26,7 @@ run holds PyTorch's allocator, its cached blocks included, to the budget while i
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -205,22 +206,18 @@ def plan_memory(
     chunks = sorted({min(asked_chunk, stream.num_scale_frames), 1}, reverse=True)
     kv_dtypes = [stream.kv_dtype] + (["fp8"] if stream.kv_dtype != "fp8" else [])
     heads_options = [low_precision_heads] + ([True] if not low_precision_heads else [])
-    smallest = None
-    for low_heads in heads_options:
-        for window in _windows(stream.sliding_window):
-            for kv in kv_dtypes:
-                for chunk in chunks:
-                    planned = stream.with_settings(kv_dtype=kv, sliding_window=window)
-                    if windowed:
-                        planned = planned.with_settings(window_size=min(stream.window_size, stream.anchor_frames + window))
-                    estimate = estimate_memory(network, frame_hw, planned, precision=precision,
-                                               low_precision_heads=low_heads, dense_chunk_frames=chunk,
-                                               trunk_weights=trunk_weights)
-                    smallest = estimate if smallest is None or estimate.total < smallest.total else smallest
-                    if estimate.total <= budget:
-                        changes = _changes(stream, planned, asked_chunk, chunk, low_precision_heads, low_heads, precision)
-                        return MemoryPlan(budget, tuple(frame_hw), planned, chunk, low_heads, estimate, changes)
-    assert smallest is not None
+    # Tried in order of cost; every axis only lowers the estimate, so the last tried is the smallest.
+    for low_heads, window, kv, chunk in itertools.product(heads_options, _windows(stream.sliding_window), kv_dtypes,
+                                                          chunks):
+        planned = stream.with_settings(kv_dtype=kv, sliding_window=window)
+        if windowed:
+            planned = planned.with_settings(window_size=min(stream.window_size, stream.anchor_frames + window))
+        estimate = estimate_memory(network, frame_hw, planned, precision=precision, low_precision_heads=low_heads,
+                                   dense_chunk_frames=chunk, trunk_weights=trunk_weights)
+        if estimate.total <= budget:
+            changes = _changes(stream, planned, asked_chunk, chunk, low_precision_heads, low_heads, precision)
+            return MemoryPlan(budget, tuple(frame_hw), planned, chunk, low_heads, estimate, changes)
+    smallest = estimate
     raise MemoryBudgetError(
         f"a GPU memory budget of {format_bytes(budget)} is too small for {frame_hw[1]}x{frame_hw[0]} frames: the "
         f"smallest setting (FP8 cache, a window of {_windows(stream.sliding_window)[-1]} frames, heads in {precision}, "
