@@ -7,7 +7,8 @@ eagerly), as "step_together_graphed".
 
 Full model with synthetic (rule) weights, random frames, bf16 on a GPU, fp32 elsewhere.
 
-Usage: python benchmarks/multistream.py [--streams 4] [--frames 40] [--graphed] [--kv-dtype fp8] [--out FILE]
+Usage: python benchmarks/multistream.py [--streams 4] [--frames 40] [--steady-from N] [--graphed] [--kv-dtype fp8] [--out FILE]
+       python benchmarks/multistream.py --streams 8 --frames 200 --steady-from 100 --graphed  (a full window of 64)
        python benchmarks/multistream.py --device cpu --preset tiny --size 56x42 (mechanism check)
 """
 from __future__ import annotations
@@ -34,8 +35,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _stream(model, frames: torch.Tensor, *, together: bool, fast: bool, scale: int, precision: str, kv_dtype: str):
-    """Every stream's predictions and the median time of one round (one frame of each stream)."""
+def _stream(model, frames: torch.Tensor, *, together: bool, fast: bool, scale: int, precision: str, kv_dtype: str,
+            steady_from: int):
+    """Every stream's poses and depths (on the host, copied after each round's timing) and the
+    median time of one round (one frame of each stream) from frame `steady_from` on."""
     streams, count = frames.shape[:2]
     sessions = [mapstream.Session(model, num_scale_frames=scale, precision=precision, fast=fast, kv_dtype=kv_dtype)
                 for _ in range(streams)]
@@ -52,10 +55,10 @@ def _stream(model, frames: torch.Tensor, *, together: bool, fast: bool, scale: i
             _sync(frames.device)
             times.append(time.perf_counter() - start)
             for b in range(streams):
-                preds[b].extend(out[b])
+                preds[b].extend((p.pose_enc.cpu(), p.depth.cpu()) for p in out[b])
     for s in sessions:
         s.close()
-    steady = sorted(times[scale + WARMUP_STEPS :])
+    steady = sorted(times[steady_from:])
     round_ms = steady[len(steady) // 2] * 1e3
     return preds, {"median_ms_per_round": round_ms, "stream_frames_per_s": streams * 1e3 / round_ms}
 
@@ -69,9 +72,9 @@ def _agreement(solo: list[list], other: list[list]) -> dict:
     same frame's solo prediction."""
     pairs = [(a, b) for a_list, b_list in zip(solo, other) for a, b in zip(a_list, b_list)]
     return {
-        "all_finite": all(bool(torch.isfinite(b.depth).all() and torch.isfinite(b.pose_enc).all()) for _, b in pairs),
-        "depth_rel_err_max": max(_relative_error(a.depth, b.depth) for a, b in pairs),
-        "pose_enc_rel_err_max": max(_relative_error(a.pose_enc, b.pose_enc) for a, b in pairs),
+        "all_finite": all(bool(torch.isfinite(b[0]).all() and torch.isfinite(b[1]).all()) for _, b in pairs),
+        "depth_rel_err_max": max(_relative_error(a[1], b[1]) for a, b in pairs),
+        "pose_enc_rel_err_max": max(_relative_error(a[0], b[0]) for a, b in pairs),
     }
 
 
@@ -83,14 +86,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--preset", default=PROTOCOL.preset)
     ap.add_argument("--size", default=f"{PROTOCOL.width}x{PROTOCOL.height}", help="WxH")
     ap.add_argument("--scale-frames", type=int, default=PROTOCOL.scale_frames, help="frames of each stream's scale phase")
+    ap.add_argument("--steady-from", type=int, default=None,
+                    help="first frame whose round counts in the median (default: after the scale phase and "
+                         f"{WARMUP_STEPS} warm-up steps; the window is full from the scale frames plus the window on)")
     ap.add_argument("--graphed", action="store_true",
                     help="also time step_together over fast-path sessions (the batched graphed step)")
     ap.add_argument("--kv-dtype", default=STREAM.kv_dtype, choices=KV_DTYPES,
                     help="how every stream's cache stores keys and values (fp8: e4m3 with a scale per token and head)")
     ap.add_argument("--out", default=None, help="also write the result here (JSON)")
     args = ap.parse_args(argv)
-    if args.frames <= args.scale_frames + WARMUP_STEPS:
-        ap.error(f"--frames must exceed --scale-frames + {WARMUP_STEPS} (the steps a median leaves out)")
+    steady_from = args.scale_frames + WARMUP_STEPS if args.steady_from is None else args.steady_from
+    if steady_from < args.scale_frames + WARMUP_STEPS or args.frames <= steady_from:
+        ap.error(f"--steady-from must be at least --scale-frames + {WARMUP_STEPS} (the first steps build graphs "
+                 f"and caches) and below --frames (got {steady_from} of {args.frames} frames)")
     width, height = (int(v) for v in args.size.split("x"))
     device = torch.device(args.device)
     precision = "bf16" if device.type == "cuda" else "fp32"
@@ -100,9 +108,10 @@ def main(argv: list[str] | None = None) -> dict:
     g = torch.Generator(device=device).manual_seed(0)
     frames = torch.rand(args.streams, args.frames, 3, height, width, device=device, generator=g)
     result: dict = {"streams": args.streams, "frames": args.frames, "size": [width, height],
-                    "preset": args.preset, "device": str(device), "kv_dtype": args.kv_dtype}
+                    "preset": args.preset, "device": str(device), "kv_dtype": args.kv_dtype, "steady_from": steady_from,
+                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     fast = device.type == "cuda"
-    run = dict(scale=cfg.scale_frames, precision=precision, kv_dtype=args.kv_dtype)
+    run = dict(scale=cfg.scale_frames, precision=precision, kv_dtype=args.kv_dtype, steady_from=steady_from)
     solo, result["one_after_another"] = _stream(model, frames, together=False, fast=fast, **run)
     result["one_after_another"]["fast_path"] = fast
     print(json.dumps(result), flush=True)

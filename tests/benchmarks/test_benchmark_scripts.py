@@ -50,6 +50,28 @@ def test_multistream_graphed_also_times_the_batched_fast_step_with_the_same_pred
     assert "step_together_graphed" not in _load("multistream").main(SMALL + ["--streams", "2", "--frames", "7"])
 
 
+def test_multistream_takes_its_median_from_the_asked_frame_on_and_refuses_one_before_the_warm_up(monkeypatch):
+    module = _load("multistream")
+
+    def clock():  # each pass of 10 rounds: rounds 0-7 take 9 s, rounds 8 and 9 take 1 s
+        now = 0.0
+        while True:
+            for round_ in range(10):
+                yield now
+                now += 9.0 if round_ < 8 else 1.0
+                yield now
+
+    ticks = clock()
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(ticks))
+    result = module.main(SMALL + ["--streams", "2", "--frames", "10", "--steady-from", "8"])
+    assert result["steady_from"] == 8
+    assert result["one_after_another"]["median_ms_per_round"] == 1e3
+    assert result["step_together"]["median_ms_per_round"] == 1e3
+    for bad in ("5", "10"):  # before the scale phase and 4 warm-up steps end; no round left to time
+        with pytest.raises(SystemExit):
+            module.main(SMALL + ["--streams", "2", "--frames", "10", "--steady-from", bad])
+
+
 def test_multistream_streams_with_fp8_caches_when_asked_and_batched_equals_one_after_another():
     result = _load("multistream").main(SMALL + ["--streams", "2", "--frames", "8", "--kv-dtype", "fp8"])
     assert result["kv_dtype"] == "fp8" and result["all_finite"]
