@@ -26,9 +26,11 @@ run holds PyTorch's allocator, its cached blocks included, to the budget while i
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -38,8 +40,8 @@ from .layers.quantized import eligible_linears, is_quantized, quantized_bytes, t
 from .validation import compute_dtype
 
 __all__ = [
-    "MemoryBudgetError", "MemoryEstimate", "MemoryPlan", "WorkingMemory", "WORKING", "estimate_memory",
-    "format_bytes", "parse_memory", "plan_memory", "streams_that_fit",
+    "MemoryBudgetError", "MemoryEstimate", "MemoryPlan", "WorkingMemory", "WORKING", "allocator_limit",
+    "estimate_memory", "format_bytes", "parse_memory", "plan_memory", "streams_that_fit",
 ]
 
 GIB = 2**30
@@ -99,16 +101,21 @@ WORKING = WorkingMemory(trunk_per_token=24.0, dense_per_pixel=1.4, heads_input_p
 
 @dataclass(frozen=True)
 class MemoryEstimate:
+    """Peak bytes of `streams` streams served by one model: its weights once, each stream's
+    caches (`caches` is one stream's), and the largest step's passing tensors."""
+
     weights: int
     caches: int
     working: int
+    streams: int = 1
 
     @property
     def total(self) -> int:
-        return self.weights + self.caches + self.working
+        return self.weights + self.streams * self.caches + self.working
 
     def describe(self) -> str:
-        return (f"{format_bytes(self.total)} (weights {format_bytes(self.weights)}, caches {format_bytes(self.caches)}, "
+        caches = format_bytes(self.caches) if self.streams == 1 else f"{self.streams} x {format_bytes(self.caches)}"
+        return (f"{format_bytes(self.total)} (weights {format_bytes(self.weights)}, caches {caches}, "
                 f"working {format_bytes(self.working)})")
 
 
@@ -127,8 +134,9 @@ class MemoryPlan:
 
     def describe(self) -> str:
         changed = "; ".join(self.changes) if self.changes else "the settings as given"
-        return (f"GPU memory budget {format_bytes(self.budget)} for {self.frame_hw[1]}x{self.frame_hw[0]} frames: "
-                f"{changed}; estimated peak {self.estimate.describe()}")
+        streams = f"{self.estimate.streams} streams of " if self.estimate.streams > 1 else ""
+        return (f"GPU memory budget {format_bytes(self.budget)} for {streams}{self.frame_hw[1]}x{self.frame_hw[0]} "
+                f"frames: {changed}; estimated peak {self.estimate.describe()}")
 
 
 def _param_bytes(module: torch.nn.Module | None, dtype: torch.dtype | None, weights: str = "auto") -> int:
@@ -154,12 +162,17 @@ def _param_bytes(module: torch.nn.Module | None, dtype: torch.dtype | None, weig
 def estimate_memory(
     network, frame_hw: tuple[int, int], stream: StreamConfig, *, precision: str,
     low_precision_heads: bool = False, dense_chunk_frames: int | None = None, trunk_weights: str | None = None,
+    streams: int = 1, batch: int = 1,
 ) -> MemoryEstimate:
     """The stream's peak GPU memory (`network`: a `GCTNetwork`, in whatever dtype it is now)
     for frames of `frame_hw` (H, W) kept as `stream` says, the trunk in `precision` with its
     linear weights stored as `trunk_weights` says (default: the network's), the heads in
     `precision` too with `low_precision_heads` (else fp32), the dense heads
-    `dense_chunk_frames` frames at a time (default: the network's)."""
+    `dense_chunk_frames` frames at a time (default: the network's). `streams` streams share the
+    model, one scale phase at a time, their streaming steps up to `batch` frames in one forward
+    (`mapstream.step_together`: each stream's cache attention still reads its own cache)."""
+    if streams < 1 or batch < 1:
+        raise ValueError(f"streams and batch must be at least 1, got {streams} and {batch}")
     trunk = compute_dtype(precision)
     heads = trunk if low_precision_heads else torch.float32
     tb, hb = torch.empty((), dtype=trunk).element_size(), torch.empty((), dtype=heads).element_size()
@@ -184,8 +197,8 @@ def estimate_memory(
 
     spec = stream.cache_spec()
     visible = (spec.ring_slots - 1) * tokens + (spec.trajectory_capacity or 0) * c.num_special_tokens
-    working = max(step(scale, min(chunk, scale), scale * tokens), step(1, 1, visible))
-    return MemoryEstimate(weights, caches, int(working))
+    working = max(step(scale, min(chunk, scale), scale * tokens), step(min(batch, streams), min(batch, streams), visible))
+    return MemoryEstimate(weights, caches, int(working), streams)
 
 
 def _windows(asked: int) -> list[int]:
@@ -196,12 +209,14 @@ def _windows(asked: int) -> list[int]:
 def plan_memory(
     budget: int, network, frame_hw: tuple[int, int], stream: StreamConfig, *, precision: str,
     low_precision_heads: bool = False, windowed: bool = False, trunk_weights: str | None = None,
+    streams: int = 1, batch: int = 1,
 ) -> MemoryPlan:
     """The settings nearest to those asked (`stream`, `low_precision_heads`, the network's dense
     chunk) whose estimated peak fits `budget` bytes (see the module docstring for the order in
     which settings are given up); `windowed`: a windowed run, whose windows then shrink with
     the sliding window; `trunk_weights`: how the trunk's linear weights will be stored (default:
-    as the network holds them now). Raises `MemoryBudgetError` when none fits."""
+    as the network holds them now); `streams` streams of these settings on one model, stepped up
+    to `batch` at a time (a server's sessions). Raises `MemoryBudgetError` when none fits."""
     asked_chunk = network.dense_chunk_frames
     chunks = sorted({min(asked_chunk, stream.num_scale_frames), 1}, reverse=True)
     kv_dtypes = [stream.kv_dtype] + (["fp8"] if stream.kv_dtype != "fp8" else [])
@@ -213,16 +228,18 @@ def plan_memory(
         if windowed:
             planned = planned.with_settings(window_size=min(stream.window_size, stream.anchor_frames + window))
         estimate = estimate_memory(network, frame_hw, planned, precision=precision, low_precision_heads=low_heads,
-                                   dense_chunk_frames=chunk, trunk_weights=trunk_weights)
+                                   dense_chunk_frames=chunk, trunk_weights=trunk_weights, streams=streams, batch=batch)
         if estimate.total <= budget:
             changes = _changes(stream, planned, asked_chunk, chunk, low_precision_heads, low_heads, precision)
             return MemoryPlan(budget, tuple(frame_hw), planned, chunk, low_heads, estimate, changes)
     smallest = estimate
+    what = f"{streams} streams of " if streams > 1 else ""
+    fewer = f", fewer streams (about {streams_that_fit(budget, smallest)} fit)" if streams > 1 else ""
     raise MemoryBudgetError(
-        f"a GPU memory budget of {format_bytes(budget)} is too small for {frame_hw[1]}x{frame_hw[0]} frames: the "
+        f"a GPU memory budget of {format_bytes(budget)} is too small for {what}{frame_hw[1]}x{frame_hw[0]} frames: the "
         f"smallest setting (FP8 cache, a window of {_windows(stream.sliding_window)[-1]} frames, heads in {precision}, "
-        f"dense heads a frame at a time) needs about {smallest.describe()}; give more memory, a smaller --image-size "
-        "or a smaller --trajectory-capacity"
+        f"dense heads a frame at a time) needs about {smallest.describe()}; give more memory{fewer}, a smaller "
+        "--image-size or a smaller --trajectory-capacity"
     )
 
 
@@ -244,7 +261,20 @@ def _changes(asked: StreamConfig, planned: StreamConfig, asked_chunk: int, chunk
 
 def streams_that_fit(budget: int, estimate: MemoryEstimate) -> int:
     """How many streams of `estimate`'s settings one model serves within `budget` bytes: the
-    weights once, each stream's caches, and one step's passing tensors at a time (a server
-    steps its sessions' frames through the model one forward after another)."""
+    weights once, each stream's caches, and the estimate's largest step."""
     room = budget - estimate.weights - estimate.working
     return max(room // estimate.caches, 0) if estimate.caches > 0 else 0
+
+
+@contextlib.contextmanager
+def allocator_limit(budget: int, device: torch.device) -> Iterator[None]:
+    """While inside, PyTorch's allocator on CUDA `device` holds at most `budget` bytes, its
+    cached blocks included (an allocation past it raises `torch.OutOfMemoryError`); the limit
+    before is restored on leaving. A limit already lower stays."""
+    before = torch.cuda.get_per_process_memory_fraction(device)
+    card = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(before, budget / card), device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, device)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, Optional
 
 import tyro
 
@@ -53,6 +53,8 @@ class Serve:
     """Build the model with torch.compile'd per-frame static parts (slow start, faster frames on GPUs)."""
     low_precision_heads: bool = False
     """Heads in --precision too, not fp32: faster on GPUs, within that precision's rounding."""
+    gpu_memory: Optional[str] = None
+    """GPU memory the server may use (e.g. 40GB): --max-sessions sessions' settings are fitted to it (the cache in FP8, a smaller sliding window, as mapstream run --gpu-memory), told at start and held to while serving; refused at start when nothing fits."""
     trunk_weights: Literal["auto", "int8", "fp8"] = RunOptions.trunk_weights
     """The trunk's linear weights, as mapstream run --trunk-weights (auto: in --precision; int8: weight-only; fp8: FP8 products)."""
     mode: Literal["auto", "streaming", "windowed"] = "auto"
@@ -65,10 +67,14 @@ class Serve:
     def main(self) -> int:
         import asyncio
 
+        import contextlib
+
         from ..device import resolve_device
+        from ..gpu_memory import allocator_limit, parse_memory
         from ..pipeline.model_source import resolve_model
         from ..serve.background import serve_until_signalled
         from ..serve.config import resolve_token
+        from ..serve.memory import fit_sessions
         from ..serve.server import Server
         from ..session import resolve_precision
 
@@ -77,6 +83,8 @@ class Serve:
             resolve_token(config)  # refused before the model loads
             if self.camera_iterations < 1:
                 raise ValueError(f"camera_iterations must be >= 1, got {self.camera_iterations}")
+            if self.gpu_memory is not None:
+                parse_memory(self.gpu_memory)
         except ValueError as err:
             raise ValueError(as_flags(str(err), Serve)) from err
         device = resolve_device(self.device)
@@ -85,12 +93,21 @@ class Serve:
             camera_num_iterations=self.camera_iterations, compile=self.compile,
         )
         precision = resolve_precision(stream.precision, device)
+        stream = stream.with_settings(precision=precision)
+        memory = None if self.gpu_memory is None else fit_sessions(
+            self.gpu_memory, model, stream, config, device, low_precision_heads=self.low_precision_heads,
+            trunk_weights=self.trunk_weights)
+        if memory is not None:
+            stream = memory.stream
+            model.dense_chunk_frames = memory.dense_chunk_frames
+            print(memory.describe(), flush=True)
         if precision in ("bf16", "fp16"):
-            model.cast_for_inference(precision, heads=self.low_precision_heads)
+            model.cast_for_inference(precision, heads=self.low_precision_heads or (
+                memory is not None and memory.low_precision_heads))
         model.quantize_trunk(self.trunk_weights)
         try:
-            server = Server(model, config, stream.with_settings(precision=precision), mode=self.mode,
-                            map_config=self.map, model_desc=desc, warnings=warnings)
+            server = Server(model, config, stream, mode=self.mode, map_config=self.map, model_desc=desc,
+                            warnings=warnings)
         except ValueError as err:
             raise ValueError(as_flags(str(err), Serve)) from err
 
@@ -98,6 +115,8 @@ class Serve:
             print(f"serving {desc} on {running.url} ({config.max_sessions} sessions at most); Ctrl-C stops",
                   flush=True)
 
-        asyncio.run(serve_until_signalled(server, on_listening=listening))
+        held = allocator_limit(memory.budget, device) if memory is not None else contextlib.nullcontext()
+        with held:
+            asyncio.run(serve_until_signalled(server, on_listening=listening))
         print("stopped")
         return 0

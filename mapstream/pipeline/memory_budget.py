@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from ..gpu_memory import MemoryBudgetError, MemoryPlan, format_bytes, parse_memory, plan_memory
+from ..gpu_memory import MemoryBudgetError, MemoryPlan, allocator_limit, format_bytes, parse_memory, plan_memory
 from .options import RunOptions
 from .run_input import DEMO_HW, open_input
 from .stream_plan import StreamPlan
@@ -82,16 +82,12 @@ def held_to_budget(memory: MemoryPlan | None, device: torch.device) -> Iterator[
     if memory is None:
         yield
         return
-    before = torch.cuda.get_per_process_memory_fraction(device)
-    card = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(before, memory.budget / card), device)
     try:
-        yield
+        with allocator_limit(memory.budget, device):
+            yield
     except torch.OutOfMemoryError as err:
         raise MemoryBudgetError(
             f"the run needed more GPU memory than its budget of {format_bytes(memory.budget)} (estimated "
             f"{memory.estimate.describe()}); the frames it finished are kept: run again with a larger --gpu-memory "
             "or a smaller --sliding-window"
         ) from err
-    finally:
-        torch.cuda.set_per_process_memory_fraction(before, device)

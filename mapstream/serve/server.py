@@ -24,7 +24,6 @@ from websockets.exceptions import ConnectionClosed
 from ..checkpoint import model_image_size, model_trained_views
 from ..config import StreamConfig
 from ..globalmap import MapConfig
-from ..gpu_memory import estimate_memory, format_bytes, streams_that_fit
 from ..models.gct import GCTNetwork
 from ..pipeline.stream_plan import check_mode
 from ..session import Session, resolve_precision
@@ -32,6 +31,7 @@ from ..windowed import WindowedSession
 from .config import ServeConfig, resolve_token
 from .frames import check_frame_message, decode_frame
 from .gate import Gate, HandshakeLog
+from .memory import sessions_memory_warning
 from .metrics import Metrics
 from .options import CLIENT_SETTINGS, WINDOW_SETTINGS, OutputOptions, SessionOptions, parse_open, plan_session
 from .protocol import PROTOCOL_VERSION, ProtocolError, parse_json, unpack
@@ -68,24 +68,6 @@ def _error(code: str, message: str, *, frame: int | None = None, fatal: bool = F
     return text({"type": "error", "code": code, "message": message, "frame": frame, "fatal": fatal})
 
 
-def sessions_memory_warning(model: GCTNetwork, stream: StreamConfig, max_sessions: int, gpu_bytes: int) -> str | None:
-    """What to tell an operator whose `max_sessions` sessions of `stream`'s settings, with
-    frames of the model's own width and as tall (the largest its preprocessing makes), would
-    not fit in `gpu_bytes` (None when they fit): each session leases its whole cache when its
-    first frame arrives, so the sessions past the last that fits fail for memory."""
-    width = model_image_size(model)
-    estimate = estimate_memory(model, (width, width), stream, precision=stream.precision,
-                               low_precision_heads=model.head_dtype != torch.float32)
-    fit = streams_that_fit(gpu_bytes, estimate)
-    if fit >= max_sessions:
-        return None
-    return (f"{max_sessions} sessions of {width}x{width} frames would need about "
-            f"{format_bytes(estimate.weights + estimate.working + max_sessions * estimate.caches)} (the model "
-            f"{format_bytes(estimate.weights)}, each session's caches {format_bytes(estimate.caches)}); this GPU has "
-            f"{format_bytes(gpu_bytes)}, room for about {fit}: sessions past that fail for memory. Serve with "
-            f"--max-sessions {max(fit, 1)}, --kv-dtype fp8 or a smaller --sliding-window")
-
-
 class Server:
     """Serves ``model`` (on its device, in its dtype; the caller loads and casts it) as
     docs/SERVE.md describes. ``stream``: the settings each session starts from and is bounded
@@ -109,7 +91,7 @@ class Server:
         self.mode = mode
         self.trained_views = model_trained_views(model)
         if device.type == "cuda":
-            told = sessions_memory_warning(model, self.stream_config, config.max_sessions,
+            told = sessions_memory_warning(model, self.stream_config, config,
                                            torch.cuda.get_device_properties(device).total_memory)
             if told:
                 log.warning("%s", told)

@@ -171,12 +171,51 @@ def test_streams_that_fit_count_the_weights_once_and_each_streams_caches():
 
 def test_a_server_is_told_how_many_sessions_its_gpu_holds(official):
     from mapstream.gpu_memory import streams_that_fit
-    from mapstream.serve.server import sessions_memory_warning
+    from mapstream.serve.config import ServeConfig
+    from mapstream.serve.memory import sessions_memory_warning
 
     stream = official.stream_config.with_settings(precision="bf16")
     card = 80 * GIB
-    fit = streams_that_fit(card, estimate_memory(official, (518, 518), stream, precision="bf16"))
-    told = sessions_memory_warning(official, stream, fit + 1, card)
-    assert f"room for about {fit}" in told and f"--max-sessions {fit}" in told and "--kv-dtype fp8" in told
-    assert sessions_memory_warning(official, stream, fit, card) is None
-    assert sessions_memory_warning(official, stream.with_settings(kv_dtype="fp8"), 8, card) is None  # eight on 80 GB
+    for batch in (1, 4):  # fewer than the sessions that fit: the batch is what a busy server steps
+        per = estimate_memory(official, (518, 518), stream, precision="bf16", streams=64, batch=batch)
+        fit = streams_that_fit(card, per)
+        told = sessions_memory_warning(official, stream, ServeConfig(max_sessions=fit + 1, max_batch=batch), card)
+        assert f"room for about {fit}" in told and f"--max-sessions {fit}" in told and "--gpu-memory" in told
+        assert sessions_memory_warning(official, stream, ServeConfig(max_sessions=fit, max_batch=batch), card) is None
+    fp8 = stream.with_settings(kv_dtype="fp8")
+    assert sessions_memory_warning(official, fp8, ServeConfig(max_sessions=8, max_batch=8), card) is None  # 8 on 80 GB
+
+
+def test_streams_share_the_weights_and_a_batched_step_grows_the_working_memory(official):
+    stream = official.stream_config.with_settings(precision="bf16")
+    one = estimate_memory(official, (378, 518), stream, precision="bf16")
+    four = estimate_memory(official, (378, 518), stream, precision="bf16", streams=4)
+    assert (four.weights, four.caches, four.working) == (one.weights, one.caches, one.working)
+    assert four.total == one.weights + 4 * one.caches + one.working and four.streams == 4
+    batched = [estimate_memory(official, (378, 518), stream, precision="bf16", streams=16, batch=b).working
+               for b in (1, 16, 32)]
+    assert batched[0] == one.working  # one frame at a time: the scale phase of 8 frames is the larger step
+    assert batched[0] < batched[1] == batched[2]  # 32 frames at a time: only 16 streams to batch
+    with pytest.raises(ValueError, match="streams and batch"):
+        estimate_memory(official, (378, 518), stream, precision="bf16", streams=0)
+
+
+def test_a_plan_for_many_streams_gives_settings_up_until_they_all_fit(official):
+    stream = official.stream_config.with_settings(precision="bf16")
+    hw = (518, 518)
+
+    def need(streams, heads=False, chunk=None, **kw):
+        return estimate_memory(official, hw, stream.with_settings(**kw), precision="bf16", streams=streams,
+                               batch=8, low_precision_heads=heads, dense_chunk_frames=chunk).total
+
+    assert need(8) > 80 * GIB  # eight bf16 caches with a window of 64 do not fit an 80 GB card
+    plan = plan_memory(80 * GIB, official, hw, stream, precision="bf16", streams=8, batch=8)
+    assert plan.estimate.streams == 8 and plan.estimate.total <= 80 * GIB
+    assert plan.stream.kv_dtype == "fp8" and plan.stream.sliding_window == stream.sliding_window
+    assert "8 streams of 518x518" in plan.describe() and "8 x " in plan.describe()
+    plan = plan_memory(need(8, kv_dtype="fp8") - 1, official, hw, stream, precision="bf16", streams=8, batch=8)
+    assert plan.stream.kv_dtype == "fp8" and plan.stream.sliding_window == 48
+    smallest = need(64, heads=True, chunk=1, kv_dtype="fp8", sliding_window=8)
+    with pytest.raises(MemoryBudgetError, match=r"64 streams of 518x518.*fewer streams \(about \d+ fit\)"):
+        plan_memory(smallest - 1, official, hw, stream, precision="bf16", streams=64, batch=8,
+                    low_precision_heads=True)

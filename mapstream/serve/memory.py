@@ -1,0 +1,73 @@
+"""A server's GPU memory: its `max_sessions` sessions, each with its whole cache.
+
+Each session leases its whole cache when its first frame arrives, so what a server holds at
+its busiest is the model once, `max_sessions` caches, and the largest step: a session's scale
+phase, or `max_batch` sessions' frames stepped in one forward. Frames are planned as the
+largest preprocessing gives: the model's width, as tall as wide.
+
+`fit_sessions` (`mapstream serve --gpu-memory`) chooses the sessions' settings to fit a
+budget, as `mapstream run --gpu-memory` does for one stream; `sessions_memory_warning` tells
+an operator whose settings would not fit the GPU.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..checkpoint import model_image_size
+from ..config import StreamConfig
+from ..gpu_memory import MemoryPlan, estimate_memory, format_bytes, parse_memory, plan_memory, streams_that_fit
+from .config import ServeConfig
+
+__all__ = ["fit_sessions", "sessions_memory_warning"]
+
+log = logging.getLogger(__name__)
+
+
+def _frame_hw(model) -> tuple[int, int]:
+    width = model_image_size(model)
+    return width, width
+
+
+def fit_sessions(gpu_memory: str, model, stream: StreamConfig, config: ServeConfig, device: torch.device, *,
+                 low_precision_heads: bool = False, trunk_weights: str = "auto") -> MemoryPlan | None:
+    """The settings every session of a server on `device` gets so that `config.max_sessions`
+    of them fit `gpu_memory` (an amount such as "40GB"): `stream` as far as it fits, else its
+    cache in FP8, a smaller sliding window, the dense heads a frame at a time in the scale
+    phase and last the heads in the trunk's precision (`mapstream.gpu_memory.plan_memory`).
+    `model` as loaded, before its cast (the plan says which cast). None off CUDA, where the
+    budget is told to have no effect. Raises `MemoryBudgetError` when nothing fits, saying
+    how many sessions would."""
+    budget = parse_memory(gpu_memory)
+    if device.type != "cuda":
+        log.warning("--gpu-memory %s has no effect on %s: it plans a CUDA GPU's memory", gpu_memory, device)
+        return None
+    card = torch.cuda.get_device_properties(device).total_memory
+    if budget > card:
+        log.warning("--gpu-memory %s is more than %s has (%s): planning for the GPU's own", gpu_memory,
+                    torch.cuda.get_device_name(device), format_bytes(card))
+        budget = card
+    plan = plan_memory(budget, model, _frame_hw(model), stream, precision=stream.precision,
+                       low_precision_heads=low_precision_heads, trunk_weights=trunk_weights,
+                       streams=config.max_sessions, batch=config.max_batch)
+    log.info("%s", plan.describe())
+    return plan
+
+
+def sessions_memory_warning(model, stream: StreamConfig, config: ServeConfig, gpu_bytes: int) -> str | None:
+    """What to tell an operator whose `config.max_sessions` sessions of `stream`'s settings would
+    not fit in `gpu_bytes` (None when they fit): the sessions past the last that fits fail for
+    memory when their first frame arrives."""
+    estimate = estimate_memory(model, _frame_hw(model), stream, precision=stream.precision,
+                               low_precision_heads=model.head_dtype != torch.float32,
+                               streams=config.max_sessions, batch=config.max_batch)
+    fit = streams_that_fit(gpu_bytes, estimate)
+    if fit >= config.max_sessions:
+        return None
+    width = _frame_hw(model)[1]
+    return (f"{config.max_sessions} sessions of {width}x{width} frames would need about "
+            f"{format_bytes(estimate.total)} (the model {format_bytes(estimate.weights)}, each session's caches "
+            f"{format_bytes(estimate.caches)}); this GPU has {format_bytes(gpu_bytes)}, room for about {fit}: sessions "
+            f"past that fail for memory. Serve with --max-sessions {max(fit, 1)}, --gpu-memory (which fits the "
+            "sessions' settings), --kv-dtype fp8 or a smaller --sliding-window")
