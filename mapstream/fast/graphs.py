@@ -280,6 +280,15 @@ class GraphedStep:
         and the rest of the network, on `state`'s caches with the aggregator's `backend`."""
         raise NotImplementedError
 
+    def release(self) -> None:
+        """Give back now what the captured graphs hold: their pools' memory, their static
+        tensors and the cache storage the device steps point at. The graphs' functions are
+        this object's own methods, a reference cycle that only the garbage collector's cycle
+        search would break: without this a closed session's cache and graphs would stay
+        allocated until it runs. The next call captures again."""
+        self._first_piece.release()
+        self.camera_device_step.release()
+
     def _side_by_side(self, side: Callable[[], object], main: Callable[[], object]) -> tuple:
         """(side(), main()): `side` on the second stream while `main` runs on the current one,
         both after all work already queued; the current stream waits for both. Used for

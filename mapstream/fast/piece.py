@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import threading
+import weakref
 from typing import Callable
 
 import torch
 
 from .streams import shared_stream
 
-__all__ = ["Piece", "KeyedPiece", "conv_search", "outside_captures"]
+__all__ = ["Piece", "KeyedPiece", "conv_search", "outside_captures", "weakly"]
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +30,33 @@ def outside_captures():
         yield
 
 
+def weakly(method: Callable, *args) -> Callable[[], object]:
+    """`method(*args)` as a callable that does not keep the method's object alive. The graphed
+    steps own their pieces and the pieces call the steps' methods: held strongly, each step
+    would be a reference cycle that only the garbage collector's cycle search frees, and the
+    captured graphs' memory and the cache storage they point at would stay allocated until it
+    runs."""
+    ref = weakref.WeakMethod(method)
+
+    def call():
+        bound = ref()
+        if bound is None:
+            raise ReferenceError("the graphed step this piece belongs to is gone")
+        return bound(*args)
+
+    return call
+
+
+def _unowned(fn: Callable | None) -> Callable | None:
+    return weakly(fn) if inspect.ismethod(fn) else fn
+
+
 class Piece:
-    """A function of static tensors, run eagerly or replayed from a captured graph."""
+    """A function of static tensors, run eagerly or replayed from a captured graph. A bound
+    method (`fn`, `reads`) is held weakly (`weakly`)."""
 
     def __init__(self, fn: Callable[[], tuple], capture: bool, pool, reads: Callable[[], list] | None = None) -> None:
+        fn, reads = _unowned(fn), _unowned(reads)
         self.fn, self.capture, self.pool = fn, capture, pool
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple = ()
@@ -58,6 +83,11 @@ class Piece:
             self.graph.replay()
         return self.outputs
 
+    def release(self) -> None:
+        """Drop the captured graph (its pool's memory), its static outputs and what it reads;
+        a later call captures again."""
+        self.graph, self.outputs, self.held = None, (), []
+
 
 class KeyedPiece:
     """A `Piece` captured for one key — what its graph holds fixed, such as cache storage
@@ -65,6 +95,7 @@ class KeyedPiece:
 
     def __init__(self, fn: Callable[[], tuple], capture: bool, pool, what: str,
                  reads: Callable[[], list] | None = None) -> None:
+        fn, reads = _unowned(fn), _unowned(reads)
         self.fn, self.capture, self.pool, self.what, self.reads = fn, capture, pool, what, reads
         self.piece: Piece | None = None
         self.key = None
@@ -76,6 +107,12 @@ class KeyedPiece:
             self.piece = Piece(self.fn, self.capture, self.pool, self.reads)
             self.key = key
         return self.piece
+
+    def release(self) -> None:
+        """Drop the captured piece (`Piece.release`); a later key captures again."""
+        if self.piece is not None:
+            self.piece.release()
+        self.piece, self.key = None, None
 
 
 @contextlib.contextmanager

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable
 
 import torch
 
 from .graphs import GraphedStep
-from .piece import KeyedPiece, Piece
+from .piece import KeyedPiece, Piece, weakly
 
 __all__ = ["PiecewiseGraphs"]
 
@@ -24,17 +23,14 @@ class PiecewiseGraphs(GraphedStep):
         depth = self.config.depth
         self.attended: list[torch.Tensor | None] = [None] * depth
         self.pieces = [self._first_piece]
-        self.pieces += [Piece(self._make_middle(i), capture, self.pool) for i in range(1, depth)]
+        self.pieces += [Piece(weakly(self._middle, i), capture, self.pool) for i in range(1, depth)]
         self.pieces.append(Piece(self._last, capture, self.pool))
         self._dense_piece = Piece(self._dense, capture, self.pool, self._head_tables)
         # The camera head runs beside the dense heads on a second stream, so it needs
         # its own pool: graphs of one pool may reuse each other's temporaries, which is
         # only safe when they run one after the other.
         camera_pool = torch.cuda.graph_pool_handle() if capture else None
-        self._camera = KeyedPiece(
-            lambda: self._camera_poses(self._camera_token(*self._layer_outputs())), capture, camera_pool,
-            "camera head",
-        )
+        self._camera = KeyedPiece(self._camera_head, capture, camera_pool, "camera head")
         self._outputs: list[tuple] = []
 
     def _run_trunk(self, first: tuple, steps: list, backend) -> None:
@@ -62,14 +58,15 @@ class PiecewiseGraphs(GraphedStep):
                                 moves_done=True)
             self._outputs.append(self.pieces[i + 1]())
 
-    def _make_middle(self, i: int) -> Callable[[], tuple]:
-        def middle() -> tuple:
-            return self.agg.between_layers(
-                i, self._seq(i - 1), self.attended[i - 1], self.tokens_per_frame, self.frame_rotary,
-                self.global_rotary, streams=self.streams,
-            )
+    def _middle(self, i: int) -> tuple:
+        """The piece between cache attentions i - 1 and i."""
+        return self.agg.between_layers(
+            i, self._seq(i - 1), self.attended[i - 1], self.tokens_per_frame, self.frame_rotary,
+            self.global_rotary, streams=self.streams,
+        )
 
-        return middle
+    def _camera_head(self) -> list[torch.Tensor] | None:
+        return self._camera_poses(self._camera_token(*self._layer_outputs()))
 
     def _last(self) -> tuple:
         depth = self.config.depth
@@ -94,6 +91,13 @@ class PiecewiseGraphs(GraphedStep):
     def _qkv(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = self._outputs[i]
         return out.q, out.k, out.v
+
+    def release(self) -> None:
+        super().release()
+        for piece in (*self.pieces, self._dense_piece, self._camera):
+            piece.release()
+        self.attended = [None] * self.config.depth
+        self._outputs = []
 
     def finish(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
         # Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache: launched
