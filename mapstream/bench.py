@@ -23,7 +23,7 @@ from .attention.fused import plain_pytorch
 from .config import DEFAULT_CAMERA_ITERATIONS, StreamConfig
 from .gpu_power import PowerLog, open_reader
 
-__all__ = ["BenchConfig", "run_benchmark", "reference_samples", "compare_samples"]
+__all__ = ["BenchConfig", "accuracy_vs_fp32", "run_benchmark", "reference_samples", "compare_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -363,6 +363,16 @@ def compare_samples(got: dict, want: dict) -> dict[str, float]:
         "pose_enc": max(rel(got[i][0], want[i][0]) for i in want),
         "depth": max(rel(got[i][1], want[i][1]) for i in want),
     }
+
+
+def accuracy_vs_fp32(samples: dict, fp32: dict, low_precision: dict) -> dict:
+    """A variant's largest relative error against the fp32 pass (`reference_samples` of an fp32
+    model) beside its bound: twice the error of the eager pass in the bench's precision
+    (`low_precision`, the same reference pass in bf16) against the same fp32 pass. A variant
+    above it is not accurate enough to be a default."""
+    errors = compare_samples(samples, fp32)
+    bound = {key: 2 * value for key, value in compare_samples(low_precision, fp32).items()}
+    return {"max_rel_err": errors, "bound": bound, "within": all(errors[k] <= bound[k] for k in errors)}
 
 
 def write_result(result: dict, path: str | Path) -> None:

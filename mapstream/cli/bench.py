@@ -6,7 +6,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from ..bench import BenchConfig, build_bench_model, compare_samples, reference_samples, run_benchmark, write_result
+from ..bench import (BenchConfig, accuracy_vs_fp32, build_bench_model, compare_samples, reference_samples,
+                     run_benchmark, write_result)
 
 _PROTOCOL = BenchConfig()  # the flags' defaults are the protocol's
 
@@ -95,7 +96,8 @@ class Bench:
         runs = [(v, b, r, d, q) for v in variants for q in self.trunk_weights for b in backends
                 for r in self.resolutions for d in self.kv_dtypes]
         references: dict[str, dict] = {}
-        failed = []
+        fp32_references: dict[str, dict] = {}
+        failed, skipped = [], []
         for variant, backend, res, kv_dtype, trunk_weights in runs:
             width, height = (int(v) for v in res.lower().split("x"))
             cfg = BenchConfig(
@@ -110,9 +112,11 @@ class Bench:
             if self.gpu_memory is not None:
                 cfg, plan = _fitted(cfg, self.gpu_memory)
                 if plan is None:
-                    failed.append(f"{backend}/{variant}/{res}/{kv_dtype}/{trunk_weights} (no plan within {self.gpu_memory})")
+                    skipped.append(f"{backend}/{variant}/{res}/{kv_dtype}/{trunk_weights}")
                     continue
             if model is None:
+                if self.check and self.precision != "fp32":
+                    fp32_references = _fp32_references(cfg, self.resolutions)
                 # fp32 heads first, whatever the variant: the reference pass is the protocol's.
                 model = build_bench_model(replace(cfg, heads_precision="fp32", trunk_weights="auto"), torch.device("cuda"))
                 if self.check:  # before any compilation changes the model
@@ -146,6 +150,12 @@ class Bench:
                 check = f" | vs SDPA: pose {errors['pose_enc']:.1e} depth {errors['depth']:.1e}" + ("" if ok else " FAILED")
                 if not ok:
                     failed.append(f"{backend}/{variant}/{res}/{kv_dtype}/{trunk_weights}")
+            if res in fp32_references:
+                accuracy = result["accuracy_vs_fp32"] = accuracy_vs_fp32(samples, fp32_references[res], references[res])
+                err, bound = accuracy["max_rel_err"], accuracy["bound"]
+                check += (f" | vs fp32: pose {err['pose_enc']:.1e} depth {err['depth']:.1e} "
+                          + ("within" if accuracy["within"] else "ABOVE") + f" twice the {self.precision} pass's "
+                          f"({bound['pose_enc']:.1e} / {bound['depth']:.1e})")
             results.append(result)
             print(
                 f"{backend:10s} {variant:10s} {res:8s} kv {cfg.kv_dtype:4s} trunk {trunk_weights:4s} global {result['global_fps']:6.1f} FPS | steady "
@@ -159,10 +169,28 @@ class Bench:
                 print("   stages (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in result["stages_ms"].items()))
         write_result({"results": results}, self.out)
         print(f"wrote {self.out}")
+        if skipped:
+            print(f"not measured (their plan within {self.gpu_memory} needs other heads): {', '.join(skipped)}")
         if failed:
             print(f"correctness check FAILED for {', '.join(failed)}")
             return 1
         return 0
+
+
+def _fp32_references(cfg: BenchConfig, sizes: list[str]) -> dict[str, dict]:
+    """The reference pass of an fp32 model (same rule weights, fp32 throughout) at each size,
+    built and dropped before the measured models: what each variant's accuracy is given against."""
+    import torch
+
+    fp32 = replace(cfg, precision="fp32", heads_precision="fp32", trunk_weights="auto", kv_dtype="auto")
+    model = build_bench_model(fp32, torch.device("cuda"))
+    try:
+        return {size: reference_samples(replace(fp32, width=int(size.lower().split("x")[0]),
+                                                height=int(size.lower().split("x")[1])), model) for size in sizes}
+    finally:
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _fitted(cfg: BenchConfig, budget: str):

@@ -27,6 +27,19 @@ def test_compare_samples_reports_the_largest_relative_error():
         compare_samples({8: want[8]}, want)
 
 
+def test_a_variants_accuracy_is_bounded_by_twice_the_low_precision_passs_error_against_fp32():
+    from mapstream.bench import accuracy_vs_fp32
+
+    fp32 = {8: _sample([3.0, 4.0], [[2.0, 0.0]])}
+    bf16 = {8: _sample([3.0, 4.1], [[2.0, 0.02]])}  # pose 0.1 / 5 = 2e-2, depth 0.02 / 2 = 1e-2
+    close = {8: _sample([3.0, 4.15], [[2.0, 0.039]])}
+    got = accuracy_vs_fp32(close, fp32, bf16)
+    assert got["bound"]["pose_enc"] == pytest.approx(4e-2) and got["bound"]["depth"] == pytest.approx(2e-2)
+    assert got["max_rel_err"]["pose_enc"] == pytest.approx(3e-2) and got["within"]
+    far = {8: _sample([3.0, 4.0], [[2.0, 0.041]])}  # pose exact, depth just past twice bf16's
+    assert not accuracy_vs_fp32(far, fp32, bf16)["within"]
+
+
 def test_reference_samples_are_an_eager_sdpa_pass_over_the_bench_frames():
     model = mapstream.fill_synthetic_(mapstream.build_model("tiny")).eval()
     model.set_backend("auto")
