@@ -116,7 +116,7 @@ class Bench:
                     continue
             if model is None:
                 if self.check and self.precision != "fp32":
-                    fp32_references = _fp32_references(cfg, self.resolutions)
+                    fp32_references = _fp32_references(cfg, self.resolutions, torch.device("cuda"))
                 # fp32 heads first, whatever the variant: the reference pass is the protocol's.
                 model = build_bench_model(replace(cfg, heads_precision="fp32", trunk_weights="auto"), torch.device("cuda"))
                 if self.check:  # before any compilation changes the model
@@ -177,20 +177,22 @@ class Bench:
         return 0
 
 
-def _fp32_references(cfg: BenchConfig, sizes: list[str]) -> dict[str, dict]:
+def _fp32_references(cfg: BenchConfig, sizes: list[str], device) -> dict[str, dict]:
     """The reference pass of an fp32 model (same rule weights, fp32 throughout) at each size,
-    built and dropped before the measured models: what each variant's accuracy is given against."""
+    built on `device` and dropped before the measured models: what each variant's accuracy is
+    given against."""
     import torch
 
     fp32 = replace(cfg, precision="fp32", heads_precision="fp32", trunk_weights="auto", kv_dtype="auto")
-    model = build_bench_model(fp32, torch.device("cuda"))
+    model = build_bench_model(fp32, device)
     try:
         return {size: reference_samples(replace(fp32, width=int(size.lower().split("x")[0]),
                                                 height=int(size.lower().split("x")[1])), model) for size in sizes}
     finally:
         del model
         gc.collect()
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _fitted(cfg: BenchConfig, budget: str):

@@ -59,6 +59,24 @@ def test_reference_samples_are_an_eager_sdpa_pass_over_the_bench_frames():
         torch.testing.assert_close(depth, preds[i].depth)
 
 
+def test_the_fp32_references_are_an_fp32_models_reference_pass_at_each_size():
+    from mapstream.bench import build_bench_model
+    from mapstream.cli.bench import _fp32_references
+
+    cfg = BenchConfig(preset="tiny", scale_frames=2, stream_frames=4, window=3, precision="bf16",
+                      heads_precision="bf16", kv_dtype="fp8", trunk_weights="int8", device="cpu", check_every=2)
+    got = _fp32_references(cfg, ["42x28", "56x28"], torch.device("cpu"))
+    fp32 = BenchConfig(preset="tiny", scale_frames=2, stream_frames=4, window=3, precision="fp32", device="cpu",
+                       check_every=2)
+    model = build_bench_model(fp32, torch.device("cpu"))
+    assert next(model.parameters()).dtype == torch.float32
+    for size, (w, h) in (("42x28", (42, 28)), ("56x28", (56, 28))):
+        want = reference_samples(BenchConfig(**{**fp32.__dict__, "width": w, "height": h}), model)
+        assert sorted(got[size]) == sorted(want) == [2, 4]
+        for i in want:
+            torch.testing.assert_close(got[size][i], want[i], rtol=0, atol=0)
+
+
 def test_reference_samples_keep_our_fused_kernels_out(monkeypatch):
     """The reference pass runs every block with our fused kernels turned off (on CUDA they
     would otherwise serve it too, and the check would compare them with themselves)."""
