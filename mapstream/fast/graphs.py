@@ -282,10 +282,8 @@ class GraphedStep:
 
     def release(self) -> None:
         """Give back now what the captured graphs hold: their pools' memory, their static
-        tensors and the cache storage the device steps point at. The graphs' functions are
-        this object's own methods, a reference cycle that only the garbage collector's cycle
-        search would break: without this a closed session's cache and graphs would stay
-        allocated until it runs. The next call captures again."""
+        tensors and the cache storage the device steps point at, whoever still refers to this
+        step (a session closing frees its graphs this way). The next call captures again."""
         self._first_piece.release()
         self.camera_device_step.release()
 
