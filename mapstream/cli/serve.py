@@ -66,7 +66,6 @@ class Serve:
 
     def main(self) -> int:
         import asyncio
-
         import contextlib
 
         from ..device import resolve_device
@@ -95,8 +94,8 @@ class Serve:
         precision = resolve_precision(stream.precision, device)
         stream = stream.with_settings(precision=precision)
         memory = None if self.gpu_memory is None else fit_sessions(
-            self.gpu_memory, model, stream, config, device, low_precision_heads=self.low_precision_heads,
-            trunk_weights=self.trunk_weights)
+            self.gpu_memory, model, stream, config, device, mode=self.mode,
+            low_precision_heads=self.low_precision_heads, trunk_weights=self.trunk_weights)
         if memory is not None:
             stream = memory.stream
             model.dense_chunk_frames = memory.dense_chunk_frames

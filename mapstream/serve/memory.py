@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from ..checkpoint import model_image_size
+from ..checkpoint import model_image_size, model_trained_views
 from ..config import StreamConfig
 from ..gpu_memory import MemoryPlan, estimate_memory, format_bytes, parse_memory, plan_memory, streams_that_fit
 from .config import ServeConfig
@@ -31,11 +31,13 @@ def _frame_hw(model) -> tuple[int, int]:
 
 
 def fit_sessions(gpu_memory: str, model, stream: StreamConfig, config: ServeConfig, device: torch.device, *,
-                 low_precision_heads: bool = False, trunk_weights: str = "auto") -> MemoryPlan | None:
+                 mode: str = "auto", low_precision_heads: bool = False, trunk_weights: str = "auto") -> MemoryPlan | None:
     """The settings every session of a server on `device` gets so that `config.max_sessions`
     of them fit `gpu_memory` (an amount such as "40GB"): `stream` as far as it fits, else its
-    cache in FP8, a smaller sliding window, the dense heads a frame at a time in the scale
-    phase and last the heads in the trunk's precision (`mapstream.gpu_memory.plan_memory`).
+    cache in FP8, a smaller sliding window (and windows no longer than the frames the cache
+    then holds, where the server's `mode` may run windows), the dense heads a frame at a time
+    in the scale phase and last the heads in the trunk's precision
+    (`mapstream.gpu_memory.plan_memory`).
     `model` as loaded, before its cast (the plan says which cast). None off CUDA, where the
     budget is told to have no effect. Raises `MemoryBudgetError` when nothing fits, saying
     how many sessions would."""
@@ -48,8 +50,9 @@ def fit_sessions(gpu_memory: str, model, stream: StreamConfig, config: ServeConf
         log.warning("--gpu-memory %s is more than %s has (%s): planning for the GPU's own", gpu_memory,
                     torch.cuda.get_device_name(device), format_bytes(card))
         budget = card
+    windows = mode == "windowed" or (mode == "auto" and model_trained_views(model) is not None)
     plan = plan_memory(budget, model, _frame_hw(model), stream, precision=stream.precision,
-                       low_precision_heads=low_precision_heads, trunk_weights=trunk_weights,
+                       low_precision_heads=low_precision_heads, windowed=windows, trunk_weights=trunk_weights,
                        streams=config.max_sessions, batch=config.max_batch)
     log.info("%s", plan.describe())
     return plan

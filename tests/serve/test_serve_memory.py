@@ -48,6 +48,13 @@ def test_the_sessions_settings_are_fitted_so_that_max_sessions_of_them_fit(offic
     assert plan.budget == 40 * GIB and any("more than a fake GPU has" in r.getMessage() for r in caplog.records)
     with pytest.raises(MemoryBudgetError, match=r"8 streams .*fewer streams \(about \d+ fit\)"):
         fit_sessions("10GB", official, stream, config, cuda)
+    _fake_gpu(monkeypatch, 80)  # windows no longer than the frames a smaller cache holds, where windows run
+    small_window = estimate_memory(official, (518, 518), stream.with_settings(kv_dtype="fp8", sliding_window=32),
+                                   precision="bf16", streams=8, batch=4).total
+    for mode, windowed in (("streaming", False), ("windowed", True)):
+        plan = fit_sessions(f"{(small_window + 2**10) / GIB}GiB", official, stream, config, cuda, mode=mode)
+        assert plan.stream.sliding_window == 32
+        assert plan.stream.window_size == (stream.anchor_frames + 32 if windowed else stream.window_size)
 
 
 def test_off_cuda_the_budget_is_told_to_have_no_effect(official, caplog):
