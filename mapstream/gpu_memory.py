@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import re
 from collections.abc import Iterator
@@ -41,8 +42,10 @@ from .validation import compute_dtype
 
 __all__ = [
     "MemoryBudgetError", "MemoryEstimate", "MemoryPlan", "WorkingMemory", "WORKING", "allocator_limit",
-    "estimate_memory", "format_bytes", "parse_memory", "plan_memory", "streams_that_fit",
+    "device_budget", "estimate_memory", "format_bytes", "parse_memory", "plan_memory", "streams_that_fit",
 ]
+
+log = logging.getLogger(__name__)
 
 GIB = 2**30
 
@@ -67,6 +70,20 @@ def parse_memory(text: str | int | float) -> int:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"GPU memory {text!r}: must be more than zero")
     return int(value * _UNITS[unit])
+
+
+def device_budget(amount: str, device: torch.device) -> int | None:
+    """The bytes `--gpu-memory AMOUNT` gives a run or server on `device`: None off CUDA (told:
+    it has no effect there), at most what the GPU has (told where more was asked)."""
+    budget = parse_memory(amount)
+    if device.type != "cuda":
+        log.warning("--gpu-memory %s has no effect on %s: it plans a CUDA GPU's memory", amount, device)
+        return None
+    card = torch.cuda.get_device_properties(device).total_memory
+    if budget > card:
+        log.warning("--gpu-memory %s is more than %s has (%s): planning for the GPU's own", amount,
+                    torch.cuda.get_device_name(device), format_bytes(card))
+    return min(budget, card)
 
 
 def format_bytes(n: int | float) -> str:

@@ -186,8 +186,11 @@ def _fp32_references(cfg: BenchConfig, sizes: list[str], device) -> dict[str, di
     fp32 = replace(cfg, precision="fp32", heads_precision="fp32", trunk_weights="auto", kv_dtype="auto")
     model = build_bench_model(fp32, device)
     try:
-        return {size: reference_samples(replace(fp32, width=int(size.lower().split("x")[0]),
-                                                height=int(size.lower().split("x")[1])), model) for size in sizes}
+        references = {}
+        for size in sizes:
+            width, height = (int(v) for v in size.lower().split("x"))
+            references[size] = reference_samples(replace(fp32, width=width, height=height), model)
+        return references
     finally:
         del model
         gc.collect()

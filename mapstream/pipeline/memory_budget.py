@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from ..gpu_memory import MemoryBudgetError, MemoryPlan, allocator_limit, format_bytes, parse_memory, plan_memory
+from ..gpu_memory import MemoryBudgetError, MemoryPlan, allocator_limit, device_budget, format_bytes, plan_memory
 from .options import RunOptions
 from .run_input import DEMO_HW, open_input
 from .stream_plan import StreamPlan
@@ -40,17 +40,9 @@ def fit_to_budget(opts: RunOptions, model, plan: StreamPlan, precision: str, dev
                   width: int) -> MemoryPlan | None:
     """The memory plan for the run's `--gpu-memory` (None without one, or off CUDA, where it
     is told and ignored). Raises `MemoryBudgetError` when nothing fits."""
-    if opts.gpu_memory is None:
+    budget = None if opts.gpu_memory is None else device_budget(opts.gpu_memory, device)
+    if budget is None:
         return None
-    budget = parse_memory(opts.gpu_memory)
-    if device.type != "cuda":
-        log.warning("--gpu-memory %s has no effect on %s: it plans a CUDA GPU's memory", opts.gpu_memory, device)
-        return None
-    card = torch.cuda.get_device_properties(device).total_memory
-    if budget > card:
-        log.warning("--gpu-memory %s is more than %s has (%s): planning for the GPU's own", opts.gpu_memory,
-                    torch.cuda.get_device_name(device), format_bytes(card))
-        budget = card
     memory = plan_memory(budget, model, run_frame_shape(opts, width), plan.stream, precision=precision,
                          low_precision_heads=opts.low_precision_heads, windowed=plan.mode == "windowed",
                          trunk_weights=opts.trunk_weights)

@@ -17,7 +17,7 @@ import torch
 
 from ..checkpoint import model_image_size, model_trained_views
 from ..config import StreamConfig
-from ..gpu_memory import MemoryPlan, estimate_memory, format_bytes, parse_memory, plan_memory, streams_that_fit
+from ..gpu_memory import MemoryPlan, device_budget, estimate_memory, format_bytes, plan_memory, streams_that_fit
 from .config import ServeConfig
 
 __all__ = ["fit_sessions", "sessions_memory_warning"]
@@ -41,15 +41,9 @@ def fit_sessions(gpu_memory: str, model, stream: StreamConfig, config: ServeConf
     `model` as loaded, before its cast (the plan says which cast). None off CUDA, where the
     budget is told to have no effect. Raises `MemoryBudgetError` when nothing fits, saying
     how many sessions would."""
-    budget = parse_memory(gpu_memory)
-    if device.type != "cuda":
-        log.warning("--gpu-memory %s has no effect on %s: it plans a CUDA GPU's memory", gpu_memory, device)
+    budget = device_budget(gpu_memory, device)
+    if budget is None:
         return None
-    card = torch.cuda.get_device_properties(device).total_memory
-    if budget > card:
-        log.warning("--gpu-memory %s is more than %s has (%s): planning for the GPU's own", gpu_memory,
-                    torch.cuda.get_device_name(device), format_bytes(card))
-        budget = card
     windows = mode == "windowed" or (mode == "auto" and model_trained_views(model) is not None)
     plan = plan_memory(budget, model, _frame_hw(model), stream, precision=stream.precision,
                        low_precision_heads=low_precision_heads, windowed=windows, trunk_weights=trunk_weights,
