@@ -49,6 +49,19 @@ def golden_images(tensors: dict[str, torch.Tensor], key: str = "images_u8") -> t
     return tensors[key].to(torch.float32) / 255
 
 
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """``fake_gpu(gib)``: torch.cuda reports a GPU of that many GiB named "a fake GPU" (for
+    memory plans; nothing runs on it)."""
+    from types import SimpleNamespace
+
+    def make(gib: float) -> None:
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=int(gib * 2**30)))
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a fake GPU")
+
+    return make
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     # The golden data was produced with 2 threads; keep CPU runs comparable and repeatable.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -46,19 +45,14 @@ def test_the_frames_shape_is_read_from_the_input_before_any_frame(tmp_path):
     assert run_frame_shape(RunOptions(input=None, out=tmp_path / "demo", demo=True), 294) == DEMO_HW
 
 
-def _fake_gpu(monkeypatch, gib):
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=gib * GIB))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a fake GPU")
-
-
-def test_the_plan_is_made_for_the_inputs_frames_and_the_gpus_size(tmp_path, monkeypatch, caplog):
+def test_the_plan_is_made_for_the_inputs_frames_and_the_gpus_size(tmp_path, caplog, fake_gpu):
     with torch.device("meta"):  # sizes only
         net = mapstream.build_model("lingbot-map")
     folder = photos(tmp_path, n=3)
     cuda = torch.device("cuda")
     opts = RunOptions(input=str(folder), out=tmp_path / "out", gpu_memory="8GB")
     plan = StreamPlan("streaming", net.stream_config)
-    _fake_gpu(monkeypatch, 80)
+    fake_gpu(80)
     with caplog.at_level(logging.INFO):
         memory = fit_to_budget(opts, net, plan, "bf16", cuda, 518)
     hw = run_frame_shape(opts, 518)
@@ -67,7 +61,7 @@ def test_the_plan_is_made_for_the_inputs_frames_and_the_gpus_size(tmp_path, monk
                                               low_precision_heads=memory.low_precision_heads,
                                               dense_chunk_frames=memory.dense_chunk_frames)
     assert any("GPU memory budget 8.00 GiB" in r.getMessage() for r in caplog.records)
-    _fake_gpu(monkeypatch, 6)  # a budget above the card's memory: planned for the card's
+    fake_gpu(6)  # a budget above the card's memory: planned for the card's
     with caplog.at_level(logging.WARNING):
         memory = fit_to_budget(opts, net, plan, "bf16", cuda, 518)
     assert memory.budget == 6 * GIB and any("more than a fake GPU has" in r.getMessage() for r in caplog.records)
@@ -76,12 +70,12 @@ def test_the_plan_is_made_for_the_inputs_frames_and_the_gpus_size(tmp_path, monk
     assert fit_to_budget(replace(opts, gpu_memory=None), net, plan, "bf16", cuda, 518) is None
 
 
-def test_while_streaming_the_allocator_is_held_to_the_budget_and_an_overrun_says_what_to_do(tmp_path, monkeypatch):
+def test_while_streaming_the_allocator_is_held_to_the_budget_and_an_overrun_says_what_to_do(tmp_path, monkeypatch, fake_gpu):
     from mapstream.pipeline.memory_budget import held_to_budget
 
     with torch.device("meta"):
         net = mapstream.build_model("lingbot-map")
-    _fake_gpu(monkeypatch, 80)
+    fake_gpu(80)
     fractions = [0.9]  # what the process had set before
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: fractions[-1])
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device: fractions.append(f))

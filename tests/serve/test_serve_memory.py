@@ -4,7 +4,6 @@ a bad amount refused before the model loads, no effect off CUDA, said so."""
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,16 +21,11 @@ def official():
         return mapstream.build_model("lingbot-map")
 
 
-def _fake_gpu(monkeypatch, gib):
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=gib * GIB))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a fake GPU")
-
-
-def test_the_sessions_settings_are_fitted_so_that_max_sessions_of_them_fit(official, monkeypatch, caplog):
+def test_the_sessions_settings_are_fitted_so_that_max_sessions_of_them_fit(official, caplog, fake_gpu):
     stream = official.stream_config.with_settings(precision="bf16")
     config = ServeConfig(max_sessions=8, max_batch=4)
     cuda = torch.device("cuda")
-    _fake_gpu(monkeypatch, 80)
+    fake_gpu(80)
     with caplog.at_level(logging.INFO):
         plan = fit_sessions("70GB", official, stream, config, cuda)
     assert plan.budget == 70 * GIB and plan.frame_hw == (518, 518)  # the model's width, as tall as wide
@@ -42,13 +36,13 @@ def test_the_sessions_settings_are_fitted_so_that_max_sessions_of_them_fit(offic
                                                              streams=8, batch=4).total
     assert plan.stream.kv_dtype == "fp8" and plan.changes
     assert any("8 streams of 518x518" in r.getMessage() for r in caplog.records)
-    _fake_gpu(monkeypatch, 40)  # more than the card has: planned for the card's
+    fake_gpu(40)  # more than the card has: planned for the card's
     with caplog.at_level(logging.WARNING):
         plan = fit_sessions("70GB", official, stream, config, cuda)
     assert plan.budget == 40 * GIB and any("more than a fake GPU has" in r.getMessage() for r in caplog.records)
     with pytest.raises(MemoryBudgetError, match=r"8 streams .*fewer streams \(about \d+ fit\)"):
         fit_sessions("10GB", official, stream, config, cuda)
-    _fake_gpu(monkeypatch, 80)  # windows no longer than the frames a smaller cache holds, where windows run
+    fake_gpu(80)  # windows no longer than the frames a smaller cache holds, where windows run
     small_window = estimate_memory(official, (518, 518), stream.with_settings(kv_dtype="fp8", sliding_window=32),
                                    precision="bf16", streams=8, batch=4).total
     for mode, windowed in (("streaming", False), ("windowed", True)):
