@@ -101,7 +101,7 @@ def test_a_yaml_file_sets_options_and_flags_override_it(tmp_path):
     assert (every_loss_flag.camera_direction, every_loss_flag.camera_pairs, every_loss_flag.flow) == (0.5, 0.25, 2.0)
     assert load_config(path).lr == 0.001
     path.write_text("frams: 3\n")
-    with pytest.raises(ValueError, match="unknown key .frams. \(did you mean .frames.\?\)"):
+    with pytest.raises(ValueError, match=r"unknown key .frams. \(did you mean .frames.\?\)"):
         load_config(path)
 
 
