@@ -211,7 +211,7 @@ class Session:
         else:
             self.state.reset()
         self._clear()
-        self._drop_graphs()
+        self._graphed.clear()
         self.batched_graphs = None
         self._closed = True
 
@@ -508,11 +508,6 @@ class Session:
             out = {k: v.to(self.output_device) for k, v in out.items()}
         return out
 
-    def _drop_graphs(self) -> None:
-        for graphs in self._graphed.values():
-            graphs.release()
-        self._graphed.clear()
-
     def _graphed_step(self, frames: torch.Tensor):
         """The `GraphedStep` for these frames when they take the fast path (one frame after
         the scale phase, `fast` on), else None."""
@@ -538,7 +533,7 @@ class Session:
         size = tuple(frames.shape[-2:])
         if size not in self._graphed:
             if len(self._graphed) >= _GRAPHED_SIZES:  # a session lent to inputs of ever-new sizes stays bounded
-                self._drop_graphs()
+                self._graphed.clear()
             with _autocast(self.device, self.precision):
                 self._graphed[size] = graphed_step(
                     self.model, size, capture=self.device.type == "cuda", whole=self.whole_step

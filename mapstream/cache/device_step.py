@@ -34,10 +34,6 @@ class DeviceStep:
         self.kv_range = torch.zeros(2, dtype=torch.int32, device=device)
         self.storage: torch.Tensor | None = None
 
-    def release(self) -> None:
-        """Forget the cache storage (a graph that read it must be captured again)."""
-        self.storage = None
-
     @property
     def storage_ptr(self) -> int | None:
         return None if self.storage is None else self.storage.data_ptr()

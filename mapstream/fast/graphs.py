@@ -280,13 +280,6 @@ class GraphedStep:
         and the rest of the network, on `state`'s caches with the aggregator's `backend`."""
         raise NotImplementedError
 
-    def release(self) -> None:
-        """Give back now what the captured graphs hold: their pools' memory, their static
-        tensors and the cache storage the device steps point at, whoever still refers to this
-        step (a session closing frees its graphs this way). The next call captures again."""
-        self._first_piece.release()
-        self.camera_device_step.release()
-
     def _side_by_side(self, side: Callable[[], object], main: Callable[[], object]) -> tuple:
         """(side(), main()): `side` on the second stream while `main` runs on the current one,
         both after all work already queued; the current stream waits for both. Used for

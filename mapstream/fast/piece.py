@@ -83,11 +83,6 @@ class Piece:
             self.graph.replay()
         return self.outputs
 
-    def release(self) -> None:
-        """Drop the captured graph (its pool's memory), its static outputs and what it reads;
-        a later call captures again."""
-        self.graph, self.outputs, self.held = None, (), []
-
 
 class KeyedPiece:
     """A `Piece` captured for one key — what its graph holds fixed, such as cache storage
@@ -107,12 +102,6 @@ class KeyedPiece:
             self.piece = Piece(self.fn, self.capture, self.pool, self.reads)
             self.key = key
         return self.piece
-
-    def release(self) -> None:
-        """Drop the captured piece (`Piece.release`); a later key captures again."""
-        if self.piece is not None:
-            self.piece.release()
-        self.piece, self.key = None, None
 
 
 @contextlib.contextmanager

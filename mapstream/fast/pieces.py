@@ -92,13 +92,6 @@ class PiecewiseGraphs(GraphedStep):
         out = self._outputs[i]
         return out.q, out.k, out.v
 
-    def release(self) -> None:
-        super().release()
-        for piece in (*self.pieces, self._dense_piece, self._camera):
-            piece.release()
-        self.attended = [None] * self.config.depth
-        self._outputs = []
-
     def finish(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
         # Graph 0 (embedding, frame block 0, global block 0's q/k/v) reads no cache: launched
         # by `start`, the GPU works on it while the host plans the cache step below, whose

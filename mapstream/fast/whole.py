@@ -46,12 +46,6 @@ class WholeStepGraphs(GraphedStep):
         )
         return heads, poses
 
-    def release(self) -> None:
-        super().release()
-        self._whole.release()
-        self.agg_device_step.release()
-        self._backend, self._key_norms = None, ()
-
     def finish(self, first: tuple, state, store: bool, backend) -> dict[str, torch.Tensor]:
         # The first graph's outputs are the static tensors the second graph reads.
         with contextlib.ExitStack() as steps:
