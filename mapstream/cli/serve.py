@@ -70,7 +70,7 @@ class Serve:
 
         from ..device import resolve_device
         from ..gpu_memory import allocator_limit, parse_memory
-        from ..pipeline.model_source import resolve_model
+        from ..pipeline.model_source import prepare_for_inference, resolve_model
         from ..serve.background import serve_until_signalled
         from ..serve.config import resolve_token
         from ..serve.memory import fit_sessions
@@ -98,12 +98,9 @@ class Serve:
             low_precision_heads=self.low_precision_heads, trunk_weights=self.trunk_weights)
         if memory is not None:
             stream = memory.stream
-            model.dense_chunk_frames = memory.dense_chunk_frames
             print(memory.describe(), flush=True)
-        if precision in ("bf16", "fp16"):
-            model.cast_for_inference(precision, heads=self.low_precision_heads or (
-                memory is not None and memory.low_precision_heads))
-        model.quantize_trunk(self.trunk_weights)
+        prepare_for_inference(model, precision, low_precision_heads=self.low_precision_heads,
+                              trunk_weights=self.trunk_weights, memory=memory)
         try:
             server = Server(model, config, stream, mode=self.mode, map_config=self.map, model_desc=desc,
                             warnings=warnings)

@@ -19,7 +19,7 @@ import torch
 
 from ..checkpoint import model_image_size
 from ..pipeline import RunOptions, run
-from ..pipeline.model_source import resolve_model
+from ..pipeline.model_source import prepare_for_inference, resolve_model
 from ..pipeline.run import OpenedSession, plan_for_model, planned_session
 from ..session import resolve_precision
 from .inputs import JobInput
@@ -124,9 +124,8 @@ class ModelHolder:
                 opts.model, filename=opts.checkpoint_file, device=device, demo=opts.demo,
                 backend=opts.stream.backend, camera_num_iterations=opts.camera_iterations, compile=opts.compile,
             )
-            if precision in ("bf16", "fp16"):
-                model.cast_for_inference(precision, heads=opts.low_precision_heads)
-            model.quantize_trunk(opts.trunk_weights)
+            prepare_for_inference(model, precision, low_precision_heads=opts.low_precision_heads,
+                                  trunk_weights=opts.trunk_weights)
             self._key, self._loaded = key, (model, desc, warnings, str(model.head_dtype).removeprefix("torch."))
             log.info("worker loaded %s on %s", desc, device)
         model, desc, warnings, heads = self._loaded

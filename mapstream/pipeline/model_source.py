@@ -19,7 +19,8 @@ from ..export.run_info import UNTRAINED_MODEL
 from ..hub import DEFAULT_FILENAME as DEFAULT_CHECKPOINT, DEFAULT_REPO
 from ..weights import SMALL_MODEL, SMALL_WARNING, small_weights
 
-__all__ = ["DEFAULT_REPO", "DEFAULT_CHECKPOINT", "cached_official_checkpoint", "known_fallback", "resolve_model"]
+__all__ = ["DEFAULT_REPO", "DEFAULT_CHECKPOINT", "cached_official_checkpoint", "known_fallback", "prepare_for_inference",
+           "resolve_model"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,20 @@ def resolve_model(
         source, file_in_source = spec, filename  # a folder holding `filename` (or a missing path)
     return (load_model(source, filename=file_in_source, preset="auto", device=device, backend=backend, **overrides),
             f"{spec} ({filename})", [])
+
+
+def prepare_for_inference(model, precision: str, *, low_precision_heads: bool, trunk_weights: str,
+                          memory=None):
+    """`model` as a run, a server or a fleet worker streams with it: cast to `precision`
+    (bf16 / fp16; the heads too with `low_precision_heads` or where the `--gpu-memory` plan
+    `memory` gave their fp32 up), the trunk's linear weights stored as `trunk_weights` says,
+    and the dense heads as many frames at a time as the plan chose. Returns `model`."""
+    if memory is not None:
+        model.dense_chunk_frames = memory.dense_chunk_frames
+    if precision in ("bf16", "fp16"):
+        model.cast_for_inference(precision, heads=low_precision_heads or (memory is not None and
+                                                                          memory.low_precision_heads))
+    return model.quantize_trunk(trunk_weights)
 
 
 def _is_hub_id(spec: str) -> bool:

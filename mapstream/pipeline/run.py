@@ -33,7 +33,7 @@ from ..windowed import WindowedSession
 from .frame_store import FrameStore
 from .loop_closure import MapRun, corrected_reconstruction, known_poses_of
 from .memory_budget import fit_to_budget, held_to_budget, memory_record
-from .model_source import resolve_model
+from .model_source import prepare_for_inference, resolve_model
 from .options import RunOptions, recorded_options
 from .run_folder import RunFolder
 from .run_input import check_input_apart_from_outputs, frame_width, input_files, input_key, open_input
@@ -279,14 +279,10 @@ def _local_session(opts: RunOptions, device: torch.device, length: int | None) -
     precision = resolve_precision(opts.stream.precision, device)
     plan = plan_for_model(opts, length, model, precision)
     memory = fit_to_budget(opts, model, plan, precision, device, frame_width(opts, model_image_size(model)))
+    prepare_for_inference(model, precision, low_precision_heads=opts.low_precision_heads,
+                          trunk_weights=opts.trunk_weights, memory=memory)
     if memory is not None:
         plan = replace(plan, stream=memory.stream)
-        model.dense_chunk_frames = memory.dense_chunk_frames
-    if precision in ("bf16", "fp16"):
-        model.cast_for_inference(precision, heads=opts.low_precision_heads or (memory is not None and
-                                                                                memory.low_precision_heads))
-    model.quantize_trunk(opts.trunk_weights)
-    if memory is not None:
         torch.cuda.reset_peak_memory_stats(device)  # the budget counts from the loaded model on
     return OpenedSession(planned_session(model, plan), plan.mode, plan.stream, model_desc, warnings, precision,
                          str(model.head_dtype).removeprefix("torch."), opts.camera_iterations,
