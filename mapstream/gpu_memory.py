@@ -214,7 +214,8 @@ def estimate_memory(
 
     spec = stream.cache_spec()
     visible = (spec.ring_slots - 1) * tokens + (spec.trajectory_capacity or 0) * c.num_special_tokens
-    working = max(step(scale, min(chunk, scale), scale * tokens), step(min(batch, streams), min(batch, streams), visible))
+    together = min(batch, streams)  # frames of different streams in one streaming step
+    working = max(step(scale, min(chunk, scale), scale * tokens), step(together, together, visible))
     return MemoryEstimate(weights, caches, int(working), streams)
 
 

@@ -56,13 +56,13 @@ def sessions_memory_warning(model, stream: StreamConfig, config: ServeConfig, gp
     """What to tell an operator whose `config.max_sessions` sessions of `stream`'s settings would
     not fit in `gpu_bytes` (None when they fit): the sessions past the last that fits fail for
     memory when their first frame arrives."""
-    estimate = estimate_memory(model, _frame_hw(model), stream, precision=stream.precision,
+    height, width = _frame_hw(model)
+    estimate = estimate_memory(model, (height, width), stream, precision=stream.precision,
                                low_precision_heads=model.head_dtype != torch.float32,
                                streams=config.max_sessions, batch=config.max_batch)
     fit = streams_that_fit(gpu_bytes, estimate)
     if fit >= config.max_sessions:
         return None
-    width = _frame_hw(model)[1]
     return (f"{config.max_sessions} sessions of {width}x{width} frames would need about "
             f"{format_bytes(estimate.total)} (the model {format_bytes(estimate.weights)}, each session's caches "
             f"{format_bytes(estimate.caches)}); this GPU has {format_bytes(gpu_bytes)}, room for about {fit}: sessions "
