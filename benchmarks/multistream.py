@@ -7,7 +7,8 @@ eagerly), as "step_together_graphed".
 
 Full model with synthetic (rule) weights, random frames, bf16 on a GPU, fp32 elsewhere.
 
-Usage: python benchmarks/multistream.py [--streams 4] [--frames 40] [--steady-from N] [--graphed] [--kv-dtype fp8] [--out FILE]
+Usage: python benchmarks/multistream.py [--streams 4] [--frames 40] [--steady-from N] [--graphed] [--skip-eager]
+                                       [--compile] [--kv-dtype fp8] [--out FILE]
        python benchmarks/multistream.py --streams 8 --frames 200 --steady-from 100 --graphed  (a full window of 64)
        python benchmarks/multistream.py --device cpu --preset tiny --size 56x42 (mechanism check)
 """
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None) -> dict:
                          f"{WARMUP_STEPS} warm-up steps; the window is full from the scale frames plus the window on)")
     ap.add_argument("--graphed", action="store_true",
                     help="also time step_together over fast-path sessions (the batched graphed step)")
+    ap.add_argument("--compile", action="store_true",
+                    help="build the model with its per-frame parts compiled (what `mapstream run --compile` runs)")
+    ap.add_argument("--skip-eager", action="store_true",
+                    help="leave out step_together's eager batched forward (with --graphed: time the graphed step only)")
     ap.add_argument("--kv-dtype", default=STREAM.kv_dtype, choices=KV_DTYPES,
                     help="how every stream's cache stores keys and values (fp8: e4m3 with a scale per token and head)")
     ap.add_argument("--out", default=None, help="also write the result here (JSON)")
@@ -104,20 +109,24 @@ def main(argv: list[str] | None = None) -> dict:
     precision = "bf16" if device.type == "cuda" else "fp32"
     cfg = BenchConfig(preset=args.preset, width=width, height=height, scale_frames=args.scale_frames,
                       device=args.device, precision=precision)
-    model = build_bench_model(cfg, device)
+    if args.skip_eager and not args.graphed:
+        ap.error("--skip-eager leaves only the streams one after another: give --graphed too")
+    model = build_bench_model(cfg, device, compile=args.compile)
     g = torch.Generator(device=device).manual_seed(0)
     frames = torch.rand(args.streams, args.frames, 3, height, width, device=device, generator=g)
     result: dict = {"streams": args.streams, "frames": args.frames, "size": [width, height],
                     "preset": args.preset, "device": str(device), "kv_dtype": args.kv_dtype, "steady_from": steady_from,
+                    "compiled": args.compile,
                     "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     fast = device.type == "cuda"
     run = dict(scale=cfg.scale_frames, precision=precision, kv_dtype=args.kv_dtype, steady_from=steady_from)
     solo, result["one_after_another"] = _stream(model, frames, together=False, fast=fast, **run)
     result["one_after_another"]["fast_path"] = fast
     print(json.dumps(result), flush=True)
-    batched, result["step_together"] = _stream(model, frames, together=True, fast=False, **run)
-    result.update(_agreement(solo, batched))
-    print(json.dumps(result), flush=True)
+    if not args.skip_eager:
+        batched, result["step_together"] = _stream(model, frames, together=True, fast=False, **run)
+        result.update(_agreement(solo, batched))
+        print(json.dumps(result), flush=True)
     if args.graphed:
         graphed, result["step_together_graphed"] = _stream(model, frames, together=True, fast=True, **run)
         result["step_together_graphed"].update(_agreement(solo, graphed))

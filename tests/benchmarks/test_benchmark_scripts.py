@@ -50,6 +50,14 @@ def test_multistream_graphed_also_times_the_batched_fast_step_with_the_same_pred
     assert "step_together_graphed" not in _load("multistream").main(SMALL + ["--streams", "2", "--frames", "7"])
 
 
+def test_multistream_skip_eager_times_only_the_solo_and_graphed_steps_and_needs_graphed():
+    result = _load("multistream").main(SMALL + ["--streams", "2", "--frames", "7", "--graphed", "--skip-eager"])
+    assert "step_together" not in result and "depth_rel_err_max" not in result
+    assert result["step_together_graphed"]["pose_enc_rel_err_max"] < 1e-5 and result["compiled"] is False
+    with pytest.raises(SystemExit):
+        _load("multistream").main(SMALL + ["--streams", "2", "--frames", "7", "--skip-eager"])
+
+
 def test_multistream_takes_its_median_from_the_asked_frame_on_and_refuses_one_before_the_warm_up(monkeypatch):
     module = _load("multistream")
 
@@ -584,3 +592,14 @@ def test_loop_closure_replay_builds_each_settings_map_on_the_same_stored_stream(
     assert rows[0]["checks"] > 0 and rows[1]["checks"] == 0  # a similarity of 1.0 lets no candidate through
     assert rows[1]["with"] == pytest.approx(rows[1]["without"], abs=1e-9)  # no loop: nothing moves
     assert (tmp_path / "plots" / "seed_3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_serve_memory_answers_every_frame_of_every_session_and_reports_the_servers_estimate(tmp_path):
+    out = tmp_path / "serve_memory.json"
+    result = _load("serve_memory").main(SMALL + ["--sessions", "3", "--batch", "2", "--frames", "8", "--out", str(out)])
+    assert result["errors"] == [] and result["answers"] == 3 * 8
+    assert result["plan"] is None and "peak_allocated_bytes" not in result  # nothing to plan or measure off CUDA
+    assert "caches 3 x" in result["estimate"] and result["stream_frames_per_s"] > 0
+    assert json.loads(out.read_text())["answers"] == 24
+    short = _load("serve_memory").main(SMALL + ["--sessions", "2", "--frames", "1"])  # ends in its scale phase
+    assert short["errors"] == [] and short["answers"] == 2 and short["stream_frames_per_s"] is None
