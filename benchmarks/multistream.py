@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
                          f"{WARMUP_STEPS} warm-up steps; the window is full from the scale frames plus the window on)")
     ap.add_argument("--graphed", action="store_true",
                     help="also time step_together over fast-path sessions (the batched graphed step)")
+    ap.add_argument("--backend", default=STREAM.backend,
+                    help="the cache attention's backend (auto: the fastest usable, our Triton kernel on a CUDA GPU)")
     ap.add_argument("--compile", action="store_true",
                     help="build the model with its per-frame parts compiled (what `mapstream run --compile` runs)")
     ap.add_argument("--skip-eager", action="store_true",
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     precision = "bf16" if device.type == "cuda" else "fp32"
     cfg = BenchConfig(preset=args.preset, width=width, height=height, scale_frames=args.scale_frames,
-                      device=args.device, precision=precision)
+                      device=args.device, precision=precision, backend=args.backend)
     if args.skip_eager and not args.graphed:
         ap.error("--skip-eager leaves only the streams one after another: give --graphed too")
     model = build_bench_model(cfg, device, compile=args.compile)
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     frames = torch.rand(args.streams, args.frames, 3, height, width, device=device, generator=g)
     result: dict = {"streams": args.streams, "frames": args.frames, "size": [width, height],
                     "preset": args.preset, "device": str(device), "kv_dtype": args.kv_dtype, "steady_from": steady_from,
-                    "compiled": args.compile,
+                    "compiled": args.compile, "backend": args.backend,
                     "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     fast = device.type == "cuda"
     run = dict(scale=cfg.scale_frames, precision=precision, kv_dtype=args.kv_dtype, steady_from=steady_from)

@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--sessions, --batch and --frames must be at least 1")
     width, height = (int(v) for v in args.size.split("x"))
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     precision = "bf16" if device.type == "cuda" else "fp32"
     steady_from = args.scale_frames + 4 if args.steady_from is None else args.steady_from
 
