@@ -119,19 +119,32 @@ WORKING = WorkingMemory(trunk_per_token=24.0, dense_per_pixel=1.4, heads_input_p
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Peak bytes of `streams` streams served by one model: its weights once, each stream's
-    caches (`caches` is one stream's), and the largest step's passing tensors."""
+    caches and graphs (`caches` and `graphs` are one stream's), and the passing tensors of
+    the steps that may run at the peak (`working`)."""
 
     weights: int
     caches: int
     working: int
     streams: int = 1
+    graphs: int = 0
+    """One stream's captured step, held while the stream lives (counted apart from `working`
+    where several streams each hold theirs)."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.streams * self.caches + self.working
+        return self.weights + self.streams * (self.caches + self.graphs) + self.working
+
+    @property
+    def per_stream(self) -> int:
+        """What each further stream adds."""
+        return self.caches + self.graphs
 
     def describe(self) -> str:
-        caches = format_bytes(self.caches) if self.streams == 1 else f"{self.streams} x {format_bytes(self.caches)}"
+        if self.streams == 1:
+            caches = format_bytes(self.caches)
+        else:
+            caches = f"{self.streams} x {format_bytes(self.caches)}, their graphs {self.streams} x " \
+                     f"{format_bytes(self.graphs)}"
         return (f"{format_bytes(self.total)} (weights {format_bytes(self.weights)}, caches {caches}, "
                 f"working {format_bytes(self.working)})")
 
@@ -187,7 +200,13 @@ def estimate_memory(
     `precision` too with `low_precision_heads` (else fp32), the dense heads
     `dense_chunk_frames` frames at a time (default: the network's). `streams` streams share the
     model, one scale phase at a time, their streaming steps up to `batch` frames in one forward
-    (`mapstream.step_together`: each stream's cache attention still reads its own cache)."""
+    (`mapstream.step_together`: each stream's cache attention still reads its own cache).
+
+    One stream's peak is its larger step: the scale phase's passing tensors are freed before
+    its streaming step's graph is captured. Several streams (a server's sessions) start at
+    any time: each holds the graph of its own one-frame step (a captured graph keeps its
+    step's passing tensors in its pool), the batched step's graph of `batch` frames is held
+    beside them, and a stream's scale phase may run while all of these are held."""
     if streams < 1 or batch < 1:
         raise ValueError(f"streams and batch must be at least 1, got {streams} and {batch}")
     trunk = compute_dtype(precision)
@@ -215,8 +234,11 @@ def estimate_memory(
     spec = stream.cache_spec()
     visible = (spec.ring_slots - 1) * tokens + (spec.trajectory_capacity or 0) * c.num_special_tokens
     together = min(batch, streams)  # frames of different streams in one streaming step
-    working = max(step(scale, min(chunk, scale), scale * tokens), step(together, together, visible))
-    return MemoryEstimate(weights, caches, int(working), streams)
+    scale_phase, one_frame = step(scale, min(chunk, scale), scale * tokens), step(1, 1, visible)
+    if streams == 1:
+        return MemoryEstimate(weights, caches, int(max(scale_phase, one_frame)))
+    batched = step(together, together, visible) if together > 1 else 0
+    return MemoryEstimate(weights, caches, int(scale_phase + batched), streams, graphs=int(one_frame))
 
 
 def _windows(asked: int) -> list[int]:
@@ -281,7 +303,7 @@ def streams_that_fit(budget: int, estimate: MemoryEstimate) -> int:
     """How many streams of `estimate`'s settings one model serves within `budget` bytes: the
     weights once, each stream's caches, and the estimate's largest step."""
     room = budget - estimate.weights - estimate.working
-    return max(room // estimate.caches, 0) if estimate.caches > 0 else 0
+    return max(room // estimate.per_stream, 0) if estimate.per_stream > 0 else 0
 
 
 @contextlib.contextmanager

@@ -17,7 +17,8 @@ A batch whose sessions all have the fast path on (`fast`) runs in the pieces for
 eager cache attentions; on a CPU the same decomposition eagerly), once the group has had the
 same number of sessions twice in a row: a group whose size changes every call would capture
 graphs it never replays. Each (model, frame size, device, precision, attention backend)
-keeps the graphs of its latest group size, replayed for every batch of that size. Otherwise a
+keeps the graphs of its latest group size only (`BatchedSlot`), replayed for every batch of
+that size: a server whose batches change size holds one set of batched graphs, not one a size. Otherwise a
 batch runs the eager batched forward (`GCTNetwork.forward_streams`); the reason is logged
 at debug level.
 """
@@ -41,10 +42,23 @@ log = logging.getLogger(__name__)
 
 # model -> {(frame size, device, precision, backend): the group size last seen}, gone with the model.
 _last_sizes: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-# (id(model), the same key) -> the batched graphs kept for it. The sessions that use them hold
-# them (`Session.batched_graphs`), so they live as long as one of those sessions (and with them the
-# model, whose id stays valid), and no longer: the graphs hold the model.
-_graphs: "weakref.WeakValueDictionary[tuple, BatchedPiecewiseGraphs]" = weakref.WeakValueDictionary()
+
+
+class BatchedSlot:
+    """Where the batched graphs of one (model, frame size, device, precision, backend) live:
+    those of one group size at a time (graphs of another size replace them, the old ones
+    freed before the new are captured). Every session stepped in a batch of that key holds
+    the slot (`Session.batched_slot`), so the graphs live as long as one of those sessions
+    (and with them the model, whose id keys the slot) and no longer: the graphs hold the model."""
+
+    __slots__ = ("graphs", "__weakref__")
+
+    def __init__(self) -> None:
+        self.graphs: BatchedPiecewiseGraphs | None = None
+
+
+# (id(model), the same key) -> its slot, kept alive by the sessions that hold it.
+_slots: "weakref.WeakValueDictionary[tuple, BatchedSlot]" = weakref.WeakValueDictionary()
 
 
 @torch.no_grad()
@@ -155,23 +169,25 @@ def _batched_graphs(sessions: Sequence[Session], image_hw: tuple[int, int]) -> B
                   "at least one of them", count)
         return None
     key = (image_hw, lead.device, lead.precision, lead.config.backend)
-    graphs = _graphs.get((id(lead.model), key))
-    if graphs is not None and graphs.streams == count:
-        return _held(sessions, graphs)
+    slot = _slots.get((id(lead.model), key))
+    if slot is not None and slot.graphs is not None and slot.graphs.streams == count:
+        return _held(sessions, slot)
     sizes = _last_sizes.setdefault(lead.model, {})
     previous, sizes[key] = sizes.get(key), count
     if previous != count:
         log.debug("step_together: %d sessions run the eager batched forward: the group had %s sessions "
                   "last time (graphs are built once a group size repeats)", count, previous)
         return None
+    if slot is None:
+        slot = _slots[(id(lead.model), key)] = BatchedSlot()
+    slot.graphs = None  # another group size's graphs are freed before these are captured
     with lead.autocast():
-        graphs = BatchedPiecewiseGraphs(lead.model, image_hw, streams=count, capture=lead.device.type == "cuda")
-    _graphs[(id(lead.model), key)] = graphs  # replaces the graphs of another group size
-    return _held(sessions, graphs)
+        slot.graphs = BatchedPiecewiseGraphs(lead.model, image_hw, streams=count, capture=lead.device.type == "cuda")
+    return _held(sessions, slot)
 
 
-def _held(sessions: Sequence[Session], graphs: BatchedPiecewiseGraphs) -> BatchedPiecewiseGraphs:
-    """`graphs`, now held by each of `sessions` (what keeps them alive)."""
+def _held(sessions: Sequence[Session], slot: BatchedSlot) -> BatchedPiecewiseGraphs:
+    """The slot's graphs, now that each of `sessions` holds the slot (what keeps it alive)."""
     for session in sessions:
-        session.batched_graphs = graphs
-    return graphs
+        session.batched_slot = slot
+    return slot.graphs

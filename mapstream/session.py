@@ -163,9 +163,10 @@ class Session:
         self.provisional = self.config.provisional
         self.fast = self._resolve_fast(self.config.fast)
         self._graphed: dict[tuple[int, int], GraphedStep] = {}  # frame size -> its graphed step
-        self.batched_graphs = None
-        """The batched fast step of this session's `step_together` group, which its sessions
-        hold (mapstream.multistream keeps only a weak reference)."""
+        self.batched_slot = None
+        """Where the batched fast step of this session's `step_together` batches lives
+        (`mapstream.multistream.BatchedSlot`), held by its sessions (the module keeps only a
+        weak reference)."""
         self._owns_state = state is None
         self.state = state if state is not None else model.new_state(self.config)
         self._closed = False
@@ -212,7 +213,7 @@ class Session:
             self.state.reset()
         self._clear()
         self._graphed.clear()
-        self.batched_graphs = None
+        self.batched_slot = None
         self._closed = True
 
     def __enter__(self) -> "Session":

@@ -1,8 +1,9 @@
 """A server's GPU memory: its `max_sessions` sessions, each with its whole cache.
 
-Each session leases its whole cache when its first frame arrives, so what a server holds at
-its busiest is the model once, `max_sessions` caches, and the largest step: a session's scale
-phase, or `max_batch` sessions' frames stepped in one forward. Frames are planned as the
+Each session leases its whole cache when its first frame arrives and captures its one-frame
+step's graph when its scale phase ends, so what a server holds at its busiest is the model
+once, `max_sessions` caches and graphs, the graph of `max_batch` sessions' frames stepped in
+one forward, and a new session's scale phase (`mapstream.gpu_memory.estimate_memory`). Frames are planned as the
 largest preprocessing gives: the model's width, as tall as wide.
 
 `fit_sessions` (`mapstream serve --gpu-memory`) chooses the sessions' settings to fit a
@@ -64,7 +65,7 @@ def sessions_memory_warning(model, stream: StreamConfig, config: ServeConfig, gp
     if fit >= config.max_sessions:
         return None
     return (f"{config.max_sessions} sessions of {width}x{width} frames would need about "
-            f"{format_bytes(estimate.total)} (the model {format_bytes(estimate.weights)}, each session's caches "
-            f"{format_bytes(estimate.caches)}); this GPU has {format_bytes(gpu_bytes)}, room for about {fit}: sessions "
+            f"{format_bytes(estimate.total)} (the model {format_bytes(estimate.weights)}, each session's caches and "
+            f"graphs {format_bytes(estimate.per_stream)}); this GPU has {format_bytes(gpu_bytes)}, room for about {fit}: sessions "
             f"past that fail for memory. Serve with --max-sessions {max(fit, 1)}, --gpu-memory (which fits the "
             "sessions' settings), --kv-dtype fp8 or a smaller --sliding-window")

@@ -72,3 +72,21 @@ def test_the_batched_graphs_of_a_group_go_when_its_last_session_goes(model, coll
     assert batched[0]() is not None  # the other session still holds them
     sessions.clear()
     assert batched[0]() is None
+
+
+def test_a_new_group_size_frees_the_last_sizes_batched_graphs_before_capturing_its_own(model, collector_off):
+    sessions = [model.session(num_scale_frames=2, sliding_window=3, fast=True) for _ in range(3)]
+    captured = []
+
+    def batched() -> list:
+        return [ref for ref in _graphed_steps() if ref().streams > 1]
+
+    with torch.no_grad():
+        for i, size in enumerate([3, 3, 3, 3, 2, 2]):  # steps 0-1: scale phases; step 3: three captured
+            if i == 4:
+                captured = batched()
+            mapstream.step_together(sessions[:size], [FRAMES[i].roll(b, -1) for b in range(size)])
+    (three,) = captured
+    assert three() is None  # the left-out session still holds the slot, not the old graphs
+    (two,) = batched()
+    assert two().streams == 2 and all(s.batched_slot.graphs is two() for s in sessions)

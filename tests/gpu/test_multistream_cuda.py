@@ -46,8 +46,8 @@ def test_replayed_batched_graphs_equal_their_eager_decomposition_and_forward_str
 
 def _kept_graphs(sessions):
     """The batched step `step_together` keeps for `sessions` and the graphs its pieces hold."""
-    graphs = sessions[0].batched_graphs
-    assert all(s.batched_graphs is graphs for s in sessions)
+    graphs = sessions[0].batched_slot.graphs
+    assert all(s.batched_slot is sessions[0].batched_slot for s in sessions)
     return graphs.streams, graphs, [piece.graph for piece in (*graphs.pieces, graphs._dense_piece)]
 
 

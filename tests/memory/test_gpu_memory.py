@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mapstream
-from mapstream.gpu_memory import GIB, MemoryBudgetError, estimate_memory, parse_memory, plan_memory
+from mapstream.gpu_memory import GIB, WORKING, MemoryBudgetError, estimate_memory, parse_memory, plan_memory
 
 
 @pytest.fixture(scope="module")
@@ -186,16 +186,20 @@ def test_a_server_is_told_how_many_sessions_its_gpu_holds(official):
     assert sessions_memory_warning(official, fp8, ServeConfig(max_sessions=8, max_batch=8), card) is None  # 8 on 80 GB
 
 
-def test_streams_share_the_weights_and_a_batched_step_grows_the_working_memory(official):
+def test_streams_share_the_weights_and_each_holds_its_caches_and_its_one_frame_graph(official):
     stream = official.stream_config.with_settings(precision="bf16")
     one = estimate_memory(official, (378, 518), stream, precision="bf16")
     four = estimate_memory(official, (378, 518), stream, precision="bf16", streams=4)
-    assert (four.weights, four.caches, four.working) == (one.weights, one.caches, one.working)
-    assert four.total == one.weights + 4 * one.caches + one.working and four.streams == 4
-    batched = [estimate_memory(official, (378, 518), stream, precision="bf16", streams=16, batch=b).working
+    assert (four.weights, four.caches, four.working) == (one.weights, one.caches, one.working)  # the scale phase
+    assert one.graphs == 0 and 0 < four.graphs < one.working  # one stream: its graph comes after its scale phase
+    assert four.total == one.weights + 4 * (one.caches + four.graphs) + one.working and four.streams == 4
+    assert four.per_stream == four.caches + four.graphs and "4 x" in four.describe()
+    batched = [estimate_memory(official, (378, 518), stream, precision="bf16", streams=16, batch=b)
                for b in (1, 16, 32)]
-    assert batched[0] == one.working  # one frame at a time: the scale phase of 8 frames is the larger step
-    assert batched[0] < batched[1] == batched[2]  # 32 frames at a time: only 16 streams to batch
+    assert batched[0].working == one.working  # one frame at a time: no batched graph beside the scale phase
+    assert batched[0].working < batched[1].working == batched[2].working  # 32 at a time: only 16 streams to batch
+    # The batched graph of 16 frames: sixteen one-frame steps' passing tensors, the fixed part once.
+    assert batched[1].working - one.working == pytest.approx(16 * four.graphs - 15 * WORKING.fixed, abs=16)
     with pytest.raises(ValueError, match="streams and batch"):
         estimate_memory(official, (378, 518), stream, precision="bf16", streams=0)
 
@@ -213,7 +217,7 @@ def test_a_plan_for_many_streams_gives_settings_up_until_they_all_fit(official):
     assert plan.estimate.streams == 8 and plan.estimate.total <= 80 * GIB
     assert plan.stream.kv_dtype == "fp8" and plan.stream.sliding_window == stream.sliding_window
     assert "8 streams of 518x518" in plan.describe() and "8 x " in plan.describe()
-    plan = plan_memory(need(8, kv_dtype="fp8") - 1, official, hw, stream, precision="bf16", streams=8, batch=8)
+    plan = plan_memory(need(8, kv_dtype="fp8", chunk=1) - 1, official, hw, stream, precision="bf16", streams=8, batch=8)
     assert plan.stream.kv_dtype == "fp8" and plan.stream.sliding_window == 48
     smallest = need(64, heads=True, chunk=1, kv_dtype="fp8", sliding_window=8)
     with pytest.raises(MemoryBudgetError, match=r"64 streams of 518x518.*fewer streams \(about \d+ fit\)"):

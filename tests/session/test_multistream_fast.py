@@ -70,12 +70,12 @@ def test_fast_sessions_stepped_together_match_the_eager_batch_and_their_solo_ste
     assert len(batched_calls) == n - 3
     assert len({id(graphs) for graphs, _ in batched_calls}) == 1  # built once, kept
     assert {streams for _, streams in batched_calls} == {count}
-    assert all(s.batched_graphs is batched_calls[0][0] for s in fast)  # the group's sessions hold its graphs
+    assert all(s.batched_slot.graphs is batched_calls[0][0] for s in fast)  # the group's sessions hold its graphs
     for s in fast + eager + alone:
         s.close()
     del batched_calls[:]
     gc.collect()
-    assert not [key for key in multistream._graphs.keys() if key[0] == id(model)]  # gone with the sessions
+    assert not [key for key in multistream._slots.keys() if key[0] == id(model)]  # gone with the sessions
 
 
 def test_a_changing_group_size_or_a_slow_session_keeps_the_eager_batch(model, batched_calls, caplog):
