@@ -106,14 +106,21 @@ class WorkingMemory:
     with an FP8 cache: keys and values of one layer read back."""
     fixed: int
     """Per step whatever the sizes (workspaces, the camera head)."""
+    pieces_per_token_layer: float
+    """Per token of the step's frames, per layer, per embedding channel and byte of the
+    trunk's dtype: what the graphs of a step in pieces (a batched step, `mapstream.fast`)
+    keep between their pieces (each piece's outputs, the attention's static rows)."""
 
 
 # Set above what an NVIDIA H100 80GB HBM3 measured for the official architecture at 518x378
 # (triton, whole-step graphs, FP8 cache, window 64): the scale phase's passing tensors 2.36 GiB
 # with fp32 heads and 1.43 GiB with bf16 heads eight frames at a time, 0.54 GiB a frame at a
 # time; a steady step's 0.50 GiB (bf16 heads). These figures estimate 2.93, 1.75, 1.10 and 0.72 GiB.
+# Eight streams of 518x518 on the same GPU (FP8 caches, window 64, fp32 heads): each stream's
+# one-frame graph held 0.875 GiB (estimated 1.13) and the batched step's graphs of eight frames
+# 8.75 GiB, 4.08 of them kept between steps (estimated 8.92 GiB, 4.53 kept between the pieces).
 WORKING = WorkingMemory(trunk_per_token=24.0, dense_per_pixel=1.4, heads_input_per_token=4.5,
-                        fp8_read_per_token=2.5, fixed=160 * 2**20)
+                        fp8_read_per_token=2.5, fixed=160 * 2**20, pieces_per_token_layer=9.0)
 
 
 @dataclass(frozen=True)
@@ -237,7 +244,8 @@ def estimate_memory(
     scale_phase, one_frame = step(scale, min(chunk, scale), scale * tokens), step(1, 1, visible)
     if streams == 1:
         return MemoryEstimate(weights, caches, int(max(scale_phase, one_frame)))
-    batched = step(together, together, visible) if together > 1 else 0
+    pieces = w.pieces_per_token_layer * together * tokens * c.depth * c.embed_dim * tb
+    batched = step(together, together, visible) + pieces if together > 1 else 0
     return MemoryEstimate(weights, caches, int(scale_phase + batched), streams, graphs=int(one_frame))
 
 
