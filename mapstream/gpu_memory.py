@@ -150,8 +150,8 @@ class MemoryEstimate:
         if self.streams == 1:
             caches = format_bytes(self.caches)
         else:
-            caches = f"{self.streams} x {format_bytes(self.caches)}, their graphs {self.streams} x " \
-                     f"{format_bytes(self.graphs)}"
+            caches = (f"{self.streams} x {format_bytes(self.caches)}, their graphs {self.streams} x "
+                      f"{format_bytes(self.graphs)}")
         return (f"{format_bytes(self.total)} (weights {format_bytes(self.weights)}, caches {caches}, "
                 f"working {format_bytes(self.working)})")
 
@@ -309,7 +309,7 @@ def _changes(asked: StreamConfig, planned: StreamConfig, asked_chunk: int, chunk
 
 def streams_that_fit(budget: int, estimate: MemoryEstimate) -> int:
     """How many streams of `estimate`'s settings one model serves within `budget` bytes: the
-    weights once, each stream's caches, and the estimate's largest step."""
+    weights once, each stream's caches and graph, and the estimate's working memory."""
     room = budget - estimate.weights - estimate.working
     return max(room // estimate.per_stream, 0) if estimate.per_stream > 0 else 0
 

@@ -18,9 +18,9 @@ eager cache attentions; on a CPU the same decomposition eagerly), once the group
 same number of sessions twice in a row: a group whose size changes every call would capture
 graphs it never replays. Each (model, frame size, device, precision, attention backend)
 keeps the graphs of its latest group size only (`BatchedSlot`), replayed for every batch of
-that size: a server whose batches change size holds one set of batched graphs, not one a size. Otherwise a
-batch runs the eager batched forward (`GCTNetwork.forward_streams`); the reason is logged
-at debug level.
+that size: a server whose batches change size holds one set of batched graphs, not one a
+size. Otherwise a batch runs the eager batched forward (`GCTNetwork.forward_streams`); the
+reason is logged at debug level.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""A server's GPU memory: its `max_sessions` sessions, each with its whole cache.
+"""A server's GPU memory: its `max_sessions` sessions, each with its whole cache and graph.
 
 Each session leases its whole cache when its first frame arrives and captures its one-frame
 step's graph when its scale phase ends, so what a server holds at its busiest is the model
-once, `max_sessions` caches and graphs, the graph of `max_batch` sessions' frames stepped in
-one forward, and a new session's scale phase (`mapstream.gpu_memory.estimate_memory`). Frames are planned as the
-largest preprocessing gives: the model's width, as tall as wide.
+once, `max_sessions` caches and graphs, the graphs of `max_batch` sessions' frames stepped in
+one forward, and a new session's scale phase (`mapstream.gpu_memory.estimate_memory`).
+Frames are planned as the largest preprocessing gives: the model's width, as tall as wide.
 
 `fit_sessions` (`mapstream serve --gpu-memory`) chooses the sessions' settings to fit a
 budget, as `mapstream run --gpu-memory` does for one stream; `sessions_memory_warning` tells
@@ -66,6 +66,6 @@ def sessions_memory_warning(model, stream: StreamConfig, config: ServeConfig, gp
         return None
     return (f"{config.max_sessions} sessions of {width}x{width} frames would need about "
             f"{format_bytes(estimate.total)} (the model {format_bytes(estimate.weights)}, each session's caches and "
-            f"graphs {format_bytes(estimate.per_stream)}); this GPU has {format_bytes(gpu_bytes)}, room for about {fit}: sessions "
-            f"past that fail for memory. Serve with --max-sessions {max(fit, 1)}, --gpu-memory (which fits the "
+            f"graphs {format_bytes(estimate.per_stream)}); this GPU has {format_bytes(gpu_bytes)}, room for about "
+            f"{fit}: sessions past that fail for memory. Serve with --max-sessions {max(fit, 1)}, --gpu-memory (which fits the "
             "sessions' settings), --kv-dtype fp8 or a smaller --sliding-window")
