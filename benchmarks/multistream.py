@@ -3,7 +3,8 @@ the CUDA-graph fast path where there is a GPU) against `mapstream.step_together`
 batched eager forward for all N), and how far the two give apart. With --graphed, also
 `step_together` over sessions with the fast path on (the batched pieces step: CUDA graphs N
 frames wide between each stream's eager cache attention; on a CPU the same decomposition
-eagerly), as "step_together_graphed".
+eagerly), as "step_together_graphed". Each pass also gives, where NVML reads the GPU, its energy
+a stream-frame, power and clock over the steady rounds ("gpu_power", as `mapstream bench`).
 
 Full model with synthetic (rule) weights, random frames, bf16 on a GPU, fp32 elsewhere.
 
@@ -23,6 +24,7 @@ import torch
 import mapstream
 from mapstream.bench import BenchConfig, build_bench_model, write_result
 from mapstream.config import KV_DTYPES, StreamConfig
+from mapstream.gpu_power import PowerLog, open_reader
 
 PROTOCOL = BenchConfig()  # the defaults of the flags it shares with `mapstream bench`
 STREAM = StreamConfig()  # and with a session
@@ -38,9 +40,12 @@ def _sync(device: torch.device) -> None:
 
 def _stream(model, frames: torch.Tensor, *, together: bool, fast: bool, scale: int, precision: str, kv_dtype: str,
             steady_from: int):
-    """Every stream's poses and depths (on the host, copied after each round's timing) and the
-    median time of one round (one frame of each stream) from frame `steady_from` on."""
+    """Every stream's poses and depths (on the host, copied after each round's timing), the
+    median time of one round (one frame of each stream) from frame `steady_from` on, and over
+    those rounds the GPU's energy a stream-frame, power and clock (None without NVML)."""
     streams, count = frames.shape[:2]
+    reader = open_reader(frames.device)
+    power = PowerLog(reader) if reader is not None else None
     sessions = [mapstream.Session(model, num_scale_frames=scale, precision=precision, fast=fast, kv_dtype=kv_dtype)
                 for _ in range(streams)]
     preds: list[list] = [[] for _ in range(streams)]
@@ -55,13 +60,22 @@ def _stream(model, frames: torch.Tensor, *, together: bool, fast: bool, scale: i
                 out = [s.step(frames[b, i]) for b, s in enumerate(sessions)]
             _sync(frames.device)
             times.append(time.perf_counter() - start)
+            if power is not None and i == steady_from - 1:
+                power.start()
+            elif power is not None and i >= steady_from:
+                power.after_frame()
             for b in range(streams):
                 preds[b].extend((p.pose_enc.cpu(), p.depth.cpu()) for p in out[b])
     for s in sessions:
         s.close()
     steady = sorted(times[steady_from:])
     round_ms = steady[len(steady) // 2] * 1e3
-    return preds, {"median_ms_per_round": round_ms, "stream_frames_per_s": streams * 1e3 / round_ms}
+    timing = {"median_ms_per_round": round_ms, "stream_frames_per_s": streams * 1e3 / round_ms}
+    summary = power.summary() if power is not None else None
+    if summary is not None:  # its "frames" are rounds of one frame a stream
+        summary["J_per_stream_frame"] = summary["J_per_frame"] / streams
+    timing["gpu_power"] = summary
+    return preds, timing
 
 
 def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -58,6 +58,35 @@ def test_multistream_skip_eager_times_only_the_solo_and_graphed_steps_and_needs_
         _load("multistream").main(SMALL + ["--streams", "2", "--frames", "7", "--skip-eager"])
 
 
+def test_multistream_gives_each_pass_its_energy_a_stream_frame_over_the_steady_rounds(monkeypatch):
+    module = _load("multistream")
+
+    class Readings:  # 40 J over the steady rounds 6 and 7 of each pass, the second capped by power
+        def __init__(self):
+            self.energies, self.clocks, self.causes = [5_000, 45_000], [1800, 1900], [0x0, 0x4]
+
+        def energy_mj(self):
+            return self.energies.pop(0)
+
+        def sm_mhz(self):
+            return self.clocks.pop(0)
+
+        def reasons(self):
+            return self.causes.pop(0)
+
+        def power_limit_w(self):
+            return 700.0
+
+    monkeypatch.setattr(module, "open_reader", lambda device: Readings())
+    result = module.main(SMALL + ["--streams", "2", "--frames", "8"])
+    for way in ("one_after_another", "step_together"):
+        power = result[way]["gpu_power"]
+        assert power["frames"] == 2 and power["J_per_frame"] == 20.0 and power["J_per_stream_frame"] == 10.0
+        assert power["capped_frames"] == 0.5 and power["sm_mhz"]["mean"] == 1850
+    monkeypatch.setattr(module, "open_reader", lambda device: None)  # no NVML (a CPU): no readings
+    assert _load("multistream").main(SMALL + ["--streams", "2", "--frames", "7"])["step_together"]["gpu_power"] is None
+
+
 def test_multistream_takes_its_median_from_the_asked_frame_on_and_refuses_one_before_the_warm_up(monkeypatch):
     module = _load("multistream")
 
