@@ -6,10 +6,11 @@ frames wide between each stream's eager cache attention; on a CPU the same decom
 eagerly), as "step_together_graphed". Each pass also gives, where NVML reads the GPU, its energy
 a stream-frame, power and clock over the steady rounds ("gpu_power", as `mapstream bench`).
 
-Full model with synthetic (rule) weights, random frames, bf16 on a GPU, fp32 elsewhere.
+Full model with synthetic (rule) weights, random frames, bf16 on a GPU, fp32 elsewhere; the
+cache attention through --backend (auto: the fastest usable, our Triton kernel on a GPU).
 
 Usage: python benchmarks/multistream.py [--streams 4] [--frames 40] [--steady-from N] [--graphed] [--skip-eager]
-                                       [--compile] [--kv-dtype fp8] [--out FILE]
+                                       [--compile] [--backend NAME] [--kv-dtype fp8] [--out FILE]
        python benchmarks/multistream.py --streams 8 --frames 200 --steady-from 100 --graphed  (a full window of 64)
        python benchmarks/multistream.py --device cpu --preset tiny --size 56x42 (mechanism check)
 """
