@@ -90,6 +90,26 @@ def run_interpreted(script: Path) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+class ScriptedPowerReadings:
+    """GPU power readings (`mapstream.gpu_power.Reader`) given in the order a PowerLog asks for
+    them: each call takes the next of its list."""
+
+    def __init__(self, energy_mj, mhz, reasons, limit_w: float = 700.0) -> None:
+        self._energy, self._mhz, self._reasons, self._limit = list(energy_mj), list(mhz), list(reasons), limit_w
+
+    def energy_mj(self):
+        return self._energy.pop(0)
+
+    def sm_mhz(self):
+        return self._mhz.pop(0)
+
+    def reasons(self):
+        return self._reasons.pop(0)
+
+    def power_limit_w(self):
+        return self._limit
+
+
 @pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""

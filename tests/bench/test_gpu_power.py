@@ -8,34 +8,16 @@ import logging
 import pytest
 import torch
 
+from conftest import ScriptedPowerReadings
 from mapstream.cli.bench import _power_line
 from mapstream.gpu_power import PowerLog, open_reader
-
-
-class _Scripted:
-    """Readings in the order a PowerLog asks for them."""
-
-    def __init__(self, energy_mj, mhz, reasons, limit_w=700.0) -> None:
-        self._energy, self._mhz, self._reasons, self._limit = list(energy_mj), list(mhz), list(reasons), limit_w
-
-    def energy_mj(self):
-        return self._energy.pop(0)
-
-    def sm_mhz(self):
-        return self._mhz.pop(0)
-
-    def reasons(self):
-        return self._reasons.pop(0)
-
-    def power_limit_w(self):
-        return self._limit
 
 
 def test_power_log_summarizes_energy_clock_and_capping_over_its_frames():
     # 4 frames: 60 J over 0.1 s; frames 2 and 3 capped by power, frame 4 only "idle" (0x1,
     # not a cap) and frame 3 also thermal.
     times = iter([10.0, 10.1])
-    reader = _Scripted(energy_mj=[1_000_000, 1_060_000], mhz=[1980, 1800, 1695, 1890],
+    reader = ScriptedPowerReadings(energy_mj=[1_000_000, 1_060_000], mhz=[1980, 1800, 1695, 1890],
                        reasons=[0x0, 0x4, 0x4 | 0x20, 0x1])
     log = PowerLog(reader, clock=lambda: next(times))
     assert log.summary() is None  # nothing yet
@@ -57,9 +39,9 @@ def test_power_log_summarizes_energy_clock_and_capping_over_its_frames():
 
 def test_power_log_start_begins_afresh_and_frames_need_a_start():
     with pytest.raises(RuntimeError, match="before start"):
-        PowerLog(_Scripted([], [], [])).after_frame()
+        PowerLog(ScriptedPowerReadings([], [], [])).after_frame()
     times = iter([0.0, 1.0, 1.5])  # start, start again, summary
-    reader = _Scripted(energy_mj=[0, 9_000, 9_700], mhz=[1500, 1980], reasons=[0x4, 0x0])
+    reader = ScriptedPowerReadings(energy_mj=[0, 9_000, 9_700], mhz=[1500, 1980], reasons=[0x4, 0x0])
     log = PowerLog(reader, clock=lambda: next(times))
     log.start()
     log.after_frame()  # an earlier run's frame (capped): forgotten by the next start

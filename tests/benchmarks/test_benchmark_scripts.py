@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import mapstream
+from conftest import ScriptedPowerReadings
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SMALL = ["--device", "cpu", "--preset", "tiny", "--size", "56x42", "--scale-frames", "2"]
@@ -60,24 +61,9 @@ def test_multistream_skip_eager_times_only_the_solo_and_graphed_steps_and_needs_
 
 def test_multistream_gives_each_pass_its_energy_a_stream_frame_over_the_steady_rounds(monkeypatch):
     module = _load("multistream")
-
-    class Readings:  # 40 J over the steady rounds 6 and 7 of each pass, the second capped by power
-        def __init__(self):
-            self.energies, self.clocks, self.causes = [5_000, 45_000], [1800, 1900], [0x0, 0x4]
-
-        def energy_mj(self):
-            return self.energies.pop(0)
-
-        def sm_mhz(self):
-            return self.clocks.pop(0)
-
-        def reasons(self):
-            return self.causes.pop(0)
-
-        def power_limit_w(self):
-            return 700.0
-
-    monkeypatch.setattr(module, "open_reader", lambda device: Readings())
+    # 40 J over the steady rounds 6 and 7 of each pass, the second capped by power
+    monkeypatch.setattr(module, "open_reader", lambda device: ScriptedPowerReadings(
+        energy_mj=[5_000, 45_000], mhz=[1800, 1900], reasons=[0x0, 0x4]))
     result = module.main(SMALL + ["--streams", "2", "--frames", "8"])
     for way in ("one_after_another", "step_together"):
         power = result[way]["gpu_power"]
