@@ -4,9 +4,9 @@
     python3 benchmarks/serve_memory.py --device cpu --preset tiny --size 56x42 --sessions 2 --frames 6  (mechanism)
 
 Builds the official architecture with rule weights (or `--preset`), fits the sessions'
-settings to `--gpu-memory` as `mapstream serve --gpu-memory` does (`serve.memory.fit_sessions`;
-without it the server's default settings), prepares the model the same way and serves it on
-127.0.0.1 in this process. `--sessions` clients, each on a thread of its own, open a session
+settings to `--gpu-memory` and prepares the model as `mapstream serve --gpu-memory` does
+(`serve.memory.prepare_served_model`; without a budget the server's default settings) and
+serves it on 127.0.0.1 in this process. `--sessions` clients, each on a thread of its own, open a session
 and send `--frames` random frames of `--size` (raw pixels, keeping to the server's queue).
 The server steps up to `--batch` sessions' frames together. Reported: PyTorch's peak allocated
 and reserved GPU memory over the run (the weights included) beside the plan's estimate,
@@ -30,9 +30,8 @@ from mapstream.checkpoint import model_image_size
 from mapstream.client import Client, Event, Result
 from mapstream.config import StreamConfig
 from mapstream.gpu_memory import allocator_limit, estimate_memory, format_bytes
-from mapstream.pipeline.model_source import prepare_for_inference
 from mapstream.serve import BackgroundServer, ServeConfig, Server
-from mapstream.serve.memory import fit_sessions
+from mapstream.serve.memory import prepare_served_model
 
 PROTOCOL = BenchConfig()
 
@@ -99,11 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
     model = mapstream.fill_synthetic_(mapstream.build_model(args.preset)).to(device).eval()
     config = ServeConfig(host="127.0.0.1", port=0, no_auth=True, max_sessions=args.sessions, max_batch=args.batch,
                          max_fps=10_000.0, idle_timeout=600.0, shutdown_timeout=60.0)
-    stream = StreamConfig(num_scale_frames=args.scale_frames, precision=precision)
-    plan = None if args.gpu_memory is None else fit_sessions(args.gpu_memory, model, stream, config, device,
-                                                              mode="streaming")
-    stream = plan.stream if plan is not None else stream
-    prepare_for_inference(model, precision, low_precision_heads=False, trunk_weights="auto", memory=plan)
+    stream, plan = prepare_served_model(model, StreamConfig(num_scale_frames=args.scale_frames, precision=precision),
+                                        config, device, gpu_memory=args.gpu_memory, mode="streaming")
     side = model_image_size(model)
     estimate = plan.estimate if plan is not None else estimate_memory(
         model, (side, side), stream, precision=precision, streams=args.sessions, batch=args.batch)

@@ -70,10 +70,10 @@ class Serve:
 
         from ..device import resolve_device
         from ..gpu_memory import allocator_limit, parse_memory
-        from ..pipeline.model_source import prepare_for_inference, resolve_model
+        from ..pipeline.model_source import resolve_model
         from ..serve.background import serve_until_signalled
         from ..serve.config import resolve_token
-        from ..serve.memory import fit_sessions
+        from ..serve.memory import prepare_served_model
         from ..serve.server import Server
         from ..session import resolve_precision
 
@@ -92,15 +92,11 @@ class Serve:
             camera_num_iterations=self.camera_iterations, compile=self.compile,
         )
         precision = resolve_precision(stream.precision, device)
-        stream = stream.with_settings(precision=precision)
-        memory = None if self.gpu_memory is None else fit_sessions(
-            self.gpu_memory, model, stream, config, device, mode=self.mode,
-            low_precision_heads=self.low_precision_heads, trunk_weights=self.trunk_weights)
+        stream, memory = prepare_served_model(
+            model, stream.with_settings(precision=precision), config, device, gpu_memory=self.gpu_memory,
+            mode=self.mode, low_precision_heads=self.low_precision_heads, trunk_weights=self.trunk_weights)
         if memory is not None:
-            stream = memory.stream
             print(memory.describe(), flush=True)
-        prepare_for_inference(model, precision, low_precision_heads=self.low_precision_heads,
-                              trunk_weights=self.trunk_weights, memory=memory)
         try:
             server = Server(model, config, stream, mode=self.mode, map_config=self.map, model_desc=desc,
                             warnings=warnings)

@@ -19,9 +19,10 @@ import torch
 from ..checkpoint import model_image_size, model_trained_views
 from ..config import StreamConfig
 from ..gpu_memory import MemoryPlan, device_budget, estimate_memory, format_bytes, plan_memory, streams_that_fit
+from ..pipeline.model_source import prepare_for_inference
 from .config import ServeConfig
 
-__all__ = ["fit_sessions", "sessions_memory_warning"]
+__all__ = ["fit_sessions", "prepare_served_model", "sessions_memory_warning"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,21 @@ def fit_sessions(gpu_memory: str, model, stream: StreamConfig, config: ServeConf
                        streams=config.max_sessions, batch=config.max_batch)
     log.info("%s", plan.describe())
     return plan
+
+
+def prepare_served_model(model, stream: StreamConfig, config: ServeConfig, device: torch.device, *,
+                         gpu_memory: str | None, mode: str = "auto", low_precision_heads: bool = False,
+                         trunk_weights: str = "auto") -> tuple[StreamConfig, MemoryPlan | None]:
+    """`model` (as loaded) prepared to serve sessions of `stream` (its precision resolved):
+    their settings fitted to `gpu_memory` where one is given (`fit_sessions`), the model cast
+    and its trunk's weights stored as the plan and the flags say (`prepare_for_inference`).
+    Returns the sessions' settings and the plan (None without a budget or off CUDA)."""
+    plan = None if gpu_memory is None else fit_sessions(
+        gpu_memory, model, stream, config, device, mode=mode, low_precision_heads=low_precision_heads,
+        trunk_weights=trunk_weights)
+    prepare_for_inference(model, stream.precision, low_precision_heads=low_precision_heads,
+                          trunk_weights=trunk_weights, memory=plan)
+    return (plan.stream if plan is not None else stream), plan
 
 
 def sessions_memory_warning(model, stream: StreamConfig, config: ServeConfig, gpu_bytes: int) -> str | None:
